@@ -1,0 +1,31 @@
+# make demo: fit, export and reload flow heads on the embedded defaults, print before/after
+# make test: the whole test suite
+# Both create .venv on first use: the CPU build of torch first, then bertflow and its extras.
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,dev]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python experiments/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check bertflow tests experiments
+
+clean:
+	rm -rf $(VENV) checkpoints/demo .pytest_cache

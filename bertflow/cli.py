@@ -1,0 +1,320 @@
+"""The `bertflow` command: parse arguments, call the library, print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+
+from .encoder import DEFAULT_POOLING, POOLINGS
+from .errors import BertflowError
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="bertflow", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = commands.add_parser("encode", help="embed a corpus (one sentence per line) into .npy")
+    p.add_argument("corpus", type=Path)
+    p.add_argument("--out", type=Path, required=True, help="EMB.npy (+ EMB.meta.json)")
+    _encoder_options(p)
+    p.set_defaults(run=_encode)
+
+    p = commands.add_parser("fit", help="fit a flow head on a corpus or on embeddings")
+    p.add_argument("input", type=Path, help="CORPUS.txt, or EMB.npy made by `bertflow encode`")
+    p.add_argument("--out", type=Path, required=True, help="folder to write the head to")
+    _encoder_options(p, pooling_default=None, batch_flag="--encode-batch-size")
+    p.add_argument("--cache", type=Path, default=None, help="embedding cache folder")
+    g = p.add_argument_group("flow")
+    g.add_argument("--levels", type=int, default=3)
+    g.add_argument("--depth", type=int, default=3)
+    g.add_argument("--coupling", choices=("additive", "affine"), default="additive")
+    g.add_argument("--hidden", type=int, default=32, help="conditioner width")
+    g.add_argument("--linear", choices=("reverse", "lu"), default="reverse",
+                   help="mixing layer: fixed reversal (as released) or learned LU")
+    g.add_argument("--no-standardize", action="store_true", help="feed raw embeddings to the flow")
+    g = p.add_argument_group("training")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--epochs", type=int, default=None)
+    g.add_argument("--batch-size", type=int, default=None)
+    g.add_argument("--lr", type=float, default=None)
+    g.add_argument("--val-fraction", type=float, default=None)
+    g.add_argument("--patience", type=int, default=None, help="0 disables early stopping")
+    g.add_argument("--logdir", type=Path, default=None, help="write TensorBoard logs here")
+    g.add_argument("--checkpoint", type=Path, default=None, help="training state, saved each epoch")
+    g.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    g.add_argument("--quiet", action="store_true")
+    p.set_defaults(run=_fit)
+
+    p = commands.add_parser("transform", help="apply a head to sentences or embeddings")
+    p.add_argument("--head", type=Path, required=True)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--sentences", type=Path, help="text file, one sentence per line")
+    source.add_argument("--embeddings", type=Path, help=".npy of embeddings")
+    p.add_argument("--out", type=Path, required=True, help="OUT.npy")
+    p.add_argument("--encoder", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
+    p.add_argument("--batch-size", dest="encode_batch_size", type=int, default=64)
+    p.set_defaults(run=_transform)
+
+    p = commands.add_parser("info", help="describe a head")
+    p.add_argument("head", type=Path)
+    p.add_argument("--json", action="store_true", help="print the head's config.json")
+    p.set_defaults(run=_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except BertflowError as e:
+        print(f"bertflow: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        print(f"bertflow: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bertflow: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _encoder_options(
+    p: argparse.ArgumentParser,
+    pooling_default: str | None = DEFAULT_POOLING,
+    batch_flag: str = "--batch-size",
+) -> None:
+    p.add_argument("--encoder", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
+    p.add_argument(
+        "--pooling", choices=POOLINGS, default=pooling_default,
+        help=f"default: {pooling_default or 'from the embeddings, else ' + DEFAULT_POOLING}",
+    )
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument(batch_flag, dest="encode_batch_size", type=int, default=64,
+                   help="sentences per encoder batch")
+
+
+def _encode(args: argparse.Namespace) -> None:
+    from .cache import corpus_sha256, embeddings_meta
+    from .encoder import load_encoder
+    from .files import read_sentences, save_embeddings
+
+    _check_npy_out(args.out)
+    sentences = read_sentences(args.corpus)
+    encoder = load_encoder(args.encoder)
+    x = encoder.encode(sentences, args.pooling, args.max_length, args.encode_batch_size)
+    meta = embeddings_meta(
+        encoder.id, args.pooling, args.max_length, corpus_sha256(sentences), len(x), x.shape[1]
+    )
+    save_embeddings(args.out, x, meta)
+    print(f"wrote {args.out}: {x.shape[0]} × {x.shape[1]} ({encoder.id.name}, {args.pooling})")
+
+
+def _fit(args: argparse.Namespace) -> None:
+    import torch
+
+    from .flow import FlowConfig
+    from .head import FlowHead
+    from .train import TrainConfig, TrainState
+
+    if args.resume and args.checkpoint is None:
+        raise BertflowError("--resume needs --checkpoint FILE")
+    x, origin = _training_embeddings(args)
+    flow = FlowConfig(args.levels, args.depth, args.coupling, args.hidden, args.linear)
+    overrides = {
+        k: getattr(args, k)
+        for k in ("epochs", "batch_size", "lr", "val_fraction", "patience")
+        if getattr(args, k, None) is not None
+    }
+    train = TrainConfig(seed=args.seed, **overrides)
+    run = {"flow": flow.to_dict(), "train": train.to_dict(), "corpus": origin["corpus"],
+           "standardize": not args.no_standardize}
+
+    state = None
+    if args.resume and args.checkpoint.exists():
+        saved = torch.load(args.checkpoint, weights_only=True)
+        if saved.get("run") != run:
+            raise BertflowError(
+                f"{args.checkpoint} was written by a run with other settings or data"
+            )
+        state = TrainState.from_dict(saved["state"])
+
+    def on_epoch_end(s: TrainState) -> None:
+        if not args.quiet:
+            e = s.history.epochs[-1]
+            print(
+                f"epoch {int(e['epoch'])}/{train.epochs}: train {e['train_nll']:.3f} "
+                f"val {e['val_nll']:.3f} nats ({e['val_bits_per_dim']:.4f} bits/dim), "
+                f"val cosine {e['val_cosine']:.3f}",
+                file=sys.stderr,
+            )
+        if args.checkpoint is not None:
+            from .files import atomic_file
+
+            with atomic_file(args.checkpoint) as tmp:
+                torch.save({"run": run, "state": s.to_dict()}, tmp)
+
+    writer = None
+    if args.logdir is not None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(args.logdir))
+    try:
+        head = FlowHead.fit(
+            x,
+            encoder=origin["encoder"],
+            pooling=origin["pooling"],
+            max_length=origin["max_length"],
+            flow=flow,
+            train=train,
+            standardize=not args.no_standardize,
+            corpus=origin["corpus"],
+            writer=writer,
+            state=state,
+            on_epoch_end=on_epoch_end,
+        )
+    finally:
+        if writer is not None:
+            writer.close()
+    head.save(args.out)
+    info = head.training_info
+    print(
+        f"wrote {args.out}: best epoch {info['best_epoch']} of {info['epochs_run']}, "
+        f"val NLL {info['val_nll']:.3f} nats ({info['val_bits_per_dim']:.4f} bits/dim)"
+    )
+
+
+def _training_embeddings(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, Any]]:
+    from .cache import EmbeddingCache, corpus_sha256, read_meta
+    from .encoder import EncoderId, load_encoder
+    from .files import load_embeddings, read_sentences, sha256_file
+
+    if args.input.suffix == ".npy":
+        x = load_embeddings(args.input)
+        meta = read_meta(args.input)
+        if meta is None:
+            if args.pooling is None:
+                raise BertflowError(
+                    f"{args.input} has no .meta.json sidecar; pass --pooling (and --encoder) "
+                    "to say how it was made"
+                )
+            encoder = load_encoder(args.encoder).id if args.encoder else None
+            corpus = {"npy_sha256": sha256_file(args.input)}
+            return x, {"encoder": encoder, "pooling": args.pooling, "max_length": args.max_length,
+                       "corpus": corpus}
+        if meta["count"] != x.shape[0] or meta["dim"] != x.shape[1]:
+            raise BertflowError(f"{args.input} has shape {x.shape} but its sidecar says "
+                                f"({meta['count']}, {meta['dim']})")
+        if args.pooling is not None and args.pooling != meta["pooling"]:
+            raise BertflowError(
+                f"{args.input} holds {meta['pooling']} pooling, "
+                f"but --pooling {args.pooling} was given"
+            )
+        corpus = {"sha256": meta.get("corpus_sha256")}
+        return x, {"encoder": EncoderId.from_dict(meta["encoder"]), "pooling": meta["pooling"],
+                   "max_length": meta["max_length"], "corpus": corpus}
+
+    sentences = read_sentences(args.input)
+    encoder = load_encoder(args.encoder)
+    pooling = args.pooling or DEFAULT_POOLING
+    cache = EmbeddingCache(args.cache or _default_cache())
+    x = cache.encode(sentences, encoder, pooling, args.max_length, args.encode_batch_size)
+    return x, {"encoder": encoder.id, "pooling": pooling, "max_length": args.max_length,
+               "corpus": {"sha256": corpus_sha256(sentences), "file": args.input.name}}
+
+
+def _transform(args: argparse.Namespace) -> None:
+    from .cache import read_meta
+    from .encoder import EncoderId
+    from .files import atomic_file, load_embeddings, read_sentences
+    from .head import FlowHead
+
+    _check_npy_out(args.out)
+    head = FlowHead.load(args.head)
+    if args.sentences is not None:
+        z = head.encode(read_sentences(args.sentences), args.encoder, args.encode_batch_size)
+    else:
+        x = load_embeddings(args.embeddings)
+        meta = read_meta(args.embeddings)
+        if meta is not None:
+            head.check(x.shape[1], EncoderId.from_dict(meta["encoder"]), meta["pooling"])
+        z = head.transform(x)
+    with atomic_file(args.out) as tmp, open(tmp, "wb") as f:
+        np.save(f, z)
+    print(f"wrote {args.out}: {z.shape[0]} × {z.shape[1]}")
+
+
+def _info(args: argparse.Namespace) -> None:
+    from .files import read_json
+    from .head import FlowHead
+
+    head = FlowHead.load(args.head)
+    if args.json:
+        print(json.dumps(read_json(args.head / "config.json"), indent=2))
+        return
+    config, training = head.config(), head.training_info
+    flow = config["flow"]
+    corpus = training.get("corpus") or {}
+    rows = [
+        ("head", str(args.head)),
+        ("dim", str(head.dim)),
+        ("encoder", str(head.encoder) if head.encoder else "unknown"),
+        ("pooling", head.pooling or "unknown"),
+        ("max length", str(head.max_length)),
+        ("flow", f"Glow: {flow['levels']} levels × depth {flow['depth']}, "
+                 f"{flow['coupling']} coupling, width {flow['hidden']}, {flow['linear']} mixing"),
+        ("standardize", "yes" if head.standardize is not None else "no"),
+        ("parameters", f"{sum(p.numel() for p in head.parameters()):,}"),
+        ("corpus", f"{corpus.get('size', '?')} rows, sha256 "
+                   f"{(corpus.get('sha256') or corpus.get('embeddings_sha256') or '?')[:16]}"),
+        ("seed", str(training.get("seed"))),
+        ("epochs", f"best {training.get('best_epoch')} of {training.get('epochs_run')}"),
+        ("val NLL", _nats(training)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+
+
+def _nats(training: dict[str, Any]) -> str:
+    if training.get("val_nll") is None:
+        return "unknown"
+    return f"{training['val_nll']:.3f} nats ({training['val_bits_per_dim']:.4f} bits/dim)"
+
+
+def _check_npy_out(path: Path) -> None:
+    if path.suffix != ".npy":
+        raise BertflowError(f"--out {path} must end in .npy")
+    if path.is_dir():
+        raise BertflowError(f"--out {path} is a folder")
+
+
+def _default_cache() -> Path:
+    root = os.environ.get("BERTFLOW_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bertflow"
+    )
+    return Path(root) / "embeddings"
+
+
+def _version() -> str:
+    from . import __version__
+
+    return f"bertflow {__version__}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

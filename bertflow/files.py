@@ -1,0 +1,197 @@
+"""Reading user files with clear errors, and writing files and folders atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import BertflowError
+
+__all__ = [
+    "atomic_directory",
+    "atomic_file",
+    "check_finite",
+    "load_embeddings",
+    "meta_path",
+    "read_json",
+    "read_sentences",
+    "save_embeddings",
+    "sha256_file",
+    "write_json",
+]
+
+
+def read_sentences(path: str | os.PathLike) -> list[str]:
+    """One sentence per line of a UTF-8 text file; an empty file or a blank line is an error."""
+    path = Path(path)
+    data = _read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise BertflowError(f"{path} is not UTF-8 text (bad byte on line {line})") from None
+    text = text.removeprefix("\ufeff")
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise BertflowError(f"{path} is empty: expected one sentence per line")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise BertflowError(f"{path} line {number} is blank: expected one sentence per line")
+    return lines
+
+
+def load_embeddings(path: str | os.PathLike) -> np.ndarray:
+    """A 2-D float array from a `.npy` file, memory-mapped, checked for shape and finiteness."""
+    path = Path(path)
+    if not path.is_file():
+        raise BertflowError(f"no such file: {path}")
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise BertflowError(f"{path} is not a readable .npy array ({_first_line(e)})") from None
+    if not isinstance(array, np.ndarray):
+        raise BertflowError(f"{path} holds several arrays; expected one 2-D .npy array")
+    if array.ndim != 2:
+        raise BertflowError(f"{path} has shape {array.shape}; expected (sentences, dim)")
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        raise BertflowError(f"{path} is empty (shape {array.shape})")
+    if not np.issubdtype(array.dtype, np.floating):
+        raise BertflowError(f"{path} has dtype {array.dtype}; expected floating-point embeddings")
+    check_finite(array, str(path))
+    return array
+
+
+def check_finite(array: np.ndarray, what: str, chunk: int = 65536) -> None:
+    """Raise naming the first row of `array` that holds a NaN or an infinity."""
+    for start in range(0, array.shape[0], chunk):
+        block = np.asarray(array[start : start + chunk])
+        bad = ~np.isfinite(block)
+        if bad.any():
+            row = start + int(np.argwhere(bad)[0][0])
+            kinds = sorted({"NaN" if np.isnan(v) else "inf" for v in block[bad][:100]})
+            raise BertflowError(f"{what} holds {'/'.join(kinds)} values (first in row {row})")
+
+
+def save_embeddings(path: str | os.PathLike, array: np.ndarray, meta: dict[str, Any]) -> None:
+    """Write `array` as `.npy` and `meta` as its `.meta.json` sidecar, each atomically.
+
+    The array goes first: a sidecar on disk always describes a complete array.
+    """
+    path = Path(path)
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(array, dtype=np.float32))
+    write_json(meta_path(path), meta)
+
+
+def meta_path(npy: str | os.PathLike) -> Path:
+    """The sidecar of an embeddings file: `emb.npy` -> `emb.meta.json`."""
+    npy = Path(npy)
+    return npy.with_name(npy.name.removesuffix(".npy") + ".meta.json")
+
+
+def read_json(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    data = _read_bytes(path)
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BertflowError(f"{path} is not valid JSON ({_first_line(e)})") from None
+    if not isinstance(value, dict):
+        raise BertflowError(f"{path} is not a JSON object")
+    return value
+
+
+def write_json(path: str | os.PathLike, value: dict[str, Any]) -> None:
+    with atomic_file(Path(path)) as tmp:
+        tmp.write_text(json.dumps(value, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder; on success it replaces `path` in one step.
+
+    On Linux the swap is a single `renameat2(RENAME_EXCHANGE)`, so a process killed at any
+    moment leaves either the old folder or the new one at `path`, never neither.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise BertflowError(f"{path} exists and is not a folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        _replace_directory(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _replace_directory(new: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(new, target)
+    elif not _exchange(new, target):
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        os.rename(target, old / target.name)
+        os.rename(new, target)
+        shutil.rmtree(old, ignore_errors=True)
+    # after an exchange `new` holds the old folder; the caller removes it
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _read_bytes(path: Path) -> bytes:
+    if not path.exists():
+        raise BertflowError(f"no such file: {path}")
+    if not path.is_file():
+        raise BertflowError(f"{path} is not a file")
+    return path.read_bytes()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

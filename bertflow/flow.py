@@ -1,0 +1,250 @@
+"""A Glow-style normalizing flow for vectors, built from nflows transforms."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+from nflows.distributions import StandardNormal
+from nflows.flows import Flow
+from nflows.transforms import (
+    ActNorm as _NflowsActNorm,
+)
+from nflows.transforms import (
+    AdditiveCouplingTransform,
+    AffineCouplingTransform,
+    CompositeTransform,
+    MultiscaleCompositeTransform,
+    ReversePermutation,
+    Transform,
+)
+from torch import Tensor, nn
+
+from .errors import BertflowError
+
+__all__ = [
+    "ActNorm",
+    "AdditiveCoupling",
+    "AffineCoupling",
+    "Conditioner",
+    "FlowConfig",
+    "Glow",
+    "InvertibleLinear",
+    "Standardize",
+]
+
+
+class ActNorm(_NflowsActNorm):
+    r"""Per-feature affine map $y = e^{s} \odot x + b$, initialised from the first batch.
+
+    The first forward pass in training mode sets $s, b$ so that the batch comes out with zero
+    mean and unit variance; the `initialized` buffer is saved with the weights, so a reloaded
+    layer never initialises again. A dead feature (spread below 1e-3 of the median) is
+    centred but not scaled: blowing a constant up only amplifies rounding noise.
+    """
+
+    def _initialize(self, inputs: Tensor) -> None:
+        with torch.no_grad():
+            std = spread(inputs)
+            self.log_scale.data = -torch.log(std)
+            self.shift.data = -(inputs / std).mean(dim=0)
+            self.initialized.data = torch.tensor(True, dtype=torch.bool)
+
+
+def spread(x: Tensor) -> Tensor:
+    """Per-feature standard deviation of the rows of `x`, with dead features set to 1."""
+    std = x.std(dim=0)
+    dead = std < 1e-3 * std.median()
+    return torch.where(dead, torch.ones_like(std), std)
+
+
+class InvertibleLinear(Transform):
+    r"""$y = W x$ with $W = P L (U + \mathrm{diag}(\sigma \odot e^{v}))$, Glow's LU form.
+
+    $P$ is a fixed permutation, $L$ unit lower-triangular, $U$ strictly upper-triangular and
+    $\sigma$ fixed signs, so $\log|\det W| = \sum_i v_i$ costs $O(D)$ and the inverse is two
+    triangular solves. A fresh layer is the identity ($P = I$, $L = I$, $U = 0$, $v = 0$).
+    """
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.features = features
+        self.register_buffer("permutation", torch.arange(features))
+        self.register_buffer("sign", torch.ones(features))
+        self.register_buffer("lower_mask", torch.tril(torch.ones(features, features), -1))
+        self.lower = nn.Parameter(torch.zeros(features, features))
+        self.upper = nn.Parameter(torch.zeros(features, features))
+        self.log_diag = nn.Parameter(torch.zeros(features))
+
+    def _factors(self) -> tuple[Tensor, Tensor]:
+        eye = torch.eye(self.features, dtype=self.lower.dtype, device=self.lower.device)
+        lower = self.lower * self.lower_mask + eye
+        upper = self.upper * self.lower_mask.T + torch.diag(self.sign * self.log_diag.exp())
+        return lower, upper
+
+    def weight(self) -> Tensor:
+        lower, upper = self._factors()
+        return (lower @ upper)[self.permutation]
+
+    def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        outputs = inputs @ self.weight().T
+        return outputs, self.log_diag.sum().expand(inputs.shape[0])
+
+    def inverse(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        lower, upper = self._factors()
+        unpermuted = torch.empty_like(inputs)
+        unpermuted[:, self.permutation] = inputs
+        y = torch.linalg.solve_triangular(lower, unpermuted.T, upper=False, unitriangular=True)
+        x = torch.linalg.solve_triangular(upper, y, upper=True)
+        return x.T, -self.log_diag.sum().expand(inputs.shape[0])
+
+
+class Conditioner(nn.Module):
+    """The coupling network: Linear-ReLU-Linear-ReLU-Linear, the last layer zero at start."""
+
+    def __init__(self, in_features: int, out_features: int, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(in_features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, out_features),
+        )
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, inputs: Tensor, context: Tensor | None = None) -> Tensor:
+        return self.net(inputs)
+
+
+class AdditiveCoupling(AdditiveCouplingTransform):
+    r"""$y_B = x_B + t(x_A)$, $y_A = x_A$ (NICE); $\log|\det| = 0$."""
+
+
+class AffineCoupling(AffineCouplingTransform):
+    r"""$y_B = x_B \odot e^{\tanh s(x_A)} + t(x_A)$, $y_A = x_A$ (RealNVP).
+
+    The bounded log-scale keeps training stable and makes a zero conditioner the identity.
+    """
+
+    def _scale_and_shift(self, transform_params: Tensor) -> tuple[Tensor, Tensor]:
+        n = self.num_transform_features
+        return torch.tanh(transform_params[:, n:]).exp(), transform_params[:, :n]
+
+
+class Standardize(Transform):
+    r"""$y = (x - \mu) / \sigma$ with fixed statistics; $\log|\det| = -\sum_i \log \sigma_i$."""
+
+    def __init__(self, mean: Tensor, std: Tensor):
+        super().__init__()
+        self.register_buffer("mean", mean.detach().clone().float())
+        self.register_buffer("std", std.detach().clone().float())
+
+    def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        log_det = -self.std.log().sum().expand(inputs.shape[0])
+        return (inputs - self.mean) / self.std, log_det
+
+    def inverse(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        log_det = self.std.log().sum().expand(inputs.shape[0])
+        return inputs * self.std + self.mean, log_det
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """Architecture of a Glow; the defaults are those of the BERT-flow release.
+
+    `linear` is the mixing layer of each step: ``"reverse"``, the fixed reversal of the
+    features that the release uses (its `permutation: true`), or ``"lu"``, a learned
+    `InvertibleLinear`.
+    """
+
+    levels: int = 3
+    depth: int = 3
+    coupling: str = "additive"
+    hidden: int = 32
+    linear: str = "reverse"
+
+    def __post_init__(self) -> None:
+        if self.levels < 1 or self.depth < 1 or self.hidden < 1:
+            raise BertflowError(f"levels, depth and hidden must be positive: {self}")
+        if self.coupling not in ("additive", "affine"):
+            raise BertflowError(f"coupling must be 'additive' or 'affine', not {self.coupling!r}")
+        if self.linear not in ("lu", "reverse"):
+            raise BertflowError(f"linear must be 'lu' or 'reverse', not {self.linear!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> FlowConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = set(value) - names
+        if unknown:
+            raise BertflowError(f"unknown flow config keys: {', '.join(sorted(unknown))}")
+        return cls(**value)
+
+
+class Glow(Flow):
+    r"""A Glow for $D$-dim vectors: `levels` × (`depth` × [ActNorm, InvertibleLinear,
+    coupling]), with half of the features factored out to the base $N(0, I)$ after every
+    level but the last, as in the multi-scale architecture of RealNVP and Glow.
+
+    $\log p(x) = \log N(f(x); 0, I) + \log|\det \partial f / \partial x|$.
+    Coupling masks alternate between even and odd features from one step to the next.
+    """
+
+    def __init__(self, features: int, config: FlowConfig | None = None):
+        config = config or FlowConfig()
+        smallest = features >> (config.levels - 1)
+        if smallest < 2:
+            raise BertflowError(
+                f"{config.levels} levels halve {features} features below 2; use fewer levels"
+            )
+        if config.levels == 1:
+            transform = _level(features, config)
+        else:
+            transform = MultiscaleCompositeTransform(config.levels, split_dim=1)
+            shape: tuple[int, ...] | None = (features,)
+            for _ in range(config.levels):
+                assert shape is not None
+                shape = transform.add_transform(_level(shape[0], config), shape)
+        super().__init__(transform, StandardNormal([features]))
+        self.features = features
+        self.config = config
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x → (z, log|det ∂z/∂x|)."""
+        return self._transform(x)
+
+    def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        """z → (x, log|det ∂x/∂z|)."""
+        return self._transform.inverse(z)
+
+    def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        z = torch.randn(num_samples, self.features, generator=generator)
+        return self.inverse(z.to(_device(self)))[0]
+
+
+def standard_normal_log_prob(z: Tensor) -> Tensor:
+    """$\\log N(z; 0, I)$ per row."""
+    return -0.5 * (z**2).sum(-1) - 0.5 * z.shape[-1] * math.log(2 * math.pi)
+
+
+def _level(features: int, config: FlowConfig) -> CompositeTransform:
+    coupling = AdditiveCoupling if config.coupling == "additive" else AffineCoupling
+    steps: list[Transform] = []
+    for k in range(config.depth):
+        mask = (torch.arange(features) + k) % 2
+        steps += [
+            ActNorm(features),
+            InvertibleLinear(features) if config.linear == "lu" else ReversePermutation(features),
+            coupling(mask, lambda i, o: Conditioner(i, o, config.hidden)),
+        ]
+    return CompositeTransform(steps)
+
+
+def _device(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device

@@ -1,0 +1,291 @@
+"""FlowHead: the exported, self-describing transform applied to embeddings before scoring."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from . import __version__
+from .encoder import POOLINGS, Encoder, EncoderId, load_encoder
+from .errors import BertflowError
+from .files import atomic_directory, check_finite, read_json, sha256_file, write_json
+from .flow import FlowConfig, Glow, Standardize, spread, standard_normal_log_prob
+from .train import SummaryWriter, TrainConfig, TrainState, fit
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead"]
+
+FORMAT = "bertflow-head"
+FORMAT_VERSION = 1
+_CONFIG, _WEIGHTS = "config.json", "model.safetensors"
+
+
+class FlowHead(nn.Module):
+    r"""Standardisation (optional) followed by a Glow: $z = f(\,(x - \mu) / \sigma\,)$.
+
+    Carries what it needs to be used safely: the embedding dimension, the encoder and pooling
+    that made its training embeddings, and how it was trained. `save` writes `config.json` and
+    `model.safetensors`; `load` rebuilds the head from those two files alone.
+    """
+
+    def __init__(
+        self,
+        glow: Glow,
+        standardize: Standardize | None = None,
+        *,
+        encoder: EncoderId | None = None,
+        pooling: str | None = None,
+        max_length: int | None = None,
+        training: dict[str, Any] | None = None,
+    ):
+        super().__init__()
+        if pooling is not None and pooling not in POOLINGS:
+            raise BertflowError(f"unknown pooling {pooling!r}")
+        self.glow = glow
+        self.standardize = standardize
+        self.encoder = encoder
+        self.pooling = pooling
+        self.max_length = max_length
+        self.training_info = training or {}
+
+    @property
+    def dim(self) -> int:
+        return self.glow.features
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Embeddings x → (latents z, log|det ∂z/∂x|), the standardisation included."""
+        log_det = x.new_zeros(x.shape[0])
+        if self.standardize is not None:
+            x, log_det = self.standardize(x)
+        z, flow_log_det = self.glow(x)
+        return z, log_det + flow_log_det
+
+    def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        """Latents z → (embeddings x, log|det ∂x/∂z|)."""
+        x, log_det = self.glow.inverse(z)
+        if self.standardize is not None:
+            x, more = self.standardize.inverse(x)
+            log_det = log_det + more
+        return x, log_det
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        """log p(x) in embedding space, per row."""
+        z, log_det = self(x)
+        return standard_normal_log_prob(z) + log_det
+
+    @torch.no_grad()
+    def sample(self, num_samples: int, seed: int = 0) -> np.ndarray:
+        """Draw embeddings from the fitted density."""
+        z = torch.randn(num_samples, self.dim, generator=torch.Generator().manual_seed(seed))
+        return self.eval().inverse(z)[0].numpy()
+
+    def check(
+        self,
+        dim: int | None = None,
+        encoder: EncoderId | None = None,
+        pooling: str | None = None,
+    ) -> None:
+        """Refuse embeddings this head was not fit for, naming both sides."""
+        if dim is not None and dim != self.dim:
+            raise BertflowError(
+                f"head expects {self.dim}-d embeddings{self._origin()}, got {dim}-d embeddings"
+            )
+        if encoder is not None and self.encoder is not None and encoder != self.encoder:
+            raise BertflowError(
+                f"head was fit on embeddings from encoder {self.encoder}, "
+                f"but these come from encoder {encoder}"
+            )
+        if pooling is not None and self.pooling is not None and pooling != self.pooling:
+            raise BertflowError(
+                f"head was fit on {self.pooling} pooling, "
+                f"but these embeddings use {pooling} pooling"
+            )
+
+    @torch.no_grad()
+    def transform(self, x: np.ndarray | Tensor, batch_size: int = 8192) -> np.ndarray:
+        """Map embeddings (rows, dim) to their latents, float32, checked first."""
+        array = x.detach().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
+        if array.ndim == 1:
+            array = array[None]
+        if array.ndim != 2 or array.shape[0] == 0:
+            raise BertflowError(f"expected embeddings of shape (rows, dim), got {array.shape}")
+        self.check(dim=array.shape[1])
+        check_finite(array, "the embeddings")
+        self.eval()
+        out = np.empty((array.shape[0], self.dim), dtype=np.float32)
+        for start in range(0, array.shape[0], batch_size):
+            block = torch.from_numpy(np.array(array[start : start + batch_size], np.float32))
+            out[start : start + batch_size] = self(block)[0].numpy()
+        return out
+
+    def encode(
+        self,
+        sentences: Sequence[str],
+        encoder: Encoder | str | os.PathLike | None = None,
+        batch_size: int = 64,
+        progress: bool | None = None,
+    ) -> np.ndarray:
+        """Embed sentences with this head's pooling and transform them, after checking that
+        `encoder` (default: the package's default encoder) is the one the head was fit on."""
+        if self.pooling is None:
+            raise BertflowError("this head does not record its pooling; encode, then transform")
+        if not isinstance(encoder, Encoder):
+            encoder = load_encoder(encoder)
+        self.check(dim=encoder.dim, encoder=encoder.id)
+        x = encoder.encode(sentences, self.pooling, self.max_length or 128, batch_size, progress)
+        assert isinstance(x, np.ndarray)
+        return self.transform(x)
+
+    @classmethod
+    def fit(
+        cls,
+        x: np.ndarray | Tensor,
+        *,
+        encoder: EncoderId | None = None,
+        pooling: str | None = None,
+        max_length: int | None = None,
+        flow: FlowConfig = FlowConfig(),
+        train: TrainConfig = TrainConfig(),
+        standardize: bool = True,
+        corpus: dict[str, Any] | None = None,
+        writer: SummaryWriter | None = None,
+        state: TrainState | None = None,
+        on_epoch_end: Callable[[TrainState], None] | None = None,
+        progress: bool = False,
+    ) -> FlowHead:
+        """Fit a head to embeddings `x` (rows, dim); `head.history` holds the epochs."""
+        data = torch.as_tensor(np.array(x, dtype=np.float32))
+        if data.ndim != 2 or data.shape[0] < 3:
+            raise BertflowError(f"need (rows ≥ 3, dim) embeddings to fit, got {tuple(data.shape)}")
+        check_finite(data.numpy(), "the training embeddings")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(train.seed)
+            glow = Glow(data.shape[1], flow)
+        scaler = None
+        if standardize:
+            scaler = Standardize(data.mean(0), spread(data))
+        if corpus is None:
+            corpus = {"embeddings_sha256": hashlib.sha256(data.numpy().tobytes()).hexdigest()}
+        head = cls(glow, scaler, encoder=encoder, pooling=pooling, max_length=max_length)
+        history = fit(
+            head, data, train, state=state, writer=writer, on_epoch_end=on_epoch_end,
+            progress=progress,
+        )
+        head.history = history
+        best = history.best
+        head.training_info = {
+            "corpus": {**corpus, "size": int(data.shape[0])},
+            "seed": train.seed,
+            "config": train.to_dict(),
+            "epochs_run": len(history.epochs),
+            "best_epoch": history.best_epoch,
+            "train_nll": best.get("train_nll"),
+            "val_nll": best.get("val_nll"),
+            "val_bits_per_dim": best.get("val_bits_per_dim"),
+        }
+        return head
+
+    def config(self) -> dict[str, Any]:
+        """The JSON description saved beside the weights."""
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "bertflow_version": __version__,
+            "dim": self.dim,
+            "encoder": self.encoder.to_dict() if self.encoder else None,
+            "pooling": self.pooling,
+            "max_length": self.max_length,
+            "flow": self.glow.config.to_dict(),
+            "standardize": (
+                {"tensors": ["standardize.mean", "standardize.std"]} if self.standardize else None
+            ),
+            "training": self.training_info,
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the head to folder `path` atomically: a crash leaves the old head intact."""
+        path = Path(path)
+        if path.exists() and any(path.iterdir()) and not (path / _CONFIG).is_file():
+            raise BertflowError(
+                f"{path} is a non-empty folder but not a flow head; not replacing it"
+            )
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        with atomic_directory(path) as tmp:
+            save_file(tensors, str(tmp / _WEIGHTS), metadata={"format": FORMAT})
+            config = self.config()
+            config["weights"] = {"file": _WEIGHTS, "sha256": sha256_file(tmp / _WEIGHTS)}
+            write_json(tmp / _CONFIG, config)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> FlowHead:
+        """Rebuild a head from `config.json` and `model.safetensors`; nothing is unpickled."""
+        path = Path(path)
+        if not path.is_dir():
+            raise BertflowError(f"no flow head folder at {path}")
+        config = read_json(path / _CONFIG)
+        if config.get("format") != FORMAT:
+            raise BertflowError(f"{path / _CONFIG} is not a bertflow head config")
+        if config.get("format_version") != FORMAT_VERSION:
+            raise BertflowError(
+                f"{path} has head format version {config.get('format_version')}; "
+                f"this bertflow reads version {FORMAT_VERSION}"
+            )
+        try:
+            weights = config["weights"]
+            dim, flow = int(config["dim"]), FlowConfig.from_dict(config["flow"])
+            encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
+            pooling, max_length = config["pooling"], config["max_length"]
+            standardized = bool(config["standardize"])
+        except (KeyError, TypeError, ValueError) as e:
+            problem = f"{type(e).__name__}: {e}"
+            raise BertflowError(f"{path / _CONFIG} is malformed ({problem})") from None
+        file = path / weights.get("file", _WEIGHTS)
+        if not file.is_file():
+            raise BertflowError(f"{path} has no weights file {file.name}")
+        if sha256_file(file) != weights.get("sha256"):
+            raise BertflowError(
+                f"{file} does not match the checksum in its config: altered or truncated"
+            )
+        try:
+            tensors = load_file(str(file))
+        except Exception as e:
+            raise BertflowError(f"{file} is not a valid safetensors file ({e})") from None
+        scaler = None
+        if standardized:
+            scaler = Standardize(torch.zeros(dim), torch.ones(dim))
+        head = cls(
+            Glow(dim, flow),
+            scaler,
+            encoder=encoder,
+            pooling=pooling,
+            max_length=max_length,
+            training=config.get("training") or {},
+        )
+        try:
+            head.load_state_dict(tensors, strict=True)
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0]
+            raise BertflowError(f"{file} does not fit its config: {first}") from None
+        if not all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()):
+            raise BertflowError(f"{file} holds non-finite weights")
+        return head.eval()
+
+    def _origin(self) -> str:
+        parts = []
+        if self.encoder is not None:
+            parts.append(f"encoder {self.encoder}")
+        if self.pooling is not None:
+            parts.append(f"{self.pooling} pooling")
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}{self._origin()}"
+

@@ -1,0 +1,102 @@
+"""Choose the flow's defaults without test labels: STS-B dev and the Lee ratings.
+
+For every pooling of the default encoder, fits heads of several configurations on unlabeled
+sentences and scores them:
+
+- STS-B dev Spearman × 100, heads fit on all STS-B sentences (train+dev+test, no scores);
+- Lee Spearman × 100 (50 rated documents), heads fit on the Lee background sentences;
+- the held-out NLL in nats, to show where likelihood and similarity part ways.
+
+Writes experiments/results/select_defaults.{json,md}.
+
+    python experiments/select_defaults.py [--data DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, lee, load_encoder, sts
+from bertflow.cache import EmbeddingCache
+
+REPO = Path(__file__).resolve().parent.parent
+CANDIDATES = {
+    "release (reverse mixing), 1 epoch": (FlowConfig(), TrainConfig(epochs=1)),
+    "release (reverse mixing), 3 epochs": (FlowConfig(), TrainConfig(epochs=3, patience=0)),
+    "release (reverse mixing), 10 epochs": (FlowConfig(), TrainConfig(epochs=10, patience=0)),
+    "LU mixing, 1 epoch": (FlowConfig(linear="lu"), TrainConfig(epochs=1)),
+    "LU mixing, 10 epochs": (FlowConfig(linear="lu"), TrainConfig(epochs=10, patience=0)),
+    "affine coupling, 1 epoch": (FlowConfig(coupling="affine"), TrainConfig(epochs=1)),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--cache", type=Path, default=REPO / "experiments" / "cache")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
+    args = parser.parse_args()
+    began = time.perf_counter()
+
+    encoder, cache = load_encoder(), EmbeddingCache(args.cache)
+    splits = [sts.read_stsb(args.data / "STSBenchmark", s) for s in ("train", "dev", "test")]
+    stsb = list(dict.fromkeys(s for p in splits for s in p.sentences()))
+    background = lee.background_sentences()
+    documents = [lee.sentences(d) for d in lee.documents()]
+    rated = [s for d in documents for s in d]
+    owner = np.repeat(np.arange(50), [len(d) for d in documents])
+    x_stsb = cache.encode(stsb, encoder, list(POOLINGS))
+    x_background = cache.encode(background, encoder, list(POOLINGS))
+    x_rated = cache.encode(rated, encoder, list(POOLINGS))
+
+    def dev(v: np.ndarray) -> float:
+        return sts.pair_spearman(splits[1], stsb, v)
+
+    def lee_score(v: np.ndarray) -> float:
+        return lee.judgement_spearman(np.stack([v[owner == i].mean(0) for i in range(50)]))
+
+    rows = []
+    for pooling in POOLINGS:
+        raw_dev, raw_lee = dev(np.asarray(x_stsb[pooling])), lee_score(np.asarray(x_rated[pooling]))
+        rows.append({"pooling": pooling, "config": "raw pooling (no flow)",
+                     "stsb_dev": raw_dev, "lee": raw_lee, "val_nll": None})
+        for name, (flow, train) in CANDIDATES.items():
+            on_stsb = FlowHead.fit(x_stsb[pooling], flow=flow, train=train)
+            on_lee = FlowHead.fit(x_background[pooling], flow=flow, train=train)
+            rows.append({
+                "pooling": pooling,
+                "config": name,
+                "stsb_dev": dev(on_stsb.transform(x_stsb[pooling])),
+                "lee": lee_score(on_lee.transform(x_rated[pooling])),
+                "val_nll": on_stsb.history.best_val_nll,
+            })
+            print(json.dumps(rows[-1]), flush=True)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "select_defaults.json").write_text(json.dumps(rows, indent=1) + "\n")
+    lines = [
+        "| config | " + " | ".join(POOLINGS) + " | mean |",
+        "|---|" + "---:|" * (len(POOLINGS) + 1),
+    ]
+    for config in ["raw pooling (no flow)", *CANDIDATES]:
+        cells = [r for r in rows if r["config"] == config]
+        dev_mean = np.mean([r["stsb_dev"] for r in cells])
+        lee_mean = np.mean([r["lee"] for r in cells])
+        lines.append(
+            f"| {config} | "
+            + " | ".join(f"{r['stsb_dev']:.1f} / {r['lee']:.1f}" for r in cells)
+            + f" | {dev_mean:.1f} / {lee_mean:.1f} |"
+        )
+    note = (f"\nSTS-B dev / Lee Spearman × 100, default encoder; "
+            f"{time.perf_counter() - began:.0f} s.\n")
+    (args.out / "select_defaults.md").write_text("\n".join(lines) + "\n" + note)
+    print("\n".join(lines) + note)
+
+
+if __name__ == "__main__":
+    main()

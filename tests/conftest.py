@@ -1,0 +1,86 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel, BertTokenizerFast
+
+WORDS = (
+    "a the man woman dog cat is are was plays playing guitar piano runs running park "
+    "in on with and to of big small red blue green house car street music eats food"
+).split()
+
+SENTENCES = [
+    "a man plays the guitar",
+    "the dog runs in the park",
+    "a woman is playing piano",
+    "the small cat eats food",
+    "a big red car",
+    "music",
+    "the man and the woman are running on the street with a blue dog",
+    "a green house",
+]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def data_dir() -> Path:
+    """The shared evaluation data: $BERTFLOW_DATA, else ../shared/data beside the repo."""
+    return Path(os.environ.get("BERTFLOW_DATA", REPO.parent / "shared" / "data"))
+
+
+def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int = 0) -> Path:
+    """Save a randomly initialised tiny BERT and its tokenizer to `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    config = BertConfig(
+        vocab_size=len(WORDS) + 5,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(seed)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory) -> Path:
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def other_encoder_dir(tmp_path_factory) -> Path:
+    """Same shape as the tiny encoder, other weights."""
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny-bert-other"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def wide_encoder_dir(tmp_path_factory) -> Path:
+    """A tiny encoder of another width."""
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny-bert-wide"), hidden=24, seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tiny_encoder_dir):
+    from bertflow import load_encoder
+
+    return load_encoder(tiny_encoder_dir)
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> Path:
+    path = tmp_path / "corpus.txt"
+    rng = torch.Generator().manual_seed(0)
+    lines = []
+    for _ in range(120):
+        n = int(torch.randint(2, 9, (1,), generator=rng))
+        idx = torch.randint(len(WORDS), (n,), generator=rng)
+        lines.append(" ".join(WORDS[i] for i in idx))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,87 @@
+import json
+
+import numpy as np
+import pytest
+
+from bertflow.cache import EmbeddingCache, corpus_sha256
+from bertflow.files import meta_path
+
+from .conftest import SENTENCES
+
+
+class Counting:
+    """Wraps an encoder and counts calls to `encode`."""
+
+    def __init__(self, encoder):
+        self.inner, self.calls = encoder, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def encode(self, sentences, pooling, *args, **kwargs):
+        self.calls.append(list(pooling))
+        return self.inner.encode(sentences, pooling, *args, **kwargs)
+
+
+@pytest.fixture
+def counting(tiny_encoder):
+    return Counting(tiny_encoder)
+
+
+def test_same_request_is_read_back_not_encoded_again(tmp_path, counting):
+    cache = EmbeddingCache(tmp_path)
+    first = cache.encode(SENTENCES, counting, "cls")
+    again = cache.encode(SENTENCES, counting, "cls")
+    assert counting.calls == [["cls"]]
+    assert isinstance(again, np.memmap)
+    np.testing.assert_array_equal(first, again)
+    meta = json.loads(meta_path(cache.path_for(SENTENCES, counting, "cls", 128)).read_text())
+    assert meta["pooling"] == "cls" and meta["count"] == len(SENTENCES)
+    assert meta["dim"] == 16 and meta["max_length"] == 128
+    assert meta["corpus_sha256"] == corpus_sha256(SENTENCES)
+    assert meta["encoder"] == counting.id.to_dict()
+
+
+def test_other_settings_never_reuse_a_cached_file(tmp_path, counting, other_encoder_dir):
+    from bertflow import load_encoder
+
+    cache = EmbeddingCache(tmp_path)
+    cache.encode(SENTENCES, counting, "cls")
+    cache.encode(SENTENCES, counting, "mean")
+    cache.encode(SENTENCES, counting, "cls", max_length=8)
+    cache.encode(SENTENCES[:-1], counting, "cls")
+    assert len(counting.calls) == 4
+    other = Counting(load_encoder(other_encoder_dir))
+    x = cache.encode(SENTENCES, other, "cls")
+    assert other.calls == [["cls"]]
+    np.testing.assert_allclose(x, other.inner.encode(SENTENCES, "cls"), atol=1e-6)
+
+
+def test_only_missing_poolings_are_encoded(tmp_path, counting):
+    cache = EmbeddingCache(tmp_path)
+    cache.encode(SENTENCES, counting, "cls")
+    both = cache.encode(SENTENCES, counting, ["cls", "static"])
+    assert counting.calls == [["cls"], ["static"]]
+    assert set(both) == {"cls", "static"}
+
+
+def test_a_tampered_cache_entry_is_encoded_again(tmp_path, counting):
+    cache = EmbeddingCache(tmp_path)
+    good = cache.encode(SENTENCES, counting, "cls")
+    path = cache.path_for(SENTENCES, counting, "cls", 128)
+    meta = json.loads(meta_path(path).read_text())
+    meta_path(path).write_text(json.dumps({**meta, "pooling": "mean"}))
+    again = cache.encode(SENTENCES, counting, "cls")
+    assert len(counting.calls) == 2
+    np.testing.assert_allclose(again, good, atol=1e-6)
+    np.save(path, np.zeros((3, 16), np.float32))  # wrong shape under a good sidecar
+    cache.encode(SENTENCES, counting, "cls")
+    assert len(counting.calls) == 3
+
+
+def test_corpus_hash_equals_the_file_hash(tmp_path):
+    import hashlib
+
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    assert corpus_sha256(SENTENCES) == hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,0 +1,184 @@
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertflow import FlowHead
+from bertflow.cli import main
+
+from .conftest import REPO
+
+FAST = ["--epochs", "2", "--levels", "2", "--depth", "1", "--quiet"]
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_refused(capsys, args, message, leftover):
+    code, out, err = run(capsys, *args)
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("bertflow: error: ") and message in lines[0], lines[0]
+    assert not leftover.exists(), f"{leftover} was left behind"
+    assert not [p for p in leftover.parent.iterdir() if p.name.startswith(f".{leftover.name}")]
+
+
+@pytest.fixture
+def fitted(tmp_path, capsys, corpus_file, tiny_encoder_dir):
+    head = tmp_path / "head"
+    code, out, err = run(capsys, "fit", corpus_file, "--out", head, "--encoder", tiny_encoder_dir,
+                         "--pooling", "cls", "--cache", tmp_path / "cache", *FAST)
+    assert code == 0, err
+    return head
+
+
+def test_encode_fit_transform_info(tmp_path, capsys, corpus_file, tiny_encoder_dir):
+    emb = tmp_path / "emb.npy"
+    code, out, err = run(capsys, "encode", corpus_file, "--out", emb, "--encoder",
+                         tiny_encoder_dir, "--pooling", "first_last")
+    assert code == 0, err
+    assert "120 × 16" in out
+    meta = json.loads((tmp_path / "emb.meta.json").read_text())
+    assert meta["pooling"] == "first_last" and meta["count"] == 120
+
+    head = tmp_path / "head"
+    code, out, err = run(capsys, "fit", emb, "--out", head, "--seed", "1", *FAST)
+    assert code == 0, err
+    assert "best epoch" in out
+    loaded = FlowHead.load(head)
+    assert loaded.pooling == "first_last" and loaded.dim == 16
+
+    z_emb, z_txt = tmp_path / "z1.npy", tmp_path / "z2.npy"
+    assert run(capsys, "transform", "--head", head, "--embeddings", emb, "--out", z_emb)[0] == 0
+    code, out, err = run(capsys, "transform", "--head", head, "--sentences", corpus_file,
+                         "--out", z_txt, "--encoder", tiny_encoder_dir)
+    assert code == 0, err
+    np.testing.assert_allclose(np.load(z_emb), np.load(z_txt), atol=1e-5)
+    np.testing.assert_allclose(np.load(z_emb), loaded.transform(np.load(emb)), atol=1e-6)
+
+    code, out, err = run(capsys, "info", head)
+    assert code == 0
+    assert "first_last" in out and "120 rows" in out and "Glow: 2 levels" in out
+    code, out, err = run(capsys, "info", head, "--json")
+    assert json.loads(out)["dim"] == 16
+
+
+def test_same_command_twice_gives_the_same_head_bit_for_bit(
+    tmp_path, capsys, corpus_file, tiny_encoder_dir
+):
+    for name in ("a", "b"):
+        code, _, err = run(capsys, "fit", corpus_file, "--out", tmp_path / name, "--encoder",
+                           tiny_encoder_dir, "--cache", tmp_path / f"cache-{name}", *FAST)
+        assert code == 0, err
+    for file in ("model.safetensors", "config.json"):
+        assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes()
+
+
+def test_interrupted_fit_resumes_to_the_same_head(
+    tmp_path, capsys, corpus_file, tiny_encoder_dir, monkeypatch
+):
+    import torch
+
+    base = ["fit", corpus_file, "--encoder", tiny_encoder_dir, "--cache", tmp_path / "cache",
+            "--levels", "1", "--depth", "1", "--patience", "0", "--quiet", "--epochs", "3"]
+    assert run(capsys, *base, "--out", tmp_path / "straight")[0] == 0
+
+    ckpt, saves, real_save = tmp_path / "state.pt", [], torch.save
+
+    def interrupt_third_save(obj, f):
+        saves.append(f)
+        if len(saves) == 3:
+            raise KeyboardInterrupt
+        real_save(obj, f)
+
+    monkeypatch.setattr(torch, "save", interrupt_third_save)
+    code, _, _ = run(capsys, *base, "--out", tmp_path / "resumed", "--checkpoint", ckpt,
+                     "--logdir", tmp_path / "tb")
+    monkeypatch.undo()
+    assert code == 130 and not (tmp_path / "resumed").exists()
+    assert torch.load(ckpt, weights_only=True)["state"]["epoch"] == 2
+    assert any((tmp_path / "tb").iterdir())
+
+    code, _, err = run(capsys, *base, "--out", tmp_path / "resumed", "--checkpoint", ckpt,
+                       "--resume")
+    assert code == 0, err
+    straight = (tmp_path / "straight" / "model.safetensors").read_bytes()
+    assert (tmp_path / "resumed" / "model.safetensors").read_bytes() == straight
+
+    other = tmp_path / "other"
+    assert_refused(capsys, [*base[:-1], "5", "--out", other, "--checkpoint", ckpt, "--resume"],
+                   "other settings", other)
+
+
+def test_bad_corpora(tmp_path, capsys, tiny_encoder_dir):
+    out = tmp_path / "e.npy"
+    assert_refused(capsys, ["encode", tmp_path / "missing.txt", "--out", out], "no such file", out)
+    (tmp_path / "empty.txt").write_text("")
+    assert_refused(capsys, ["encode", tmp_path / "empty.txt", "--out", out], "is empty", out)
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    assert_refused(capsys, ["encode", tmp_path / "latin1.txt", "--out", out], "not UTF-8", out)
+    head = tmp_path / "head"
+    assert_refused(capsys, ["fit", tmp_path / "empty.txt", "--out", head], "is empty", head)
+
+
+def test_bad_embeddings(tmp_path, capsys, fitted):
+    out = tmp_path / "z.npy"
+    np.save(tmp_path / "wide.npy", np.zeros((5, 24), np.float32))
+    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", tmp_path / "wide.npy",
+                            "--out", out], "expects 16-d embeddings", out)
+    nan = np.ones((5, 16), np.float32)
+    nan[3, 1] = np.nan
+    np.save(tmp_path / "nan.npy", nan)
+    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", tmp_path / "nan.npy",
+                            "--out", out], "NaN values (first in row 3)", out)
+    head = tmp_path / "head2"
+    assert_refused(capsys, ["fit", tmp_path / "nan.npy", "--out", head, "--pooling", "cls"],
+                   "NaN", head)
+    np.save(tmp_path / "plain.npy", np.ones((50, 16), np.float32))
+    assert_refused(capsys, ["fit", tmp_path / "plain.npy", "--out", head], "--pooling", head)
+
+
+def test_mismatched_head(tmp_path, capsys, fitted, corpus_file, other_encoder_dir,
+                         tiny_encoder_dir):
+    out = tmp_path / "z.npy"
+    assert_refused(capsys, ["transform", "--head", fitted, "--sentences", corpus_file,
+                            "--encoder", other_encoder_dir, "--out", out],
+                   "but these come from encoder", out)
+    emb = tmp_path / "mean.npy"
+    run(capsys, "encode", corpus_file, "--out", emb, "--encoder", tiny_encoder_dir,
+        "--pooling", "mean")
+    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", emb, "--out", out],
+                   "fit on cls pooling, but these embeddings use mean pooling", out)
+    assert_refused(capsys, ["transform", "--head", tmp_path / "nohead", "--embeddings", emb,
+                            "--out", out], "no flow head folder", out)
+    (fitted / "model.safetensors").write_bytes(b"garbage")
+    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", emb, "--out", out],
+                   "altered or truncated", out)
+
+
+def test_unknown_pooling_and_usage_errors_are_one_line(tmp_path, capsys, corpus_file):
+    out = tmp_path / "e.npy"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["encode", str(corpus_file), "--out", str(out), "--pooling", "max"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "invalid choice: 'max'" in err
+    assert not out.exists()
+
+
+def test_module_and_console_script_entry_points(tmp_path, fitted):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "bertflow", "info", str(fitted)],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and "cls" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "bertflow", "info", str(tmp_path / "nope")],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"bertflow: error: no flow head folder at {tmp_path / 'nope'}"

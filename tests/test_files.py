@@ -1,0 +1,93 @@
+import numpy as np
+import pytest
+
+from bertflow import BertflowError
+from bertflow.files import (
+    atomic_directory,
+    load_embeddings,
+    meta_path,
+    read_sentences,
+    save_embeddings,
+)
+
+
+def test_read_sentences(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_bytes("\ufeffone sentence\r\ntwo – ünïcode\nthree\n".encode())
+    assert read_sentences(path) == ["one sentence", "two – ünïcode", "three"]
+    path.write_text("no final newline")
+    assert read_sentences(path) == ["no final newline"]
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"", "is empty"),
+        (b"\n", "line 1 is blank"),
+        (b"fine\n\nfine\n", "line 2 is blank"),
+        (b"ok\n\xff\xfe bad\n", "not UTF-8 text \\(bad byte on line 2\\)"),
+    ],
+)
+def test_bad_corpora_are_refused(tmp_path, content, message):
+    path = tmp_path / "c.txt"
+    path.write_bytes(content)
+    with pytest.raises(BertflowError, match=message):
+        read_sentences(path)
+
+
+def test_missing_corpus_and_folder(tmp_path):
+    with pytest.raises(BertflowError, match="no such file"):
+        read_sentences(tmp_path / "nope.txt")
+    with pytest.raises(BertflowError, match="is not a file"):
+        read_sentences(tmp_path)
+
+
+def test_embeddings_round_trip_with_sidecar(tmp_path):
+    x = np.arange(12, dtype=np.float64).reshape(4, 3)
+    save_embeddings(tmp_path / "e.npy", x, {"hello": 1})
+    loaded = load_embeddings(tmp_path / "e.npy")
+    assert isinstance(loaded, np.memmap) and loaded.dtype == np.float32
+    np.testing.assert_array_equal(loaded, x)
+    assert meta_path(tmp_path / "e.npy").name == "e.meta.json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.meta.json", "e.npy"]
+
+
+@pytest.mark.parametrize(
+    "array,message",
+    [
+        (np.zeros(5, np.float32), "expected \\(sentences, dim\\)"),
+        (np.zeros((0, 4), np.float32), "is empty"),
+        (np.zeros((3, 4), np.int64), "dtype int64"),
+        (np.array([[1.0, np.nan], [0.0, 1.0]], np.float32), "NaN values \\(first in row 0\\)"),
+        (np.array([[1.0, 2.0], [np.inf, 1.0]], np.float32), "inf values \\(first in row 1\\)"),
+    ],
+)
+def test_bad_embeddings_are_refused(tmp_path, array, message):
+    np.save(tmp_path / "e.npy", array)
+    with pytest.raises(BertflowError, match=message):
+        load_embeddings(tmp_path / "e.npy")
+
+
+def test_unreadable_embeddings_are_refused(tmp_path):
+    (tmp_path / "e.npy").write_bytes(b"not a numpy file")
+    with pytest.raises(BertflowError, match="not a readable .npy"):
+        load_embeddings(tmp_path / "e.npy")
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object))
+    with pytest.raises(BertflowError, match="not a readable .npy"):
+        load_embeddings(tmp_path / "o.npy")
+    with pytest.raises(BertflowError, match="no such file"):
+        load_embeddings(tmp_path / "missing.npy")
+
+
+def test_atomic_directory_swaps_or_leaves_old(tmp_path):
+    target = tmp_path / "out"
+    with atomic_directory(target) as tmp:
+        (tmp / "a").write_text("1")
+    with pytest.raises(ZeroDivisionError), atomic_directory(target) as tmp:
+        (tmp / "a").write_text("2")
+        raise ZeroDivisionError
+    assert (target / "a").read_text() == "1"
+    with atomic_directory(target) as tmp:
+        (tmp / "b").write_text("3")
+    assert [p.name for p in target.iterdir()] == ["b"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]

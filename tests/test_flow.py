@@ -1,0 +1,149 @@
+import pytest
+import torch
+
+from bertflow import BertflowError, FlowConfig, Glow
+from bertflow.flow import (
+    ActNorm,
+    AdditiveCoupling,
+    AffineCoupling,
+    Conditioner,
+    InvertibleLinear,
+    Standardize,
+)
+
+D = 8
+
+
+def perturbed(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Move every parameter off its initial value, so no layer is the identity."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
+
+
+def layers():
+    mask = torch.arange(D) % 2
+    yield "actnorm", ActNorm(D)
+    yield "linear", InvertibleLinear(D)
+    yield "additive", AdditiveCoupling(mask, lambda i, o: Conditioner(i, o, 16))
+    yield "affine", AffineCoupling(1 - mask, lambda i, o: Conditioner(i, o, 16))
+    yield "standardize", Standardize(torch.randn(D), torch.rand(D) + 0.5)
+    yield "glow-1-level-lu", Glow(D, FlowConfig(levels=1, depth=2, coupling="affine", linear="lu"))
+    yield "glow-3-levels-lu", Glow(D, FlowConfig(levels=3, depth=2, linear="lu"))
+    yield "glow-3-levels-reverse", Glow(D, FlowConfig(levels=3, depth=2, linear="reverse"))
+    yield "glow-odd-dim", Glow(D + 3, FlowConfig(levels=2, depth=2, coupling="affine"))
+
+
+def ready(layer: torch.nn.Module, dim: int) -> torch.nn.Module:
+    layer = layer.double()
+    layer.train()
+    with torch.no_grad():
+        layer(torch.randn(64, dim, dtype=torch.float64) * 3 + 1)  # data-dependent init
+    return perturbed(layer).eval()
+
+
+def dim_of(layer) -> int:
+    return layer.features if isinstance(layer, Glow) else D
+
+
+@pytest.mark.parametrize("name,layer", list(layers()))
+def test_inverse_undoes_forward_in_float64(name, layer):
+    layer = ready(layer, dim_of(layer))
+    x = torch.randn(32, dim_of(layer), dtype=torch.float64)
+    z, log_det = layer(x)
+    x_back, inverse_log_det = layer.inverse(z)
+    assert z.shape == x.shape and log_det.shape == (32,)
+    assert torch.allclose(x_back, x, atol=1e-10)
+    assert torch.allclose(inverse_log_det, -log_det, atol=1e-10)
+
+
+@pytest.mark.parametrize("name,layer", list(layers()))
+def test_log_det_matches_autograd_jacobian(name, layer):
+    layer = ready(layer, dim_of(layer))
+    x = torch.randn(5, dim_of(layer), dtype=torch.float64)
+    _, log_det = layer(x)
+    for row, expected in zip(x, log_det, strict=True):
+        jacobian = torch.autograd.functional.jacobian(lambda v: layer(v[None])[0][0], row)
+        sign, logabs = torch.linalg.slogdet(jacobian)
+        assert sign != 0
+        assert torch.allclose(logabs, expected, atol=1e-8)
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+@pytest.mark.parametrize("coupling", ["additive", "affine"])
+def test_fresh_flow_with_lu_mixing_is_the_identity(levels, coupling):
+    glow = Glow(D, FlowConfig(levels=levels, depth=3, coupling=coupling, linear="lu"))
+    for module in glow.modules():  # an initialised actnorm on standardised data is ~ identity
+        if isinstance(module, ActNorm):
+            module.initialized.fill_(True)
+    x = torch.randn(16, D)
+    z, log_det = glow(x)
+    assert torch.equal(z, x)
+    assert torch.count_nonzero(log_det) == 0
+
+
+def test_fresh_flow_with_reversal_mixing_only_permutes_features():
+    glow = Glow(D, FlowConfig(levels=2, depth=3))
+    for module in glow.modules():
+        if isinstance(module, ActNorm):
+            module.initialized.fill_(True)
+    x = torch.randn(16, D)
+    z, log_det = glow(x)
+    columns = [int((x == z[:, [j]]).all(0).nonzero()) for j in range(D)]
+    assert sorted(columns) == list(range(D))
+    assert torch.count_nonzero(log_det) == 0
+
+
+def test_actnorm_initialises_to_zero_mean_unit_variance():
+    layer = ActNorm(D).train()
+    x = torch.randn(500, D) * torch.linspace(0.1, 10, D) + torch.linspace(-5, 5, D)
+    y, _ = layer(x)
+    assert torch.allclose(y.mean(0), torch.zeros(D), atol=1e-5)
+    assert torch.allclose(y.std(0), torch.ones(D), atol=1e-5)
+    assert bool(layer.initialized)
+
+
+def test_actnorm_does_not_reinitialise_after_load():
+    trained = ActNorm(D).train()
+    trained(torch.randn(100, D) * 5 + 2)
+    state = {k: v.clone() for k, v in trained.state_dict().items()}
+    reloaded = ActNorm(D)
+    reloaded.load_state_dict(state)
+    reloaded.train()
+    reloaded(torch.randn(100, D) * 0.01 - 7)  # other data, training mode
+    for key, value in state.items():
+        assert torch.equal(reloaded.state_dict()[key], value), key
+
+
+def test_actnorm_leaves_dead_features_unscaled():
+    x = torch.randn(200, D)
+    x[:, 3] = 0.5 + 1e-9 * torch.randn(200)
+    layer = ActNorm(D).train()
+    layer(x)
+    assert layer.log_scale[3] == 0
+    assert torch.all(layer.log_scale.abs()[torch.arange(D) != 3] < 1)
+
+
+def test_glow_log_prob_and_sample():
+    glow = Glow(D, FlowConfig(levels=2, depth=2))
+    glow.train()
+    glow(torch.randn(100, D))
+    glow.eval()
+    x = torch.randn(10, D)
+    z, log_det = glow(x)
+    expected = -0.5 * (z**2).sum(1) - 0.5 * D * torch.log(torch.tensor(2 * torch.pi)) + log_det
+    assert torch.allclose(glow.log_prob(x), expected, atol=1e-5)
+    s1 = glow.sample(7, generator=torch.Generator().manual_seed(3))
+    s2 = glow.sample(7, generator=torch.Generator().manual_seed(3))
+    assert s1.shape == (7, D) and torch.equal(s1, s2)
+
+
+def test_invalid_configs_are_refused():
+    with pytest.raises(BertflowError, match="use fewer levels"):
+        Glow(4, FlowConfig(levels=3))
+    with pytest.raises(BertflowError, match="coupling"):
+        FlowConfig(coupling="spline")
+    with pytest.raises(BertflowError, match="unknown flow config"):
+        FlowConfig.from_dict({"levels": 2, "width": 3})

@@ -1,0 +1,208 @@
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from bertflow import BertflowError, EncoderId, FlowConfig, FlowHead, TrainConfig
+
+from .conftest import REPO, SENTENCES
+
+ENCODER = EncoderId("tiny", "0123456789abcdef")
+
+
+@pytest.fixture(scope="module")
+def head() -> FlowHead:
+    x = np.random.default_rng(0).normal(size=(300, 12)).astype(np.float32) * 2 + 1
+    return FlowHead.fit(
+        x, encoder=ENCODER, pooling="cls", max_length=64,
+        flow=FlowConfig(levels=2, depth=2), train=TrainConfig(epochs=2, seed=3),
+        corpus={"sha256": "ab" * 32},
+    )
+
+
+def test_save_load_round_trip_gives_identical_outputs(head, tmp_path):
+    head.save(tmp_path / "head")
+    loaded = FlowHead.load(tmp_path / "head")
+    x = np.random.default_rng(1).normal(size=(20, 12)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.transform(x), head.transform(x))
+    assert loaded.encoder == ENCODER and loaded.pooling == "cls" and loaded.max_length == 64
+    assert loaded.glow.config == head.glow.config
+    for key, value in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_config_describes_the_head(head, tmp_path):
+    head.save(tmp_path / "head")
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert config["format"] == "bertflow-head" and config["format_version"] == 1
+    assert config["dim"] == 12
+    assert config["encoder"] == {"name": "tiny", "fingerprint": "0123456789abcdef"}
+    assert config["pooling"] == "cls" and config["max_length"] == 64
+    assert config["flow"] == {
+        "levels": 2, "depth": 2, "coupling": "additive", "hidden": 32, "linear": "reverse"
+    }
+    assert config["standardize"] == {"tensors": ["standardize.mean", "standardize.std"]}
+    training = config["training"]
+    assert training["corpus"] == {"sha256": "ab" * 32, "size": 300}
+    assert training["seed"] == 3 and training["best_epoch"] >= 1
+    assert np.isfinite(training["val_nll"])
+    assert sorted(p.name for p in (tmp_path / "head").iterdir()) == [
+        "config.json", "model.safetensors"
+    ]
+
+
+def test_reloaded_actnorm_does_not_reinitialise(head, tmp_path):
+    head.save(tmp_path / "head")
+    loaded = FlowHead.load(tmp_path / "head").train()
+    before = {k: v.clone() for k, v in loaded.state_dict().items()}
+    loaded(torch.randn(50, 12) * 100)
+    for key, value in loaded.state_dict().items():
+        assert torch.equal(before[key], value), key
+
+
+def test_mismatched_embeddings_are_refused_naming_both_sides(head):
+    with pytest.raises(BertflowError, match="expects 12-d embeddings .* got 7-d"):
+        head.transform(np.zeros((3, 7), np.float32))
+    other = EncoderId("bert-base-uncased", "fedcba9876543210")
+    with pytest.raises(BertflowError, match="tiny \\[0123.*bert-base-uncased \\[fedc"):
+        head.check(encoder=other)
+    with pytest.raises(BertflowError, match="fit on cls pooling, but .* mean pooling"):
+        head.check(pooling="mean")
+    bad = np.ones((4, 12), np.float32)
+    bad[2, 5] = np.inf
+    with pytest.raises(BertflowError, match="inf values \\(first in row 2\\)"):
+        head.transform(bad)
+
+
+def test_head_encode_refuses_another_encoder(tmp_path, tiny_encoder, other_encoder_dir,
+                                             wide_encoder_dir):
+    x = tiny_encoder.encode(SENTENCES * 5, "mean")
+    head = FlowHead.fit(x, encoder=tiny_encoder.id, pooling="mean",
+                        flow=FlowConfig(levels=1, depth=1), train=TrainConfig(epochs=1))
+    z = head.encode(SENTENCES, tiny_encoder)
+    np.testing.assert_allclose(z, head.transform(tiny_encoder.encode(SENTENCES, "mean")), atol=1e-6)
+    with pytest.raises(BertflowError, match="from encoder .* but these come from encoder"):
+        head.encode(SENTENCES, other_encoder_dir)
+    with pytest.raises(BertflowError, match="expects 16-d .* got 24-d"):
+        head.encode(SENTENCES, wide_encoder_dir)
+
+
+def corrupt(path, how):
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        data[-5] ^= 0x01
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip"])
+def test_altered_weights_are_refused(head, tmp_path, how):
+    head.save(tmp_path / "head")
+    corrupt(tmp_path / "head" / "model.safetensors", how)
+    with pytest.raises(BertflowError, match="altered or truncated"):
+        FlowHead.load(tmp_path / "head")
+
+
+def test_malformed_configs_are_refused(head, tmp_path):
+    folder = tmp_path / "head"
+    head.save(folder)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text("{not json")
+    with pytest.raises(BertflowError, match="not valid JSON"):
+        FlowHead.load(folder)
+    config_path.write_text(json.dumps({**config, "format_version": 99}))
+    with pytest.raises(BertflowError, match="format version 99"):
+        FlowHead.load(folder)
+    config_path.write_text(json.dumps({**config, "dim": 13}))
+    with pytest.raises(BertflowError, match="does not fit its config"):
+        FlowHead.load(folder)
+    with pytest.raises(BertflowError, match="no flow head folder"):
+        FlowHead.load(tmp_path / "missing")
+
+
+def test_weights_that_are_not_safetensors_are_refused(head, tmp_path):
+    """A pickle in place of the weights is never unpickled, even with a matching checksum."""
+    folder = tmp_path / "head"
+    head.save(folder)
+    weights = folder / "model.safetensors"
+    torch.save(head.state_dict(), weights)
+    config = json.loads((folder / "config.json").read_text())
+    config["weights"]["sha256"] = __import__("hashlib").sha256(weights.read_bytes()).hexdigest()
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BertflowError, match="not a valid safetensors file"):
+        FlowHead.load(folder)
+
+
+def test_failed_save_leaves_the_previous_head_intact(head, tmp_path, monkeypatch):
+    folder = tmp_path / "head"
+    head.save(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr("bertflow.head.write_json", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        head.save(folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["head"]  # no temporary folder left
+
+
+def test_killed_save_leaves_the_previous_head_intact(head, tmp_path):
+    folder = tmp_path / "head"
+    head.save(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(REPO)!r})
+        import bertflow.files as files
+        from bertflow import FlowHead
+        head = FlowHead.load({str(folder)!r})
+        def die(*args):
+            os.kill(os.getpid(), signal.SIGKILL)
+        files._replace_directory = die  # the process dies just before the swap
+        head.save({str(folder)!r})
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert done.returncode == -9
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    FlowHead.load(folder)
+
+
+def test_save_replaces_an_older_head_but_not_another_folder(head, tmp_path):
+    folder = tmp_path / "head"
+    head.save(folder)
+    head.save(folder)
+    assert FlowHead.load(folder).dim == 12
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(BertflowError, match="not a flow head"):
+        head.save(precious)
+    assert (precious / "notes.txt").read_text() == "keep me"
+
+
+def test_log_prob_includes_the_standardisation_jacobian(head):
+    x = torch.randn(6, 12, dtype=torch.float64)
+    h = head.double()
+    try:
+        for row, value in zip(x, h.log_prob(x), strict=True):
+            jac = torch.autograd.functional.jacobian(lambda v: h(v[None])[0][0], row)
+            z = h(row[None])[0][0]
+            expected = (-0.5 * z @ z - 6 * np.log(2 * np.pi) + torch.linalg.slogdet(jac)[1])
+            assert torch.allclose(value, expected, atol=1e-8)
+    finally:
+        head.float()
+
+
+def test_samples_come_back_in_embedding_space(head):
+    s = head.sample(2000, seed=1)
+    assert s.shape == (2000, 12)
+    assert np.abs(s.mean(0) - 1).max() < 0.3  # the training data had mean 1, std 2
+    assert np.abs(s.std(0) - 2).max() < 0.4

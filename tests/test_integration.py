@@ -1,0 +1,68 @@
+"""The real default encoder on real sentences: 500 STS-B sentences from the shared data folder,
+or, on a machine without it, 500 sentences of the Lee corpus that ships with gensim."""
+
+import numpy as np
+import pytest
+import torch
+
+from bertflow import FlowHead, lee, load_encoder, mean_pair_cosine, sts
+from bertflow.cli import main
+
+from .conftest import data_dir
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def sentences() -> list[str]:
+    folder = data_dir() / "STSBenchmark"
+    if folder.is_dir():
+        pairs = sts.read_stsb(folder, "train")
+        return pairs.sentences()[:500]
+    return lee.background_sentences()[:500]
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return load_encoder()
+
+
+def cosine(x) -> float:
+    return mean_pair_cosine(torch.from_numpy(np.asarray(x, dtype=np.float32)))
+
+
+def test_encode_fit_export_load_transform_under_cls(tmp_path, capsys, sentences, encoder):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    emb, head, z_txt, z_emb = (tmp_path / n for n in ("emb.npy", "head", "z1.npy", "z2.npy"))
+
+    assert main(["encode", str(corpus), "--out", str(emb), "--pooling", "cls"]) == 0
+    assert main(["fit", str(emb), "--out", str(head), "--seed", "0", "--quiet"]) == 0
+    assert main(["transform", "--head", str(head), "--sentences", str(corpus),
+                 "--out", str(z_txt)]) == 0
+    assert main(["transform", "--head", str(head), "--embeddings", str(emb),
+                 "--out", str(z_emb)]) == 0
+    capsys.readouterr()
+
+    x, z = np.load(emb), np.load(z_txt)
+    assert x.shape == z.shape == (500, 384)
+    np.testing.assert_allclose(np.load(z_emb), z, atol=1e-4)
+    loaded = FlowHead.load(head)
+    assert loaded.encoder == encoder.id and loaded.pooling == "cls"
+    before, after = cosine(x), cosine(z)
+    assert before > 0.3, before  # CLS vectors of the default encoder sit in a narrow cone
+    assert after < 0.1, after
+
+
+def test_real_fit_is_bit_identical_across_runs(tmp_path, sentences, encoder):
+    x = encoder.encode(sentences, "static")
+    a = FlowHead.fit(x, encoder=encoder.id, pooling="static").save(tmp_path / "a")
+    b = FlowHead.fit(x, encoder=encoder.id, pooling="static").save(tmp_path / "b")
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean", "first_last", "last2", "static"])
+def test_every_pooling_runs_on_the_real_encoder(sentences, encoder, pooling):
+    x = encoder.encode(sentences[:64], pooling)
+    assert x.shape == (64, 384) and np.isfinite(x).all()
+    assert np.linalg.norm(x, axis=1).min() > 0

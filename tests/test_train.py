@@ -1,0 +1,146 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from bertflow import BertflowError, FlowConfig, FlowHead, Glow, TrainConfig, fit
+from bertflow.train import TrainState, mean_pair_cosine, split_indices
+
+
+def correlated_gaussian(n: int = 4000, d: int = 64, seed: int = 0) -> np.ndarray:
+    g = torch.Generator().manual_seed(seed)
+    mixing = torch.randn(d, d, generator=g) / math.sqrt(d)
+    return (torch.randn(n, d, generator=g) @ mixing.T * 3 + 1).numpy()
+
+
+def test_fit_whitens_a_correlated_gaussian():
+    x = correlated_gaussian()
+    before = np.linalg.norm(np.cov(x.T) - np.eye(64))
+    head = FlowHead.fit(x, flow=FlowConfig(linear="lu"), train=TrainConfig(epochs=6, patience=0))
+    z = head.transform(x)
+    after = np.linalg.norm(np.cov(z.T) - np.eye(64))
+    # sampling noise alone gives ‖cov − I‖_F ≈ 64 / sqrt(4000) ≈ 1.0
+    assert before > 20
+    assert after < 1.5
+    assert np.abs(z.mean(0)).max() < 0.1
+
+
+def test_same_seed_gives_identical_weights_and_other_seed_does_not():
+    x = correlated_gaussian(600, 16)
+    config = TrainConfig(epochs=2, seed=5)
+    a = FlowHead.fit(x, flow=FlowConfig(levels=2, depth=2), train=config)
+    b = FlowHead.fit(x, flow=FlowConfig(levels=2, depth=2), train=config)
+    c = FlowHead.fit(x, flow=FlowConfig(levels=2, depth=2), train=TrainConfig(epochs=2, seed=6))
+    for key, value in a.state_dict().items():
+        assert torch.equal(value, b.state_dict()[key]), key
+    assert any(not torch.equal(v, c.state_dict()[k]) for k, v in a.state_dict().items())
+
+
+def test_resume_from_a_checkpoint_is_bit_identical():
+    x = correlated_gaussian(500, 16)
+    flow = FlowConfig(levels=2, depth=2, linear="lu")
+    config = TrainConfig(epochs=4, patience=0, noise=0.01)
+    full = FlowHead.fit(x, flow=flow, train=config)
+
+    states: list[TrainState] = []
+    FlowHead.fit(x, flow=flow, train=TrainConfig(**{**config.to_dict(), "epochs": 4}),
+                 on_epoch_end=states.append)
+    saved = states[1]  # interrupted after epoch 2
+    buffer = __import__("io").BytesIO()
+    torch.save(saved.to_dict(), buffer)
+    buffer.seek(0)
+    state = TrainState.from_dict(torch.load(buffer, weights_only=True))
+    resumed = FlowHead.fit(x, flow=flow, train=config, state=state)
+    assert [e["val_nll"] for e in resumed.history.epochs] == [
+        e["val_nll"] for e in full.history.epochs
+    ]
+    for key, value in full.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+
+
+def test_history_and_early_stopping_keep_the_best_epoch():
+    x = correlated_gaussian(300, 8)
+    head = FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2, hidden=64),
+                        train=TrainConfig(epochs=30, patience=2, lr=5e-3, batch_size=16))
+    history = head.history
+    vals = [e["val_nll"] for e in history.epochs]
+    assert history.best_val_nll == min(vals)
+    assert history.best_epoch == vals.index(min(vals)) + 1
+    if history.stopped_early:
+        assert len(vals) - history.best_epoch == 2
+    for record in history.epochs:
+        assert record["val_bits_per_dim"] == pytest.approx(record["val_nll"] / (8 * math.log(2)))
+
+
+def test_non_finite_loss_names_the_step():
+    class Exploding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x):
+            scale = self.w * (1e30 if self.training and self.calls > 0 else 1.0)
+            self.calls += 1
+            return x * scale, torch.zeros(x.shape[0])
+
+    model = Exploding()
+    model.calls = 0
+    with pytest.raises(BertflowError, match=r"non-finite loss \(inf\) at step 1 \(epoch 1\)"):
+        fit(model, torch.randn(50, 4), TrainConfig(epochs=1, batch_size=8))
+
+
+def test_nan_inputs_are_refused():
+    x = correlated_gaussian(50, 4)
+    x[7, 2] = np.nan
+    with pytest.raises(BertflowError, match="NaN"):
+        FlowHead.fit(x)
+
+
+def test_writer_gets_loss_bits_log_det_cosines_and_histogram():
+    class Recorder:
+        def __init__(self):
+            self.tags = set()
+
+        def add_scalar(self, tag, value, step):
+            assert math.isfinite(value)
+            self.tags.add(tag)
+
+        def add_histogram(self, tag, values, step):
+            self.tags.add(tag)
+
+    writer = Recorder()
+    FlowHead.fit(correlated_gaussian(200, 8), flow=FlowConfig(levels=1, depth=1),
+                 train=TrainConfig(epochs=1), writer=writer)
+    assert {
+        "train/nll", "train/bits_per_dim", "train/log_det", "val/nll", "val/bits_per_dim",
+        "val/log_det", "cosine/input", "cosine/latent", "latent/z",
+    } <= writer.tags
+
+
+def test_flow_lowers_random_pair_cosine_of_a_narrow_cone():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2000, 32, generator=g) * 0.3 + 2.0  # all vectors near (2, 2, ..., 2)
+    assert mean_pair_cosine(x) > 0.9
+    glow = Glow(32, FlowConfig(levels=2, depth=2))
+    fit(glow, x, TrainConfig(epochs=3))
+    with torch.no_grad():
+        z, _ = glow(x)
+    assert abs(mean_pair_cosine(z)) < 0.05
+
+
+def test_split_is_seeded_and_disjoint():
+    train, val = split_indices(100, 0.1, seed=3)
+    assert len(val) == 10 and len(train) == 90
+    assert set(train.tolist()).isdisjoint(val.tolist())
+    again = split_indices(100, 0.1, seed=3)
+    assert torch.equal(train, again[0])
+
+
+def test_bad_train_configs_are_refused():
+    with pytest.raises(BertflowError):
+        TrainConfig(epochs=0)
+    with pytest.raises(BertflowError):
+        TrainConfig(val_fraction=1.0)
+    with pytest.raises(BertflowError):
+        TrainConfig(schedule="step")
