@@ -128,12 +128,11 @@ def _fit(args: argparse.Namespace) -> None:
     import torch
 
     from .flow import FlowConfig
-    from .head import FlowHead
+    from .head import FlowHead, check_destination
     from .train import TrainConfig, TrainState
 
     if args.resume and args.checkpoint is None:
         raise BertflowError("--resume needs --checkpoint FILE")
-    x, origin = _training_embeddings(args)
     flow = FlowConfig(args.levels, args.depth, args.coupling, args.hidden, args.linear)
     overrides = {
         k: getattr(args, k)
@@ -141,17 +140,21 @@ def _fit(args: argparse.Namespace) -> None:
         if getattr(args, k, None) is not None
     }
     train = TrainConfig(seed=args.seed, **overrides)
-    run = {"flow": flow.to_dict(), "train": train.to_dict(), "corpus": origin["corpus"],
-           "standardize": not args.no_standardize}
-
+    check_destination(args.out)
+    x, origin = _training_embeddings(args)
+    run = {
+        "flow": flow.to_dict(),
+        "train": train.to_dict(),
+        "standardize": not args.no_standardize,
+        "encoder": origin["encoder"].to_dict() if origin["encoder"] else None,
+        "pooling": origin["pooling"],
+        "max_length": origin["max_length"],
+        "corpus": origin["corpus"],
+        "rows": int(x.shape[0]),
+    }
     state = None
     if args.resume and args.checkpoint.exists():
-        saved = torch.load(args.checkpoint, weights_only=True)
-        if saved.get("run") != run:
-            raise BertflowError(
-                f"{args.checkpoint} was written by a run with other settings or data"
-            )
-        state = TrainState.from_dict(saved["state"])
+        state = _load_checkpoint(args.checkpoint, run)
 
     def on_epoch_end(s: TrainState) -> None:
         if not args.quiet:
@@ -186,6 +189,7 @@ def _fit(args: argparse.Namespace) -> None:
             writer=writer,
             state=state,
             on_epoch_end=on_epoch_end,
+            progress=not args.quiet,
         )
     finally:
         if writer is not None:
@@ -196,6 +200,24 @@ def _fit(args: argparse.Namespace) -> None:
         f"wrote {args.out}: best epoch {info['best_epoch']} of {info['epochs_run']}, "
         f"val NLL {info['val_nll']:.3f} nats ({info['val_bits_per_dim']:.4f} bits/dim)"
     )
+
+
+def _load_checkpoint(path: Path, run: dict[str, Any]) -> Any:
+    import pickle
+
+    import torch
+
+    from .train import TrainState
+
+    try:
+        saved = torch.load(path, weights_only=True)
+        state = TrainState.from_dict(saved["state"])
+        same = saved["run"] == run
+    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError, AttributeError):
+        raise BertflowError(f"{path} is not a bertflow training checkpoint") from None
+    if not same:
+        raise BertflowError(f"{path} was written by a run with other settings or data")
+    return state
 
 
 def _training_embeddings(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, Any]]:

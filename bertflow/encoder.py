@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .errors import BertflowError
+from .errors import BertflowError, first_line
 
 __all__ = [
     "DEFAULT_ENCODER_NAME",
@@ -129,7 +129,11 @@ class Encoder:
         return int(self.model.get_input_embeddings().embedding_dim)
 
     @property
-    def max_positions(self) -> int | None:
+    def max_tokens(self) -> int | None:
+        """The longest input the tokenizer allows (RoBERTa: 512, not its 514 positions)."""
+        limit = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(limit, int) and 0 < limit < 1_000_000:
+            return limit
         return getattr(self.model.config, "max_position_embeddings", None)
 
     def __repr__(self) -> str:
@@ -149,15 +153,15 @@ class Encoder:
         Several poolings share one forward pass and come back as a dict. Batches are formed
         from sentences sorted by token length, which keeps padding small.
         """
-        poolings = [pooling] if isinstance(pooling, str) else list(pooling)
-        for p in poolings:
-            check_pooling(p)
+        poolings = [check_pooling(p) for p in ([pooling] if isinstance(pooling, str) else pooling)]
         if isinstance(sentences, str) or not len(sentences):
             raise BertflowError("expected a non-empty list of sentences")
         if max_length < 2:
             raise BertflowError(f"max_length must be at least 2, got {max_length}")
-        if self.max_positions:
-            max_length = min(max_length, self.max_positions)
+        if batch_size < 1:
+            raise BertflowError(f"batch size must be at least 1, got {batch_size}")
+        if self.max_tokens:
+            max_length = min(max_length, self.max_tokens)
         tokens = self.tokenizer(
             list(sentences),
             truncation=True,
@@ -202,7 +206,9 @@ def load_encoder(
         source, name = default_encoder_path(), DEFAULT_ENCODER_NAME
     else:
         source = Path(name_or_path)
-        if source.is_dir():
+        if source.is_dir() and source.resolve() == default_encoder_path().resolve():
+            name = DEFAULT_ENCODER_NAME
+        elif source.is_dir():
             name = source.resolve().name
         elif source.exists():
             raise BertflowError(f"encoder {source} is a file; expected a model folder")
@@ -213,8 +219,9 @@ def load_encoder(
         model = transformers.AutoModel.from_pretrained(str(source))
     except (OSError, ValueError, KeyError) as e:
         where = "folder" if Path(str(source)).is_dir() else "hub id (no such local folder)"
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise BertflowError(f"cannot load encoder {name_or_path} as a {where}: {first}") from None
+        raise BertflowError(
+            f"cannot load encoder {name_or_path} as a {where}: {first_line(e)}"
+        ) from None
     return Encoder(model, tokenizer, name, device)
 
 

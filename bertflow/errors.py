@@ -1,6 +1,6 @@
 """The one exception type bertflow raises for bad input."""
 
-__all__ = ["BertflowError"]
+__all__ = ["BertflowError", "first_line"]
 
 
 class BertflowError(ValueError):
@@ -8,3 +8,9 @@ class BertflowError(ValueError):
 
     The message is one line meant for the user; the CLI prints it and exits non-zero.
     """
+
+
+def first_line(error: BaseException) -> str:
+    """The first non-empty line of an exception's message, or its type's name."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BertflowError
+from .errors import BertflowError, first_line
 
 __all__ = [
     "atomic_directory",
@@ -61,7 +61,7 @@ def load_embeddings(path: str | os.PathLike) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise BertflowError(f"{path} is not a readable .npy array ({_first_line(e)})") from None
+        raise BertflowError(f"{path} is not a readable .npy array ({first_line(e)})") from None
     if not isinstance(array, np.ndarray):
         raise BertflowError(f"{path} holds several arrays; expected one 2-D .npy array")
     if array.ndim != 2:
@@ -88,9 +88,11 @@ def check_finite(array: np.ndarray, what: str, chunk: int = 65536) -> None:
 def save_embeddings(path: str | os.PathLike, array: np.ndarray, meta: dict[str, Any]) -> None:
     """Write `array` as `.npy` and `meta` as its `.meta.json` sidecar, each atomically.
 
-    The array goes first: a sidecar on disk always describes a complete array.
+    An old sidecar goes first and the new one last, so a sidecar on disk never describes
+    another array than the one beside it.
     """
     path = Path(path)
+    meta_path(path).unlink(missing_ok=True)
     with atomic_file(path) as tmp, open(tmp, "wb") as f:
         np.save(f, np.ascontiguousarray(array, dtype=np.float32))
     write_json(meta_path(path), meta)
@@ -108,7 +110,7 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
     try:
         value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BertflowError(f"{path} is not valid JSON ({_first_line(e)})") from None
+        raise BertflowError(f"{path} is not valid JSON ({first_line(e)})") from None
     if not isinstance(value, dict):
         raise BertflowError(f"{path} is not a JSON object")
     return value
@@ -136,6 +138,7 @@ def atomic_file(path: Path) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -155,6 +158,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
         _replace_directory(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -193,5 +197,7 @@ def _read_bytes(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def _first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

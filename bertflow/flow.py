@@ -61,32 +61,29 @@ def spread(x: Tensor) -> Tensor:
 
 
 class InvertibleLinear(Transform):
-    r"""$y = W x$ with $W = P L (U + \mathrm{diag}(\sigma \odot e^{v}))$, Glow's LU form.
+    r"""$y = W x$ with $W = L (U + \mathrm{diag}(e^{v}))$, the LU form of Glow's 1×1 convolution.
 
-    $P$ is a fixed permutation, $L$ unit lower-triangular, $U$ strictly upper-triangular and
-    $\sigma$ fixed signs, so $\log|\det W| = \sum_i v_i$ costs $O(D)$ and the inverse is two
-    triangular solves. A fresh layer is the identity ($P = I$, $L = I$, $U = 0$, $v = 0$).
+    $L$ is unit lower-triangular and $U$ strictly upper-triangular, so
+    $\log|\det W| = \sum_i v_i$ costs $O(D)$ and the inverse is two triangular solves
+    (`torch.linalg.solve_triangular`). A fresh layer is the identity.
     """
 
     def __init__(self, features: int):
         super().__init__()
         self.features = features
-        self.register_buffer("permutation", torch.arange(features))
-        self.register_buffer("sign", torch.ones(features))
-        self.register_buffer("lower_mask", torch.tril(torch.ones(features, features), -1))
         self.lower = nn.Parameter(torch.zeros(features, features))
         self.upper = nn.Parameter(torch.zeros(features, features))
         self.log_diag = nn.Parameter(torch.zeros(features))
 
     def _factors(self) -> tuple[Tensor, Tensor]:
         eye = torch.eye(self.features, dtype=self.lower.dtype, device=self.lower.device)
-        lower = self.lower * self.lower_mask + eye
-        upper = self.upper * self.lower_mask.T + torch.diag(self.sign * self.log_diag.exp())
+        lower = torch.tril(self.lower, -1) + eye
+        upper = torch.triu(self.upper, 1) + torch.diag(self.log_diag.exp())
         return lower, upper
 
     def weight(self) -> Tensor:
         lower, upper = self._factors()
-        return (lower @ upper)[self.permutation]
+        return lower @ upper
 
     def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         outputs = inputs @ self.weight().T
@@ -94,9 +91,7 @@ class InvertibleLinear(Transform):
 
     def inverse(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         lower, upper = self._factors()
-        unpermuted = torch.empty_like(inputs)
-        unpermuted[:, self.permutation] = inputs
-        y = torch.linalg.solve_triangular(lower, unpermuted.T, upper=False, unitriangular=True)
+        y = torch.linalg.solve_triangular(lower, inputs.T, upper=False, unitriangular=True)
         x = torch.linalg.solve_triangular(upper, y, upper=True)
         return x.T, -self.log_diag.sum().expand(inputs.shape[0])
 
@@ -193,7 +188,9 @@ class Glow(Flow):
     level but the last, as in the multi-scale architecture of RealNVP and Glow.
 
     $\log p(x) = \log N(f(x); 0, I) + \log|\det \partial f / \partial x|$.
-    Coupling masks alternate between even and odd features from one step to the next.
+    The features a coupling updates alternate from one step to the next: with LU mixing the
+    masks alternate between even and odd features; with reversal mixing the mask is the second
+    half and the reversal between steps makes it the other half of the features each time.
     """
 
     def __init__(self, features: int, config: FlowConfig | None = None):
@@ -237,10 +234,16 @@ def _level(features: int, config: FlowConfig) -> CompositeTransform:
     coupling = AdditiveCoupling if config.coupling == "additive" else AffineCoupling
     steps: list[Transform] = []
     for k in range(config.depth):
-        mask = (torch.arange(features) + k) % 2
+        if config.linear == "lu":
+            mixing: Transform = InvertibleLinear(features)
+            mask = (torch.arange(features) + k) % 2  # even, then odd features
+        else:
+            # the reversal already swaps the halves from one step to the next
+            mixing = ReversePermutation(features)
+            mask = (torch.arange(features) >= features // 2).long()
         steps += [
             ActNorm(features),
-            InvertibleLinear(features) if config.linear == "lu" else ReversePermutation(features),
+            mixing,
             coupling(mask, lambda i, o: Conditioner(i, o, config.hidden)),
         ]
     return CompositeTransform(steps)

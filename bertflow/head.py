@@ -15,12 +15,12 @@ from torch import Tensor, nn
 
 from . import __version__
 from .encoder import POOLINGS, Encoder, EncoderId, load_encoder
-from .errors import BertflowError
+from .errors import BertflowError, first_line
 from .files import atomic_directory, check_finite, read_json, sha256_file, write_json
 from .flow import FlowConfig, Glow, Standardize, spread, standard_normal_log_prob
 from .train import SummaryWriter, TrainConfig, TrainState, fit
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination"]
 
 FORMAT = "bertflow-head"
 FORMAT_VERSION = 1
@@ -97,7 +97,8 @@ class FlowHead(nn.Module):
             raise BertflowError(
                 f"head expects {self.dim}-d embeddings{self._origin()}, got {dim}-d embeddings"
             )
-        if encoder is not None and self.encoder is not None and encoder != self.encoder:
+        mine = self.encoder
+        if encoder is not None and mine is not None and encoder.fingerprint != mine.fingerprint:
             raise BertflowError(
                 f"head was fit on embeddings from encoder {self.encoder}, "
                 f"but these come from encoder {encoder}"
@@ -211,11 +212,7 @@ class FlowHead(nn.Module):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the head to folder `path` atomically: a crash leaves the old head intact."""
-        path = Path(path)
-        if path.exists() and any(path.iterdir()) and not (path / _CONFIG).is_file():
-            raise BertflowError(
-                f"{path} is a non-empty folder but not a flow head; not replacing it"
-            )
+        path = check_destination(path)
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         with atomic_directory(path) as tmp:
             save_file(tensors, str(tmp / _WEIGHTS), metadata={"format": FORMAT})
@@ -240,17 +237,21 @@ class FlowHead(nn.Module):
             )
         try:
             weights = config["weights"]
+            file = path / str(weights["file"])
+            checksum = str(weights["sha256"])
             dim, flow = int(config["dim"]), FlowConfig.from_dict(config["flow"])
             encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
             pooling, max_length = config["pooling"], config["max_length"]
             standardized = bool(config["standardize"])
+            training = config.get("training") or {}
+            if not isinstance(training, dict) or file.parent != path or dim < 1:
+                raise ValueError("bad training record, weights file or dim")
         except (KeyError, TypeError, ValueError) as e:
-            problem = f"{type(e).__name__}: {e}"
+            problem = f"{type(e).__name__}: {first_line(e)}"
             raise BertflowError(f"{path / _CONFIG} is malformed ({problem})") from None
-        file = path / weights.get("file", _WEIGHTS)
         if not file.is_file():
             raise BertflowError(f"{path} has no weights file {file.name}")
-        if sha256_file(file) != weights.get("sha256"):
+        if sha256_file(file) != checksum:
             raise BertflowError(
                 f"{file} does not match the checksum in its config: altered or truncated"
             )
@@ -267,13 +268,13 @@ class FlowHead(nn.Module):
             encoder=encoder,
             pooling=pooling,
             max_length=max_length,
-            training=config.get("training") or {},
+            training=training,
         )
         try:
             head.load_state_dict(tensors, strict=True)
         except RuntimeError as e:
-            first = str(e).strip().splitlines()[0]
-            raise BertflowError(f"{file} does not fit its config: {first}") from None
+            detail = str(e).strip().splitlines()[1:2] or [first_line(e)]
+            raise BertflowError(f"{file} does not fit its config: {detail[0].strip()}") from None
         if not all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()):
             raise BertflowError(f"{file} holds non-finite weights")
         return head.eval()
@@ -289,3 +290,17 @@ class FlowHead(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}{self._origin()}"
 
+
+def check_destination(path: str | os.PathLike) -> Path:
+    """`path` if a head may be written there: absent, empty, or holding a flow head."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise BertflowError(f"{path} exists and is not a folder")
+    if path.is_dir() and any(path.iterdir()):
+        try:
+            is_head = read_json(path / _CONFIG).get("format") == FORMAT
+        except BertflowError:
+            is_head = False
+        if not is_head:
+            raise BertflowError(f"{path} is a non-empty folder but not a flow head; not replacing it")
+    return path

@@ -31,7 +31,8 @@ class SummaryWriter(Protocol):
 class TrainConfig:
     """How to fit: Adam at `lr`, minibatches of `batch_size`, early stopping on held-out NLL.
 
-    `val_fraction` of the rows (at least one) are held out; training stops after `patience`
+    The learning rate decays from `lr` to 0 along a cosine over all epochs (`schedule=
+    "constant"` keeps it). `val_fraction` of the rows (at least one) are held out; training stops after `patience`
     epochs without a better validation NLL (0: never stops early) and the best weights are
     kept. `init_size` rows feed the data-dependent ActNorm initialisation. `noise` adds
     Gaussian jitter of that many times the data's RMS spread to each training batch, which
@@ -50,8 +51,13 @@ class TrainConfig:
     noise: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or self.init_size < 2:
-            raise BertflowError(f"epochs, batch_size must be ≥ 1 and init_size ≥ 2: {self}")
+        for name, low in (("epochs", 1), ("batch_size", 1), ("init_size", 2), ("patience", 0)):
+            if getattr(self, name) < low:
+                raise BertflowError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**32:
+            raise BertflowError(f"seed must be in [0, 2**32), got {self.seed}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise BertflowError(f"max_grad_norm must be positive, got {self.max_grad_norm}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise BertflowError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if not self.lr > 0:
@@ -81,7 +87,7 @@ class History:
 
     @property
     def best(self) -> dict[str, float]:
-        return self.epochs[self.best_epoch - 1] if self.epochs else {}
+        return self.epochs[self.best_epoch - 1] if self.best_epoch else {}
 
 
 @dataclass
@@ -157,11 +163,10 @@ def fit(
     """
     if x.ndim != 2 or x.shape[0] < 3:
         raise BertflowError(f"need a (rows ≥ 3, dim) tensor to fit, got shape {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
-        raise BertflowError("the training embeddings hold NaN or inf values")
     dim = x.shape[1]
     train_idx, val_idx = split_indices(x.shape[0], config.val_fraction, config.seed)
-    x_train, x_val = x[train_idx], x[val_idx]
+    x_train = x[train_idx]
+    x_val = x[val_idx] if len(val_idx) else x_train
     jitter = config.noise * float((x_train - x_train.mean(0)).pow(2).mean().sqrt())
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     steps_per_epoch = math.ceil(len(train_idx) / config.batch_size)
@@ -176,7 +181,7 @@ def fit(
         history, step, start, bad_epochs = History(), 0, 0, 0
         best_model = _copy_state(model)
         if writer is not None:
-            writer.add_scalar("cosine/input", mean_pair_cosine(x_val if len(val_idx) else x), 0)
+            writer.add_scalar("cosine/input", mean_pair_cosine(x_val), 0)
     else:
         model.load_state_dict(state.model)
         optimizer.load_state_dict(state.optimizer)
@@ -218,9 +223,9 @@ def fit(
                 writer.add_scalar("train/nll", loss.item(), step)
                 writer.add_scalar("train/bits_per_dim", loss.item() / (dim * math.log(2)), step)
                 writer.add_scalar("train/log_det", log_det.mean().item(), step)
-        record = {"epoch": float(epoch), "train_nll": total / count, "seconds": 0.0}
-        record.update(_evaluate(model, x_val if len(val_idx) else x_train, config.seed))
-        record["seconds"] = time.perf_counter() - began
+        record = {"epoch": float(epoch), "train_nll": total / count}
+        metrics, z_val = _evaluate(model, x_val, config.seed)
+        record.update(metrics, seconds=time.perf_counter() - began)
         history.epochs.append(record)
         if record["val_nll"] < history.best_val_nll:
             history.best_val_nll, history.best_epoch = record["val_nll"], epoch
@@ -228,7 +233,7 @@ def fit(
         else:
             bad_epochs += 1
         if writer is not None:
-            _log_epoch(writer, model, x_val if len(val_idx) else x_train, record, step)
+            _log_epoch(writer, z_val, record, step)
         if on_epoch_end is not None:
             on_epoch_end(
                 TrainState(
@@ -248,26 +253,24 @@ def fit(
 
 
 @torch.no_grad()
-def _evaluate(model: nn.Module, x: Tensor, seed: int) -> dict[str, float]:
+def _evaluate(model: nn.Module, x: Tensor, seed: int) -> tuple[dict[str, float], Tensor]:
     model.eval()
     z, log_det = model(x)
     nll = -(standard_normal_log_prob(z) + log_det).mean().item()
-    return {
+    metrics = {
         "val_nll": nll,
         "val_bits_per_dim": nll / (x.shape[1] * math.log(2)),
         "val_log_det": log_det.mean().item(),
         "val_cosine": mean_pair_cosine(z, seed=seed),
     }
+    return metrics, z
 
 
-@torch.no_grad()
-def _log_epoch(
-    writer: SummaryWriter, model: nn.Module, x: Tensor, record: dict[str, float], step: int
-) -> None:
+def _log_epoch(writer: SummaryWriter, z: Tensor, record: dict[str, float], step: int) -> None:
     for key in ("val_nll", "val_bits_per_dim", "val_log_det"):
         writer.add_scalar(f"val/{key.removeprefix('val_')}", record[key], step)
     writer.add_scalar("cosine/latent", record["val_cosine"], step)
-    writer.add_histogram("latent/z", model(x)[0], step)
+    writer.add_histogram("latent/z", z, step)
 
 
 def _learning_rate(config: TrainConfig, step: int, total_steps: int) -> float:

@@ -182,3 +182,63 @@ def test_module_and_console_script_entry_points(tmp_path, fitted):
                           capture_output=True, text=True, env=env)
     assert done.returncode == 1
     assert done.stderr.strip() == f"bertflow: error: no flow head folder at {tmp_path / 'nope'}"
+
+
+def test_bad_checkpoints_and_resume_with_other_pooling(
+    tmp_path, capsys, corpus_file, tiny_encoder_dir
+):
+    base = ["fit", corpus_file, "--encoder", tiny_encoder_dir, "--cache", tmp_path / "cache",
+            "--levels", "1", "--depth", "1", "--quiet"]
+    head = tmp_path / "head"
+    for content in (b"garbage", b""):
+        (tmp_path / "bad.pt").write_bytes(content)
+        assert_refused(capsys, [*base, "--out", head, "--checkpoint", tmp_path / "bad.pt",
+                                "--resume"], "is not a bertflow training checkpoint", head)
+    ckpt = tmp_path / "state.pt"
+    assert run(capsys, *base, "--pooling", "cls", "--out", head, "--checkpoint", ckpt)[0] == 0
+    other = tmp_path / "other"
+    assert_refused(capsys, [*base, "--pooling", "mean", "--out", other, "--checkpoint", ckpt,
+                            "--resume"], "other settings or data", other)
+
+
+def test_fit_refuses_to_overwrite_a_folder_that_is_not_a_head(
+    tmp_path, capsys, corpus_file, tiny_encoder_dir, monkeypatch
+):
+    import bertflow.head
+
+    encoder_copy = tmp_path / "encoder"
+    __import__("shutil").copytree(tiny_encoder_dir, encoder_copy)
+    before = sorted(p.name for p in encoder_copy.iterdir())
+    monkeypatch.setattr(bertflow.head.FlowHead, "fit", None)  # refused before any training
+    code, _, err = run(capsys, "fit", corpus_file, "--out", encoder_copy, "--encoder",
+                       tiny_encoder_dir, "--cache", tmp_path / "cache")
+    assert code == 1 and "is a non-empty folder but not a flow head" in err
+    assert sorted(p.name for p in encoder_copy.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--batch-size", "0"], "batch size must be at least 1"),
+        (["--max-length", "1"], "max_length must be at least 2"),
+    ],
+)
+def test_bad_encoding_options(tmp_path, capsys, corpus_file, tiny_encoder_dir, args, message):
+    out = tmp_path / "e.npy"
+    assert_refused(capsys, ["encode", corpus_file, "--out", out, "--encoder", tiny_encoder_dir,
+                            *args], message, out)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--patience", "-1"], "patience must be at least 0"),
+        (["--seed", "99999999999999999"], "seed must be in"),
+        (["--epochs", "0"], "epochs must be at least 1"),
+        (["--levels", "9"], "use fewer levels"),
+    ],
+)
+def test_bad_training_options(tmp_path, capsys, corpus_file, tiny_encoder_dir, args, message):
+    head = tmp_path / "head"
+    assert_refused(capsys, ["fit", corpus_file, "--out", head, "--encoder", tiny_encoder_dir,
+                            "--cache", tmp_path / "cache", "--quiet", *args], message, head)

@@ -1,3 +1,5 @@
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -70,9 +72,16 @@ def test_encoder_is_frozen_and_in_eval_mode(tiny_encoder):
     assert not any(p.requires_grad for p in tiny_encoder.model.parameters())
 
 
-def test_fingerprint_tells_encoders_apart(tiny_encoder, tiny_encoder_dir, other_encoder_dir):
+def test_fingerprint_tells_encoders_apart(tiny_encoder, tiny_encoder_dir, other_encoder_dir,
+                                          tmp_path):
     assert load_encoder(tiny_encoder_dir).id == tiny_encoder.id
     assert load_encoder(other_encoder_dir).id.fingerprint != tiny_encoder.id.fingerprint
+    copy = shutil.copytree(tiny_encoder_dir, tmp_path / "renamed-copy")
+    assert load_encoder(copy).id.fingerprint == tiny_encoder.id.fingerprint
+
+
+def test_default_encoder_keeps_its_name_when_given_by_path():
+    assert load_encoder(default_encoder_path()).id.name == "all-MiniLM-L6-v2"
 
 
 def test_bad_requests_are_refused(tiny_encoder, tmp_path):
@@ -80,6 +89,9 @@ def test_bad_requests_are_refused(tiny_encoder, tmp_path):
         tiny_encoder.encode(SENTENCES, "max")
     with pytest.raises(BertflowError, match="non-empty"):
         tiny_encoder.encode([], "cls")
+    for size in (0, -1):
+        with pytest.raises(BertflowError, match="batch size must be at least 1"):
+            tiny_encoder.encode(SENTENCES, "cls", batch_size=size)
     with pytest.raises(BertflowError, match="cannot load encoder"):
         load_encoder(tmp_path)  # a folder without a model
     (tmp_path / "weights.bin").write_bytes(b"x")
@@ -88,9 +100,13 @@ def test_bad_requests_are_refused(tiny_encoder, tmp_path):
 
 
 def test_truncation_at_max_length(tiny_encoder):
-    long = " ".join(["dog"] * 100)
-    short = tiny_encoder.encode([long], "mean", max_length=8)
-    assert np.isfinite(short).all()
+    """max_length counts [CLS] and [SEP]: 8 tokens keep the first 6 words."""
+    words = "a man plays the guitar in the park with a dog".split()
+    truncated = tiny_encoder.encode([" ".join(words)], "mean", max_length=8)
+    first_six = tiny_encoder.encode([" ".join(words[:6])], "mean", max_length=8)
+    whole = tiny_encoder.encode([" ".join(words)], "mean", max_length=64)
+    np.testing.assert_allclose(truncated, first_six, atol=1e-6)
+    assert not np.allclose(truncated, whole, atol=1e-3)
 
 
 def test_default_encoder_is_found_in_the_installed_package():

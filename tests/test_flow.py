@@ -71,6 +71,17 @@ def test_log_det_matches_autograd_jacobian(name, layer):
         assert torch.allclose(logabs, expected, atol=1e-8)
 
 
+@pytest.mark.parametrize("linear", ["reverse", "lu"])
+@pytest.mark.parametrize("features", [8, 9])
+def test_every_latent_depends_on_several_inputs(linear, features):
+    """No feature may pass through a level untouched by the couplings."""
+    glow = ready(Glow(features, FlowConfig(levels=2, depth=3, linear=linear)), features)
+    x = torch.randn(features, dtype=torch.float64)
+    jacobian = torch.autograd.functional.jacobian(lambda v: glow(v[None])[0][0], x)
+    inputs_per_latent = (jacobian.abs() > 1e-9).sum(1)
+    assert inputs_per_latent.min() >= 2, inputs_per_latent.tolist()
+
+
 @pytest.mark.parametrize("levels", [1, 3])
 @pytest.mark.parametrize("coupling", ["additive", "affine"])
 def test_fresh_flow_with_lu_mixing_is_the_identity(levels, coupling):

@@ -1,4 +1,5 @@
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -78,8 +79,8 @@ def test_mismatched_embeddings_are_refused_naming_both_sides(head):
         head.transform(bad)
 
 
-def test_head_encode_refuses_another_encoder(tmp_path, tiny_encoder, other_encoder_dir,
-                                             wide_encoder_dir):
+def test_head_encode_refuses_another_encoder(tmp_path, tiny_encoder, tiny_encoder_dir,
+                                             other_encoder_dir, wide_encoder_dir):
     x = tiny_encoder.encode(SENTENCES * 5, "mean")
     head = FlowHead.fit(x, encoder=tiny_encoder.id, pooling="mean",
                         flow=FlowConfig(levels=1, depth=1), train=TrainConfig(epochs=1))
@@ -87,6 +88,8 @@ def test_head_encode_refuses_another_encoder(tmp_path, tiny_encoder, other_encod
     np.testing.assert_allclose(z, head.transform(tiny_encoder.encode(SENTENCES, "mean")), atol=1e-6)
     with pytest.raises(BertflowError, match="from encoder .* but these come from encoder"):
         head.encode(SENTENCES, other_encoder_dir)
+    copy = shutil.copytree(tiny_encoder_dir, tmp_path / "copy-of-tiny")
+    np.testing.assert_allclose(head.encode(SENTENCES, copy), z, atol=1e-6)  # same weights
     with pytest.raises(BertflowError, match="expects 16-d .* got 24-d"):
         head.encode(SENTENCES, wide_encoder_dir)
 
@@ -120,8 +123,14 @@ def test_malformed_configs_are_refused(head, tmp_path):
     with pytest.raises(BertflowError, match="format version 99"):
         FlowHead.load(folder)
     config_path.write_text(json.dumps({**config, "dim": 13}))
-    with pytest.raises(BertflowError, match="does not fit its config"):
+    with pytest.raises(BertflowError, match="does not fit its config: size mismatch"):
         FlowHead.load(folder)
+    for field, value in [("weights", "model.safetensors"), ("weights", {"file": 3}),
+                         ("weights", {"file": "../../x", "sha256": "0"}), ("training", [1]),
+                         ("flow", {"levels": "many"}), ("dim", None), ("encoder", "bert")]:
+        config_path.write_text(json.dumps({**config, field: value}))
+        with pytest.raises(BertflowError, match="malformed|is not"):
+            FlowHead.load(folder)
     with pytest.raises(BertflowError, match="no flow head folder"):
         FlowHead.load(tmp_path / "missing")
 
@@ -183,6 +192,7 @@ def test_save_replaces_an_older_head_but_not_another_folder(head, tmp_path):
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
+    (precious / "config.json").write_text('{"model_type": "bert"}')  # e.g. an encoder folder
     with pytest.raises(BertflowError, match="not a flow head"):
         head.save(precious)
     assert (precious / "notes.txt").read_text() == "keep me"

@@ -32,20 +32,24 @@ def cosine(x) -> float:
 
 
 def test_encode_fit_export_load_transform_under_cls(tmp_path, capsys, sentences, encoder):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    emb, head, z_txt, z_emb = (tmp_path / n for n in ("emb.npy", "head", "z1.npy", "z2.npy"))
+    """Fit on 400 sentences, transform the 100 held out."""
+    corpus, held_out = tmp_path / "corpus.txt", tmp_path / "held_out.txt"
+    corpus.write_text("\n".join(sentences[:400]) + "\n", encoding="utf-8")
+    held_out.write_text("\n".join(sentences[400:]) + "\n", encoding="utf-8")
+    emb, emb_out = tmp_path / "emb.npy", tmp_path / "held_out.npy"
+    head, z_txt, z_emb = tmp_path / "head", tmp_path / "z1.npy", tmp_path / "z2.npy"
 
     assert main(["encode", str(corpus), "--out", str(emb), "--pooling", "cls"]) == 0
     assert main(["fit", str(emb), "--out", str(head), "--seed", "0", "--quiet"]) == 0
-    assert main(["transform", "--head", str(head), "--sentences", str(corpus),
+    assert main(["transform", "--head", str(head), "--sentences", str(held_out),
                  "--out", str(z_txt)]) == 0
-    assert main(["transform", "--head", str(head), "--embeddings", str(emb),
+    assert main(["encode", str(held_out), "--out", str(emb_out), "--pooling", "cls"]) == 0
+    assert main(["transform", "--head", str(head), "--embeddings", str(emb_out),
                  "--out", str(z_emb)]) == 0
     capsys.readouterr()
 
-    x, z = np.load(emb), np.load(z_txt)
-    assert x.shape == z.shape == (500, 384)
+    x, z = np.load(emb_out), np.load(z_txt)
+    assert x.shape == z.shape == (100, 384)
     np.testing.assert_allclose(np.load(z_emb), z, atol=1e-4)
     loaded = FlowHead.load(head)
     assert loaded.encoder == encoder.id and loaded.pooling == "cls"
