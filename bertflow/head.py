@@ -302,5 +302,7 @@ def check_destination(path: str | os.PathLike) -> Path:
         except BertflowError:
             is_head = False
         if not is_head:
-            raise BertflowError(f"{path} is a non-empty folder but not a flow head; not replacing it")
+            raise BertflowError(
+                f"{path} is a non-empty folder but not a flow head; not replacing it"
+            )
     return path

@@ -31,12 +31,12 @@ class SummaryWriter(Protocol):
 class TrainConfig:
     """How to fit: Adam at `lr`, minibatches of `batch_size`, early stopping on held-out NLL.
 
-    The learning rate decays from `lr` to 0 along a cosine over all epochs (`schedule=
-    "constant"` keeps it). `val_fraction` of the rows (at least one) are held out; training stops after `patience`
-    epochs without a better validation NLL (0: never stops early) and the best weights are
-    kept. `init_size` rows feed the data-dependent ActNorm initialisation. `noise` adds
-    Gaussian jitter of that many times the data's RMS spread to each training batch, which
-    keeps the likelihood bounded on near-constant features (dead embedding dimensions).
+    The learning rate decays from `lr` to 0 along a cosine over all epochs
+    (`schedule="constant"` keeps it). `val_fraction` of the rows (at least one) are held out;
+    training stops after `patience` epochs without a better validation NLL (0: never stops
+    early) and the best weights are kept. `init_size` rows feed the data-dependent ActNorm
+    initialisation. `noise` adds Gaussian jitter of that many times the data's RMS spread to
+    each training batch, which keeps the likelihood bounded on near-constant features.
     """
 
     epochs: int = 1
