@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .encoder import Encoder, EncoderId
+from .encoder import Encoder, EncoderId, check_max_length, check_pooling
 from .errors import BertflowError
 from .files import load_embeddings, meta_path, read_json, save_embeddings
 
@@ -57,6 +57,14 @@ def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
     missing = {"encoder", "pooling", "max_length", "count", "dim"} - meta.keys()
     if missing:
         raise BertflowError(f"{path} lacks {', '.join(sorted(missing))}")
+    try:
+        EncoderId.from_dict(meta["encoder"])
+        check_pooling(meta["pooling"])
+        check_max_length(meta["max_length"])
+        if not all(isinstance(meta[k], int) and meta[k] > 0 for k in ("count", "dim")):
+            raise BertflowError("count and dim must be positive integers")
+    except BertflowError as e:
+        raise BertflowError(f"{path} is malformed: {e}") from None
     return meta
 
 

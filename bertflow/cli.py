@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -12,7 +13,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from .encoder import DEFAULT_POOLING, POOLINGS
-from .errors import BertflowError
+from .errors import BertflowError, first_line
 
 __all__ = ["main"]
 
@@ -125,12 +126,12 @@ def _encode(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    import torch
-
     from .flow import FlowConfig
     from .head import FlowHead, check_destination
-    from .train import TrainConfig, TrainState
+    from .train import TrainConfig
 
+    if args.checkpoint is not None and args.checkpoint.is_dir():
+        raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
     if args.resume and args.checkpoint is None:
         raise BertflowError("--resume needs --checkpoint FILE")
     flow = FlowConfig(args.levels, args.depth, args.coupling, args.hidden, args.linear)
@@ -146,17 +147,18 @@ def _fit(args: argparse.Namespace) -> None:
         "flow": flow.to_dict(),
         "train": train.to_dict(),
         "standardize": not args.no_standardize,
-        "encoder": origin["encoder"].to_dict() if origin["encoder"] else None,
+        "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
         "pooling": origin["pooling"],
         "max_length": origin["max_length"],
-        "corpus": origin["corpus"],
-        "rows": int(x.shape[0]),
+        "data": origin["data"],
     }
     state = None
     if args.resume and args.checkpoint.exists():
         state = _load_checkpoint(args.checkpoint, run)
+    elif args.resume and not args.quiet:
+        print(f"no checkpoint at {args.checkpoint} yet: starting afresh", file=sys.stderr)
 
-    def on_epoch_end(s: TrainState) -> None:
+    def on_epoch_end(s: Any) -> None:
         if not args.quiet:
             e = s.history.epochs[-1]
             print(
@@ -166,11 +168,15 @@ def _fit(args: argparse.Namespace) -> None:
                 file=sys.stderr,
             )
         if args.checkpoint is not None:
+            import torch
+
             from .files import atomic_file
 
             with atomic_file(args.checkpoint) as tmp:
                 torch.save({"run": run, "state": s.to_dict()}, tmp)
 
+    new_logdir = args.logdir is not None and not args.logdir.exists()
+    fitted = False
     writer = None
     if args.logdir is not None:
         from torch.utils.tensorboard import SummaryWriter
@@ -191,9 +197,16 @@ def _fit(args: argparse.Namespace) -> None:
             on_epoch_end=on_epoch_end,
             progress=not args.quiet,
         )
+        fitted = True
+    except (RuntimeError, KeyError, TypeError, ValueError) as e:
+        if state is None or isinstance(e, BertflowError):
+            raise
+        raise BertflowError(f"{args.checkpoint} does not fit this run ({first_line(e)})") from None
     finally:
         if writer is not None:
             writer.close()
+        if new_logdir and not fitted and args.checkpoint is None:  # nothing to resume
+            shutil.rmtree(args.logdir, ignore_errors=True)
     head.save(args.out)
     info = head.training_info
     print(
@@ -221,42 +234,57 @@ def _load_checkpoint(path: Path, run: dict[str, Any]) -> Any:
 
 
 def _training_embeddings(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, Any]]:
+    """The embeddings to fit, and where they came from: encoder, pooling, max length, data."""
     from .cache import EmbeddingCache, corpus_sha256, read_meta
-    from .encoder import EncoderId, load_encoder
+    from .encoder import EncoderId, check_max_length, load_encoder
     from .files import load_embeddings, read_sentences, sha256_file
 
-    if args.input.suffix == ".npy":
-        x = load_embeddings(args.input)
-        meta = read_meta(args.input)
-        if meta is None:
-            if args.pooling is None:
-                raise BertflowError(
-                    f"{args.input} has no .meta.json sidecar; pass --pooling (and --encoder) "
-                    "to say how it was made"
-                )
-            encoder = load_encoder(args.encoder).id if args.encoder else None
-            corpus = {"npy_sha256": sha256_file(args.input)}
-            return x, {"encoder": encoder, "pooling": args.pooling, "max_length": args.max_length,
-                       "corpus": corpus}
-        if meta["count"] != x.shape[0] or meta["dim"] != x.shape[1]:
-            raise BertflowError(f"{args.input} has shape {x.shape} but its sidecar says "
-                                f"({meta['count']}, {meta['dim']})")
-        if args.pooling is not None and args.pooling != meta["pooling"]:
-            raise BertflowError(
-                f"{args.input} holds {meta['pooling']} pooling, "
-                f"but --pooling {args.pooling} was given"
-            )
-        corpus = {"sha256": meta.get("corpus_sha256")}
-        return x, {"encoder": EncoderId.from_dict(meta["encoder"]), "pooling": meta["pooling"],
-                   "max_length": meta["max_length"], "corpus": corpus}
+    check_max_length(args.max_length)
+    if args.input.suffix != ".npy":
+        sentences = read_sentences(args.input)
+        encoder = load_encoder(args.encoder)
+        pooling = args.pooling or DEFAULT_POOLING
+        cache = EmbeddingCache(args.cache or _default_cache())
+        x = cache.encode(sentences, encoder, pooling, args.max_length, args.encode_batch_size,
+                         progress=False if args.quiet else None)
+        digest = corpus_sha256(sentences)
+        return x, {"encoder": encoder.id, "pooling": pooling, "max_length": args.max_length,
+                   "data": digest, "corpus": {"sha256": digest, "file": args.input.name}}
 
-    sentences = read_sentences(args.input)
-    encoder = load_encoder(args.encoder)
-    pooling = args.pooling or DEFAULT_POOLING
-    cache = EmbeddingCache(args.cache or _default_cache())
-    x = cache.encode(sentences, encoder, pooling, args.max_length, args.encode_batch_size)
-    return x, {"encoder": encoder.id, "pooling": pooling, "max_length": args.max_length,
-               "corpus": {"sha256": corpus_sha256(sentences), "file": args.input.name}}
+    x = load_embeddings(args.input)
+    meta = read_meta(args.input)
+    given = load_encoder(args.encoder) if args.encoder else None
+    if meta is None:
+        if args.pooling is None:
+            raise BertflowError(
+                f"{args.input} has no .meta.json sidecar; pass --pooling (and --encoder) "
+                "to say how it was made"
+            )
+        if given is not None and given.dim != x.shape[1]:
+            raise BertflowError(
+                f"{args.input} holds {x.shape[1]}-d embeddings, "
+                f"but encoder {given.id} makes {given.dim}-d ones"
+            )
+        digest = sha256_file(args.input)
+        return x, {"encoder": given.id if given else None, "pooling": args.pooling,
+                   "max_length": args.max_length, "data": digest,
+                   "corpus": {"npy_sha256": digest}}
+    if meta["count"] != x.shape[0] or meta["dim"] != x.shape[1]:
+        raise BertflowError(f"{args.input} has shape {x.shape} but its sidecar says "
+                            f"({meta['count']}, {meta['dim']})")
+    encoder = EncoderId.from_dict(meta["encoder"])
+    if given is not None and given.id.fingerprint != encoder.fingerprint:
+        raise BertflowError(
+            f"{args.input} was made by encoder {encoder}, not by --encoder {given.id}"
+        )
+    if args.pooling is not None and args.pooling != meta["pooling"]:
+        raise BertflowError(
+            f"{args.input} holds {meta['pooling']} pooling, "
+            f"but --pooling {args.pooling} was given"
+        )
+    digest = str(meta.get("corpus_sha256"))
+    return x, {"encoder": encoder, "pooling": meta["pooling"], "max_length": meta["max_length"],
+               "data": digest, "corpus": {"sha256": digest}}
 
 
 def _transform(args: argparse.Namespace) -> None:
@@ -288,21 +316,21 @@ def _info(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(read_json(args.head / "config.json"), indent=2))
         return
-    config, training = head.config(), head.training_info
-    flow = config["flow"]
-    corpus = training.get("corpus") or {}
+    flow, training = head.glow.config, head.training_info
+    corpus = training.get("corpus") if isinstance(training.get("corpus"), dict) else {}
+    digest = next((str(corpus[k]) for k in ("sha256", "npy_sha256", "embeddings_sha256")
+                   if k in corpus), "?")
     rows = [
         ("head", str(args.head)),
         ("dim", str(head.dim)),
         ("encoder", str(head.encoder) if head.encoder else "unknown"),
         ("pooling", head.pooling or "unknown"),
         ("max length", str(head.max_length)),
-        ("flow", f"Glow: {flow['levels']} levels × depth {flow['depth']}, "
-                 f"{flow['coupling']} coupling, width {flow['hidden']}, {flow['linear']} mixing"),
+        ("flow", f"Glow: {flow.levels} levels × depth {flow.depth}, {flow.coupling} coupling, "
+                 f"width {flow.hidden}, {flow.linear} mixing"),
         ("standardize", "yes" if head.standardize is not None else "no"),
         ("parameters", f"{sum(p.numel() for p in head.parameters()):,}"),
-        ("corpus", f"{corpus.get('size', '?')} rows, sha256 "
-                   f"{(corpus.get('sha256') or corpus.get('embeddings_sha256') or '?')[:16]}"),
+        ("corpus", f"{corpus.get('size', '?')} rows, sha256 {digest[:16]}"),
         ("seed", str(training.get("seed"))),
         ("epochs", f"best {training.get('best_epoch')} of {training.get('epochs_run')}"),
         ("val NLL", _nats(training)),
@@ -313,9 +341,10 @@ def _info(args: argparse.Namespace) -> None:
 
 
 def _nats(training: dict[str, Any]) -> str:
-    if training.get("val_nll") is None:
+    nll, bits = training.get("val_nll"), training.get("val_bits_per_dim")
+    if not isinstance(nll, (int, float)) or not isinstance(bits, (int, float)):
         return "unknown"
-    return f"{training['val_nll']:.3f} nats ({training['val_bits_per_dim']:.4f} bits/dim)"
+    return f"{nll:.3f} nats ({bits:.4f} bits/dim)"
 
 
 def _check_npy_out(path: Path) -> None:

@@ -74,6 +74,12 @@ def check_pooling(pooling: str) -> str:
     return pooling
 
 
+def check_max_length(max_length: Any) -> int:
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
+        raise BertflowError(f"max_length must be an integer of at least 2, got {max_length!r}")
+    return max_length
+
+
 def pool(
     hidden_states: Sequence[torch.Tensor] | None,
     word_embeddings: torch.Tensor,
@@ -156,8 +162,7 @@ class Encoder:
         poolings = [check_pooling(p) for p in ([pooling] if isinstance(pooling, str) else pooling)]
         if isinstance(sentences, str) or not len(sentences):
             raise BertflowError("expected a non-empty list of sentences")
-        if max_length < 2:
-            raise BertflowError(f"max_length must be at least 2, got {max_length}")
+        check_max_length(max_length)
         if batch_size < 1:
             raise BertflowError(f"batch size must be at least 1, got {batch_size}")
         if self.max_tokens:
@@ -198,8 +203,10 @@ def load_encoder(
     name_or_path: str | os.PathLike | None = None, device: str | torch.device = "cpu"
 ) -> Encoder:
     """Load an encoder from a local folder (the default: all-MiniLM-L6-v2) or a hub id."""
+    import huggingface_hub
     import transformers
 
+    huggingface_hub.utils.logging.set_verbosity_error()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     if name_or_path is None:

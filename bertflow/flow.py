@@ -41,8 +41,8 @@ class ActNorm(_NflowsActNorm):
 
     The first forward pass in training mode sets $s, b$ so that the batch comes out with zero
     mean and unit variance; the `initialized` buffer is saved with the weights, so a reloaded
-    layer never initialises again. A dead feature (spread below 1e-3 of the median) is
-    centred but not scaled: blowing a constant up only amplifies rounding noise.
+    layer never initialises again. A dead feature (see `spread`) is centred but not scaled:
+    blowing a constant up only amplifies rounding noise.
     """
 
     def _initialize(self, inputs: Tensor) -> None:
@@ -54,9 +54,16 @@ class ActNorm(_NflowsActNorm):
 
 
 def spread(x: Tensor) -> Tensor:
-    """Per-feature standard deviation of the rows of `x`, with dead features set to 1."""
+    """Per-feature standard deviation of the rows of `x`, with dead features set to 1.
+
+    A feature is dead when its spread is below 1e-3 of the 90th percentile of all spreads
+    (of the largest, when nine features in ten are dead).
+    """
     std = x.std(dim=0)
-    dead = std < 1e-3 * std.median()
+    reference = torch.quantile(std, 0.9)
+    if reference == 0:
+        reference = std.max()
+    dead = std < 1e-3 * reference
     return torch.where(dead, torch.ones_like(std), std)
 
 
@@ -153,7 +160,8 @@ class FlowConfig:
 
     `linear` is the mixing layer of each step: ``"reverse"``, the fixed reversal of the
     features that the release uses (its `permutation: true`), or ``"lu"``, a learned
-    `InvertibleLinear`.
+    `InvertibleLinear`. With reversal a level needs depth ≥ 2, or the half it factors out
+    would leave it untouched by any coupling.
     """
 
     levels: int = 3
@@ -163,8 +171,12 @@ class FlowConfig:
     linear: str = "reverse"
 
     def __post_init__(self) -> None:
-        if self.levels < 1 or self.depth < 1 or self.hidden < 1:
-            raise BertflowError(f"levels, depth and hidden must be positive: {self}")
+        for name in ("levels", "depth", "hidden"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BertflowError(f"{name} must be a positive integer, got {value!r}")
+        if self.linear == "reverse" and self.depth < 2:
+            raise BertflowError("reversal mixing needs depth ≥ 2 (or use linear='lu')")
         if self.coupling not in ("additive", "affine"):
             raise BertflowError(f"coupling must be 'additive' or 'affine', not {self.coupling!r}")
         if self.linear not in ("lu", "reverse"):
@@ -183,9 +195,10 @@ class FlowConfig:
 
 
 class Glow(Flow):
-    r"""A Glow for $D$-dim vectors: `levels` × (`depth` × [ActNorm, InvertibleLinear,
-    coupling]), with half of the features factored out to the base $N(0, I)$ after every
-    level but the last, as in the multi-scale architecture of RealNVP and Glow.
+    r"""A Glow for $D$-dim vectors: `levels` × (`depth` × [ActNorm, mixing, coupling]), with
+    half of the features factored out to the base $N(0, I)$ after every level but the last,
+    as in the multi-scale architecture of RealNVP and Glow. Mixing is a fixed reversal of the
+    features or a learned `InvertibleLinear` (see `FlowConfig`).
 
     $\log p(x) = \log N(f(x); 0, I) + \log|\det \partial f / \partial x|$.
     The features a coupling updates alternate from one step to the next: with LU mixing the

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from . import __version__
-from .encoder import POOLINGS, Encoder, EncoderId, load_encoder
+from .encoder import POOLINGS, Encoder, EncoderId, check_max_length, check_pooling, load_encoder
 from .errors import BertflowError, first_line
 from .files import atomic_directory, check_finite, read_json, sha256_file, write_json
 from .flow import FlowConfig, Glow, Standardize, spread, standard_normal_log_prob
@@ -242,6 +242,10 @@ class FlowHead(nn.Module):
             dim, flow = int(config["dim"]), FlowConfig.from_dict(config["flow"])
             encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
             pooling, max_length = config["pooling"], config["max_length"]
+            if pooling is not None:
+                check_pooling(pooling)
+            if max_length is not None:
+                check_max_length(max_length)
             standardized = bool(config["standardize"])
             training = config.get("training") or {}
             if not isinstance(training, dict) or file.parent != path or dim < 1:

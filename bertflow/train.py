@@ -226,6 +226,8 @@ def fit(
         record = {"epoch": float(epoch), "train_nll": total / count}
         metrics, z_val = _evaluate(model, x_val, config.seed)
         record.update(metrics, seconds=time.perf_counter() - began)
+        if not math.isfinite(record["val_nll"]):
+            raise BertflowError(f"non-finite validation NLL after epoch {epoch} (step {step})")
         history.epochs.append(record)
         if record["val_nll"] < history.best_val_nll:
             history.best_val_nll, history.best_epoch = record["val_nll"], epoch

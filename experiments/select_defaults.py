@@ -5,7 +5,8 @@ sentences and scores them:
 
 - STS-B dev Spearman × 100, heads fit on all STS-B sentences (train+dev+test, no scores);
 - Lee Spearman × 100 (50 rated documents), heads fit on the Lee background sentences;
-- the held-out NLL in nats, to show where likelihood and similarity part ways.
+- the held-out NLL in nats, to show where likelihood and similarity part ways;
+- the spread over five seeds of the two closest candidates.
 
 Writes experiments/results/select_defaults.{json,md}.
 
@@ -25,14 +26,20 @@ from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, lee, load_enco
 from bertflow.cache import EmbeddingCache
 
 REPO = Path(__file__).resolve().parent.parent
-CANDIDATES = {
-    "release (reverse mixing), 1 epoch": (FlowConfig(), TrainConfig(epochs=1)),
-    "release (reverse mixing), 3 epochs": (FlowConfig(), TrainConfig(epochs=3, patience=0)),
-    "release (reverse mixing), 10 epochs": (FlowConfig(), TrainConfig(epochs=10, patience=0)),
-    "LU mixing, 1 epoch": (FlowConfig(linear="lu"), TrainConfig(epochs=1)),
-    "LU mixing, 10 epochs": (FlowConfig(linear="lu"), TrainConfig(epochs=10, patience=0)),
-    "affine coupling, 1 epoch": (FlowConfig(coupling="affine"), TrainConfig(epochs=1)),
+CANDIDATES = {  # name: (flow, training, standardise first)
+    "release (reverse mixing), 1 epoch": (FlowConfig(), TrainConfig(epochs=1), True),
+    "release (reverse mixing), 3 epochs": (FlowConfig(), TrainConfig(epochs=3, patience=0), True),
+    "release (reverse mixing), 10 epochs": (
+        FlowConfig(), TrainConfig(epochs=10, patience=0), True),
+    "release, constant learning rate, 1 epoch": (
+        FlowConfig(), TrainConfig(epochs=1, schedule="constant"), True),
+    "release, not standardised, 1 epoch": (FlowConfig(), TrainConfig(epochs=1), False),
+    "LU mixing, 1 epoch": (FlowConfig(linear="lu"), TrainConfig(epochs=1), True),
+    "LU mixing, 10 epochs": (FlowConfig(linear="lu"), TrainConfig(epochs=10, patience=0), True),
+    "affine coupling, 1 epoch": (FlowConfig(coupling="affine"), TrainConfig(epochs=1), True),
 }
+SEEDS = (0, 1, 2, 3, 4)  # seed spread for the two closest candidates
+SPREAD = ("release (reverse mixing), 1 epoch", "affine coupling, 1 epoch")
 
 
 def main() -> None:
@@ -60,39 +67,58 @@ def main() -> None:
     def lee_score(v: np.ndarray) -> float:
         return lee.judgement_spearman(np.stack([v[owner == i].mean(0) for i in range(50)]))
 
+    def run(pooling: str, name: str, seed: int) -> dict:
+        flow, train, standardize = CANDIDATES[name]
+        train = TrainConfig(**{**train.to_dict(), "seed": seed})
+        on_stsb = FlowHead.fit(x_stsb[pooling], flow=flow, train=train, standardize=standardize)
+        on_lee = FlowHead.fit(x_background[pooling], flow=flow, train=train,
+                              standardize=standardize)
+        row = {
+            "pooling": pooling,
+            "config": name,
+            "seed": seed,
+            "stsb_dev": dev(on_stsb.transform(x_stsb[pooling])),
+            "lee": lee_score(on_lee.transform(x_rated[pooling])),
+            "val_nll": on_stsb.history.best_val_nll,
+        }
+        print(json.dumps(row), flush=True)
+        return row
+
     rows = []
     for pooling in POOLINGS:
         raw_dev, raw_lee = dev(np.asarray(x_stsb[pooling])), lee_score(np.asarray(x_rated[pooling]))
-        rows.append({"pooling": pooling, "config": "raw pooling (no flow)",
+        rows.append({"pooling": pooling, "config": "raw pooling (no flow)", "seed": None,
                      "stsb_dev": raw_dev, "lee": raw_lee, "val_nll": None})
-        for name, (flow, train) in CANDIDATES.items():
-            on_stsb = FlowHead.fit(x_stsb[pooling], flow=flow, train=train)
-            on_lee = FlowHead.fit(x_background[pooling], flow=flow, train=train)
-            rows.append({
-                "pooling": pooling,
-                "config": name,
-                "stsb_dev": dev(on_stsb.transform(x_stsb[pooling])),
-                "lee": lee_score(on_lee.transform(x_rated[pooling])),
-                "val_nll": on_stsb.history.best_val_nll,
-            })
-            print(json.dumps(rows[-1]), flush=True)
+        rows += [run(pooling, name, 0) for name in CANDIDATES]
+        rows += [run(pooling, name, seed) for name in SPREAD for seed in SEEDS[1:]]
 
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "select_defaults.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = [
-        "| config | " + " | ".join(POOLINGS) + " | mean |",
+        "| config (seed 0) | " + " | ".join(POOLINGS) + " | mean |",
         "|---|" + "---:|" * (len(POOLINGS) + 1),
     ]
     for config in ["raw pooling (no flow)", *CANDIDATES]:
-        cells = [r for r in rows if r["config"] == config]
-        dev_mean = np.mean([r["stsb_dev"] for r in cells])
-        lee_mean = np.mean([r["lee"] for r in cells])
+        cells = [r for r in rows if r["config"] == config and r["seed"] in (None, 0)]
         lines.append(
             f"| {config} | "
             + " | ".join(f"{r['stsb_dev']:.1f} / {r['lee']:.1f}" for r in cells)
-            + f" | {dev_mean:.1f} / {lee_mean:.1f} |"
+            + f" | {np.mean([r['stsb_dev'] for r in cells]):.1f} / "
+            f"{np.mean([r['lee'] for r in cells]):.1f} |"
         )
-    note = (f"\nSTS-B dev / Lee Spearman × 100, default encoder; "
+    lines += ["", f"| config, mean over poolings, seeds {SEEDS[0]}-{SEEDS[-1]} | "
+              "STS-B dev | Lee |", "|---|---:|---:|"]
+    for config in SPREAD:
+        per_seed = [[r for r in rows if r["config"] == config and r["seed"] == s] for s in SEEDS]
+        devs = [np.mean([r["stsb_dev"] for r in cells]) for cells in per_seed]
+        lees = [np.mean([r["lee"] for r in cells]) for cells in per_seed]
+        lines.append(f"| {config} | {np.mean(devs):.2f} ± {np.std(devs, ddof=1):.2f} | "
+                     f"{np.mean(lees):.2f} ± {np.std(lees, ddof=1):.2f} |")
+    nll = {r["config"]: r["val_nll"] for r in rows if r["pooling"] == "first_last"
+           and r["seed"] in (None, 0) and r["val_nll"] is not None}
+    lines += ["", "| config | first_last: held-out NLL on STS-B (nats) |", "|---|---:|"]
+    lines += [f"| {name} | {value:.1f} |" for name, value in nll.items()]
+    note = (f"\nSpearman × 100 as STS-B dev / Lee, default encoder; "
             f"{time.perf_counter() - began:.0f} s.\n")
     (args.out / "select_defaults.md").write_text("\n".join(lines) + "\n" + note)
     print("\n".join(lines) + note)

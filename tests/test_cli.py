@@ -11,7 +11,7 @@ from bertflow.cli import main
 
 from .conftest import REPO
 
-FAST = ["--epochs", "2", "--levels", "2", "--depth", "1", "--quiet"]
+FAST = ["--epochs", "2", "--levels", "2", "--depth", "2", "--quiet"]
 
 
 def run(capsys, *args):
@@ -87,7 +87,7 @@ def test_interrupted_fit_resumes_to_the_same_head(
     import torch
 
     base = ["fit", corpus_file, "--encoder", tiny_encoder_dir, "--cache", tmp_path / "cache",
-            "--levels", "1", "--depth", "1", "--patience", "0", "--quiet", "--epochs", "3"]
+            "--levels", "1", "--depth", "2", "--patience", "0", "--quiet", "--epochs", "3"]
     assert run(capsys, *base, "--out", tmp_path / "straight")[0] == 0
 
     ckpt, saves, real_save = tmp_path / "state.pt", [], torch.save
@@ -188,7 +188,7 @@ def test_bad_checkpoints_and_resume_with_other_pooling(
     tmp_path, capsys, corpus_file, tiny_encoder_dir
 ):
     base = ["fit", corpus_file, "--encoder", tiny_encoder_dir, "--cache", tmp_path / "cache",
-            "--levels", "1", "--depth", "1", "--quiet"]
+            "--levels", "1", "--depth", "2", "--quiet"]
     head = tmp_path / "head"
     for content in (b"garbage", b""):
         (tmp_path / "bad.pt").write_bytes(content)
@@ -220,7 +220,7 @@ def test_fit_refuses_to_overwrite_a_folder_that_is_not_a_head(
     "args,message",
     [
         (["--batch-size", "0"], "batch size must be at least 1"),
-        (["--max-length", "1"], "max_length must be at least 2"),
+        (["--max-length", "1"], "max_length must be an integer of at least 2"),
     ],
 )
 def test_bad_encoding_options(tmp_path, capsys, corpus_file, tiny_encoder_dir, args, message):
@@ -242,3 +242,49 @@ def test_bad_training_options(tmp_path, capsys, corpus_file, tiny_encoder_dir, a
     head = tmp_path / "head"
     assert_refused(capsys, ["fit", corpus_file, "--out", head, "--encoder", tiny_encoder_dir,
                             "--cache", tmp_path / "cache", "--quiet", *args], message, head)
+
+
+def test_failed_fit_leaves_no_head_and_no_new_logdir(
+    tmp_path, capsys, corpus_file, tiny_encoder_dir, monkeypatch
+):
+    import bertflow.head
+    from bertflow import BertflowError
+
+    def diverge(*args, **kwargs):
+        kwargs["writer"].add_scalar("train/nll", 1.0, 1)
+        raise BertflowError("non-finite loss (nan) at step 3 (epoch 1)")
+
+    monkeypatch.setattr(bertflow.head.FlowHead, "fit", diverge)
+    head, logdir = tmp_path / "head", tmp_path / "runs"
+    assert_refused(capsys, ["fit", corpus_file, "--out", head, "--encoder", tiny_encoder_dir,
+                            "--cache", tmp_path / "cache", "--logdir", logdir],
+                   "non-finite loss (nan) at step 3", head)
+    assert not logdir.exists()
+
+
+def test_embeddings_without_sidecar_and_an_encoder_of_another_width(
+    tmp_path, capsys, tiny_encoder_dir, wide_encoder_dir
+):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(60, 16)).astype(np.float32))
+    head = tmp_path / "head"
+    assert_refused(capsys, ["fit", tmp_path / "x.npy", "--pooling", "cls", "--out", head,
+                            "--encoder", wide_encoder_dir], "makes 24-d ones", head)
+    code, _, err = run(capsys, "fit", tmp_path / "x.npy", "--pooling", "cls", "--out", head,
+                       "--encoder", tiny_encoder_dir, *FAST)
+    assert code == 0, err
+    code, out, _ = run(capsys, "info", head)
+    assert "60 rows, sha256 " in out and "?" not in out.split("sha256")[1].split()[0]
+
+
+def test_sidecar_encoder_must_match_a_given_encoder(
+    tmp_path, capsys, corpus_file, tiny_encoder_dir, other_encoder_dir
+):
+    emb = tmp_path / "emb.npy"
+    run(capsys, "encode", corpus_file, "--out", emb, "--encoder", tiny_encoder_dir)
+    head = tmp_path / "head"
+    assert_refused(capsys, ["fit", emb, "--out", head, "--encoder", other_encoder_dir],
+                   "not by --encoder", head)
+    meta = tmp_path / "emb.meta.json"
+    record = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**record, "max_length": "abc"}))
+    assert_refused(capsys, ["fit", emb, "--out", head], "is malformed: max_length", head)

@@ -9,6 +9,7 @@ from bertflow.flow import (
     Conditioner,
     InvertibleLinear,
     Standardize,
+    spread,
 )
 
 D = 8
@@ -158,3 +159,16 @@ def test_invalid_configs_are_refused():
         FlowConfig(coupling="spline")
     with pytest.raises(BertflowError, match="unknown flow config"):
         FlowConfig.from_dict({"levels": 2, "width": 3})
+    with pytest.raises(BertflowError, match="levels must be a positive integer, got 2.0"):
+        FlowConfig.from_dict({"levels": 2.0})
+    with pytest.raises(BertflowError, match="reversal mixing needs depth"):
+        FlowConfig(depth=1)
+    FlowConfig(depth=1, linear="lu")
+
+
+def test_spread_marks_dead_features_even_when_most_are_dead():
+    x = torch.zeros(50, 6)
+    x[:, 0] = torch.randn(50)
+    x[:, 1] = 1e-12 * torch.randn(50)
+    std = spread(x)
+    assert std[0] == x[:, 0].std() and torch.equal(std[1:], torch.ones(5))

@@ -83,7 +83,7 @@ def test_head_encode_refuses_another_encoder(tmp_path, tiny_encoder, tiny_encode
                                              other_encoder_dir, wide_encoder_dir):
     x = tiny_encoder.encode(SENTENCES * 5, "mean")
     head = FlowHead.fit(x, encoder=tiny_encoder.id, pooling="mean",
-                        flow=FlowConfig(levels=1, depth=1), train=TrainConfig(epochs=1))
+                        flow=FlowConfig(levels=1, depth=2), train=TrainConfig(epochs=1))
     z = head.encode(SENTENCES, tiny_encoder)
     np.testing.assert_allclose(z, head.transform(tiny_encoder.encode(SENTENCES, "mean")), atol=1e-6)
     with pytest.raises(BertflowError, match="from encoder .* but these come from encoder"):
@@ -127,7 +127,9 @@ def test_malformed_configs_are_refused(head, tmp_path):
         FlowHead.load(folder)
     for field, value in [("weights", "model.safetensors"), ("weights", {"file": 3}),
                          ("weights", {"file": "../../x", "sha256": "0"}), ("training", [1]),
-                         ("flow", {"levels": "many"}), ("dim", None), ("encoder", "bert")]:
+                         ("flow", {"levels": "many"}), ("flow", {"hidden": 32.5}),
+                         ("dim", None), ("encoder", "bert"), ("max_length", "abc"),
+                         ("pooling", "max")]:
         config_path.write_text(json.dumps({**config, field: value}))
         with pytest.raises(BertflowError, match="malformed|is not"):
             FlowHead.load(folder)

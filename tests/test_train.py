@@ -115,7 +115,7 @@ def test_writer_gets_loss_bits_log_det_cosines_and_histogram():
             self.tags.add(tag)
 
     writer = Recorder()
-    FlowHead.fit(correlated_gaussian(200, 8), flow=FlowConfig(levels=1, depth=1),
+    FlowHead.fit(correlated_gaussian(200, 8), flow=FlowConfig(levels=1, depth=2),
                  train=TrainConfig(epochs=1), writer=writer)
     assert {
         "train/nll", "train/bits_per_dim", "train/log_det", "val/nll", "val/bits_per_dim",
