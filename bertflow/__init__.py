@@ -7,7 +7,8 @@ from .encoder import POOLINGS, Encoder, EncoderId, default_encoder_path, encode,
 from .errors import BertflowError
 from .flow import FlowConfig, Glow
 from .head import FlowHead
-from .train import History, TrainConfig, fit, mean_pair_cosine
+from .isotropy import mean_pair_cosine
+from .train import History, TrainConfig, fit
 
 __all__ = [
     "POOLINGS",

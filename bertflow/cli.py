@@ -14,6 +14,8 @@ import numpy as np
 
 from .encoder import DEFAULT_POOLING, POOLINGS
 from .errors import BertflowError, first_line
+from .methods import METHODS
+from .sts import TASKS
 
 __all__ = ["main"]
 
@@ -39,21 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="folder to write the head to")
     _encoder_options(p, pooling_default=None, batch_flag="--encode-batch-size")
     p.add_argument("--cache", type=Path, default=None, help="embedding cache folder")
-    g = p.add_argument_group("flow")
-    g.add_argument("--levels", type=int, default=3)
-    g.add_argument("--depth", type=int, default=3)
-    g.add_argument("--coupling", choices=("additive", "affine"), default="additive")
-    g.add_argument("--hidden", type=int, default=32, help="conditioner width")
-    g.add_argument("--linear", choices=("reverse", "lu"), default="reverse",
-                   help="mixing layer: fixed reversal (as released) or learned LU")
-    g.add_argument("--no-standardize", action="store_true", help="feed raw embeddings to the flow")
-    g = p.add_argument_group("training")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--epochs", type=int, default=None)
-    g.add_argument("--batch-size", type=int, default=None)
-    g.add_argument("--lr", type=float, default=None)
-    g.add_argument("--val-fraction", type=float, default=None)
-    g.add_argument("--patience", type=int, default=None, help="0 disables early stopping")
+    g = _flow_options(p)
     g.add_argument("--logdir", type=Path, default=None, help="write TensorBoard logs here")
     g.add_argument("--checkpoint", type=Path, default=None, help="training state, saved each epoch")
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint")
@@ -69,6 +57,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
     p.add_argument("--batch-size", dest="encode_batch_size", type=int, default=64)
     p.set_defaults(run=_transform)
+
+    p = commands.add_parser("eval", help="score the STS tasks of a data folder")
+    p.add_argument("--data", type=Path, required=True, help="folder in SentEval's layout")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
+    which.add_argument("--method", choices=METHODS, default=None, help="default: flow")
+    p.add_argument("--fit-on", default=None,
+                   help="'target' (each task's own sentences, no scores; the default) or a "
+                        "text file of sentences")
+    p.add_argument("--k", type=int, default=256, help="components kept by whitening-k")
+    p.add_argument("--d", type=int, default=1, help="directions removed by abtt")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    p.add_argument("--json", type=Path, required=True, help="write the rows here")
+    _encoder_options(p, pooling_default=None, batch_flag="--encode-batch-size")
+    p.add_argument("--cache", type=Path, default=None, help="embedding cache folder")
+    _flow_options(p).add_argument("--quiet", action="store_true")
+    p.set_defaults(run=_eval)
+
+    p = commands.add_parser("diagnose", help="plot anisotropy before and after a flow")
+    p.add_argument("sentences", type=Path, help="text file, one sentence per line")
+    p.add_argument("--out", type=Path, required=True, help="folder for the PNG plots")
+    p.add_argument("--head", type=Path, default=None,
+                   help="apply this head (default: fit a flow on the sentences)")
+    p.add_argument("--corpus", type=Path, default=None,
+                   help="text whose token frequencies to plot (default: the sentences)")
+    _encoder_options(p, pooling_default=None, batch_flag="--encode-batch-size")
+    p.add_argument("--cache", type=Path, default=None, help="embedding cache folder")
+    _flow_options(p).add_argument("--quiet", action="store_true")
+    p.set_defaults(run=_diagnose)
 
     p = commands.add_parser("info", help="describe a head")
     p.add_argument("head", type=Path)
@@ -109,6 +126,38 @@ def _encoder_options(
                    help="sentences per encoder batch")
 
 
+def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    g = p.add_argument_group("flow")
+    g.add_argument("--levels", type=int, default=3)
+    g.add_argument("--depth", type=int, default=3)
+    g.add_argument("--coupling", choices=("additive", "affine"), default="additive")
+    g.add_argument("--hidden", type=int, default=32, help="conditioner width")
+    g.add_argument("--linear", choices=("reverse", "lu"), default="reverse",
+                   help="mixing layer: fixed reversal (as released) or learned LU")
+    g.add_argument("--no-standardize", action="store_true", help="feed raw embeddings to the flow")
+    g = p.add_argument_group("training")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--epochs", type=int, default=None)
+    g.add_argument("--batch-size", type=int, default=None)
+    g.add_argument("--lr", type=float, default=None)
+    g.add_argument("--val-fraction", type=float, default=None)
+    g.add_argument("--patience", type=int, default=None, help="0 disables early stopping")
+    return g
+
+
+def _flow_configs(args: argparse.Namespace) -> tuple[Any, Any]:
+    from .flow import FlowConfig
+    from .train import TrainConfig
+
+    flow = FlowConfig(args.levels, args.depth, args.coupling, args.hidden, args.linear)
+    overrides = {
+        k: getattr(args, k)
+        for k in ("epochs", "batch_size", "lr", "val_fraction", "patience")
+        if getattr(args, k, None) is not None
+    }
+    return flow, TrainConfig(seed=args.seed, **overrides)
+
+
 def _encode(args: argparse.Namespace) -> None:
     from .cache import corpus_sha256, embeddings_meta
     from .encoder import load_encoder
@@ -126,21 +175,13 @@ def _encode(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from .flow import FlowConfig
     from .head import FlowHead, check_destination
-    from .train import TrainConfig
 
     if args.checkpoint is not None and args.checkpoint.is_dir():
         raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
     if args.resume and args.checkpoint is None:
         raise BertflowError("--resume needs --checkpoint FILE")
-    flow = FlowConfig(args.levels, args.depth, args.coupling, args.hidden, args.linear)
-    overrides = {
-        k: getattr(args, k)
-        for k in ("epochs", "batch_size", "lr", "val_fraction", "patience")
-        if getattr(args, k, None) is not None
-    }
-    train = TrainConfig(seed=args.seed, **overrides)
+    flow, train = _flow_configs(args)
     check_destination(args.out)
     x, origin = _training_embeddings(args)
     run = {
@@ -306,6 +347,105 @@ def _transform(args: argparse.Namespace) -> None:
     with atomic_file(args.out) as tmp, open(tmp, "wb") as f:
         np.save(f, z)
     print(f"wrote {args.out}: {z.shape[0]} × {z.shape[1]}")
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from .cache import EmbeddingCache
+    from .encoder import check_max_length, load_encoder
+    from .evaluate import evaluate, format_table
+    from .files import read_sentences, write_json
+    from .head import FlowHead
+    from .methods import Fitted, make_method
+    from .sts import load_tasks
+
+    if args.head is not None and args.fit_on is not None:
+        raise BertflowError("--fit-on does not apply to --head: the head is already fit")
+    if args.json.is_dir():
+        raise BertflowError(f"--json {args.json} is a folder")
+    check_max_length(args.max_length)
+    flow, train = _flow_configs(args)
+    tasks, missing = load_tasks(args.data, args.tasks)
+    if not tasks:
+        raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
+    encoder = load_encoder(args.encoder)
+    if args.head is not None:
+        head = FlowHead.load(args.head)
+        head.check(dim=encoder.dim, encoder=encoder.id)
+        if args.pooling is not None:
+            head.check(pooling=args.pooling)
+        pooling, max_length = head.pooling or DEFAULT_POOLING, head.max_length or args.max_length
+        corpus = head.training_info.get("corpus")
+        fit_on: Any = None
+        fit_label = str((corpus or {}).get("file") or (corpus or {}).get("name") or "head")
+        labels = {"method": "flow", "head": str(args.head)}
+
+        def make() -> Any:
+            return Fitted(head)
+    else:
+        pooling, max_length = args.pooling or DEFAULT_POOLING, args.max_length
+        method = args.method or "flow"
+        source = args.fit_on or "target"
+        fit_on = "target" if source == "target" else read_sentences(source)
+        fit_label = "target" if source == "target" else Path(source).name
+        labels = {"method": method}
+
+        def make() -> Any:
+            return make_method(method, k=args.k, d=args.d, flow=flow, train=train)
+
+        labels.update(make().describe())
+    cache = EmbeddingCache(args.cache or _default_cache())
+
+    def embed(sentences: list[str]) -> np.ndarray:
+        return np.asarray(cache.encode(sentences, encoder, pooling, max_length,
+                                       args.encode_batch_size,
+                                       progress=False if args.quiet else None))
+
+    labels = {"encoder": encoder.id.name, "pooling": pooling, **labels, "fit_on": fit_label}
+    rows = evaluate(tasks, missing, embed, make, fit_on, labels)
+    write_json(args.json, rows)
+    for aggregation in ("all", "wmean"):
+        print(f"Spearman × 100 ({aggregation}):")
+        print(format_table(rows, aggregation))
+    if missing:
+        print(f"missing from {args.data}: {', '.join(missing)}")
+
+
+def _diagnose(args: argparse.Namespace) -> None:
+    from .cache import EmbeddingCache
+    from .diagnose import plot_all
+    from .encoder import check_max_length, load_encoder
+    from .files import read_sentences
+    from .head import FlowHead
+    from .isotropy import isotropy_measures
+
+    check_max_length(args.max_length)
+    flow, train = _flow_configs(args)
+    sentences = read_sentences(args.sentences)
+    corpus = read_sentences(args.corpus) if args.corpus else sentences
+    encoder = load_encoder(args.encoder)
+    head = FlowHead.load(args.head) if args.head else None
+    if head is not None:
+        head.check(dim=encoder.dim, encoder=encoder.id, pooling=args.pooling)
+    pooling = (head.pooling if head else None) or args.pooling or DEFAULT_POOLING
+    max_length = (head.max_length if head else None) or args.max_length
+    cache = EmbeddingCache(args.cache or _default_cache())
+    x = np.asarray(cache.encode(sentences, encoder, pooling, max_length, args.encode_batch_size,
+                                progress=False if args.quiet else None))
+    if head is None:
+        head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
+                            flow=flow, train=train)
+    z = head.transform(x)
+    title = f"{encoder.id.name}, {pooling} pooling, {len(sentences)} sentences"
+    paths = plot_all(x, z, args.out, encoder=encoder, corpus=corpus, title=title)
+    before, after = isotropy_measures(x), isotropy_measures(z)
+    print(f"{'':18}{'before':>12}{'after':>12}")
+    for key in before:
+        print(f"{key:18}{_number(before[key]):>12}{_number(after[key]):>12}")
+    print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _number(value: float | None) -> str:
+    return "inf" if value is None else f"{value:.4g}"
 
 
 def _info(args: argparse.Namespace) -> None:

@@ -116,7 +116,7 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
     return value
 
 
-def write_json(path: str | os.PathLike, value: dict[str, Any]) -> None:
+def write_json(path: str | os.PathLike, value: Any) -> None:
     with atomic_file(Path(path)) as tmp:
         tmp.write_text(json.dumps(value, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 

@@ -1,4 +1,4 @@
-"""Semantic textual similarity: task readers, cosine scoring and Spearman correlation."""
+"""Semantic textual similarity: task readers (SentEval layout), cosine scoring, Spearman."""
 
 from __future__ import annotations
 
@@ -12,7 +12,36 @@ from scipy.stats import spearmanr
 
 from .errors import BertflowError
 
-__all__ = ["Pairs", "cosine", "pair_spearman", "read_stsb", "spearman"]
+__all__ = [
+    "STS_SUBSETS",
+    "TASKS",
+    "Pairs",
+    "Task",
+    "cosine",
+    "load_task",
+    "load_tasks",
+    "pair_spearman",
+    "read_sick",
+    "read_sts_subset",
+    "read_stsb",
+    "score",
+    "spearman",
+]
+
+TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
+STS_SUBSETS = {
+    "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
+    "STS13": ("FNWN", "headlines", "OnWN"),
+    "STS14": ("deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"),
+    "STS15": ("answers-forums", "answers-students", "belief", "headlines", "images"),
+    "STS16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
+}
+_FOLDERS = {**{t: f"{t}-en-test" for t in STS_SUBSETS}, "STS-B": "STSBenchmark", "SICK-R": "SICK"}
+_SICK_FILES = {
+    "train": "SICK_train.txt",
+    "trial": "SICK_trial.txt",
+    "test": "SICK_test_annotated.txt",
+}
 
 
 @dataclass(frozen=True)
@@ -32,27 +61,121 @@ class Pairs:
         return list(dict.fromkeys(self.first + self.second))
 
 
+@dataclass(frozen=True)
+class Task:
+    """A benchmark: the scored subsets, and its own sentences without scores (the corpus of
+    the paper's "target" setting: STS-B train+dev+test, SICK all splits, an STS year's
+    subsets together)."""
+
+    name: str
+    test: tuple[Pairs, ...]
+    unlabeled: tuple[str, ...]
+
+    def sentences(self) -> list[str]:
+        """Every distinct sentence of the scored pairs."""
+        return list(dict.fromkeys(s for pairs in self.test for s in pairs.sentences()))
+
+
 def read_stsb(folder: str | os.PathLike, split: str) -> Pairs:
-    """STS-B in SentEval's layout: `sts-{split}.csv`, tab-separated, score in column 5 and the
-    sentences in columns 6 and 7 (a few lines carry extra source columns after them)."""
+    """STS-B as SentEval ships it: `sts-{split}.csv`, tab-separated, the score in column 5 and
+    the sentences in columns 6 and 7 (some lines carry extra source columns after them)."""
     path = Path(folder) / f"sts-{split}.csv"
-    if not path.is_file():
-        raise BertflowError(f"no STS-B {split} file at {path}")
     first, second, gold = [], [], []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            fields = line.rstrip("\n").split("\t")
-            try:
-                score = float(fields[4])
-                a, b = fields[5], fields[6]
-            except (IndexError, ValueError):
-                raise BertflowError(f"{path} line {number} is malformed") from None
-            first.append(a)
-            second.append(b)
-            gold.append(score)
-    if not gold:
-        raise BertflowError(f"{path} holds no pairs")
-    return Pairs(f"STS-B {split}", first, second, np.asarray(gold, dtype=np.float64))
+    for number, fields in _tab_lines(path):
+        try:
+            score, a, b = float(fields[4]), fields[5], fields[6]
+        except (IndexError, ValueError):
+            raise BertflowError(f"{path} line {number} is malformed: expected a score "
+                                "in column 5 and sentences in columns 6 and 7") from None
+        first.append(a)
+        second.append(b)
+        gold.append(score)
+    return _pairs(f"STS-B {split}", path, first, second, gold)
+
+
+def read_sick(folder: str | os.PathLike, split: str) -> Pairs:
+    """SICK: `SICK_train.txt`, `SICK_trial.txt` or `SICK_test_annotated.txt`, tab-separated
+    under a header naming `sentence_A`, `sentence_B` and `relatedness_score` (1-5)."""
+    if split not in _SICK_FILES:
+        raise BertflowError(f"SICK has no split {split!r}; choose one of {', '.join(_SICK_FILES)}")
+    path = Path(folder) / _SICK_FILES[split]
+    lines = _tab_lines(path)
+    _, header = lines[0]
+    try:
+        a_col, b_col = header.index("sentence_A"), header.index("sentence_B")
+        score_col = header.index("relatedness_score")
+    except ValueError:
+        raise BertflowError(f"{path} line 1 is not a SICK header "
+                            "(sentence_A, sentence_B, relatedness_score)") from None
+    first, second, gold = [], [], []
+    for number, fields in lines[1:]:
+        try:
+            score, a, b = float(fields[score_col]), fields[a_col], fields[b_col]
+        except (IndexError, ValueError):
+            raise BertflowError(f"{path} line {number} is malformed") from None
+        first.append(a)
+        second.append(b)
+        gold.append(score)
+    return _pairs(f"SICK-R {split}", path, first, second, gold)
+
+
+def read_sts_subset(folder: str | os.PathLike, subset: str) -> Pairs:
+    """One SemEval STS subset in SentEval's layout: `STS.input.<subset>.txt` (sentence1 TAB
+    sentence2) and `STS.gs.<subset>.txt` (the 0-5 gold score on the same line; an empty gold
+    line means the pair has no score and is skipped)."""
+    folder = Path(folder)
+    inputs = folder / f"STS.input.{subset}.txt"
+    scores = folder / f"STS.gs.{subset}.txt"
+    pairs = _tab_lines(inputs, allow_empty=True)
+    golds = _lines(scores)
+    if len(pairs) != len(golds):
+        raise BertflowError(f"{scores} has {len(golds)} lines but {inputs} has {len(pairs)}")
+    first, second, gold = [], [], []
+    for (number, fields), value in zip(pairs, golds, strict=True):
+        if not value.strip():
+            continue
+        if len(fields) != 2:
+            raise BertflowError(f"{inputs} line {number} is malformed: expected 2 tab-separated "
+                                f"sentences, found {len(fields)} fields")
+        try:
+            gold.append(float(value))
+        except ValueError:
+            raise BertflowError(f"{scores} line {number} is malformed: {value[:40]!r} "
+                                "is not a score") from None
+        first.append(fields[0])
+        second.append(fields[1])
+    return _pairs(f"{folder.name} {subset}", scores, first, second, gold)
+
+
+def load_task(data: str | os.PathLike, name: str) -> Task | None:
+    """Task `name` from data folder `data`, or None when its folder is absent."""
+    if name not in TASKS:
+        raise BertflowError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+    folder = Path(data) / _FOLDERS[name]
+    if not folder.is_dir():
+        return None
+    if name == "STS-B":
+        splits = [read_stsb(folder, s) for s in ("train", "dev", "test")]
+        test = (splits[2],)
+    elif name == "SICK-R":
+        splits = [read_sick(folder, s) for s in _SICK_FILES]
+        test = (splits[2],)
+    else:
+        splits = [read_sts_subset(folder, s) for s in STS_SUBSETS[name]]
+        test = tuple(splits)
+    unlabeled = tuple(dict.fromkeys(s for pairs in splits for s in pairs.sentences()))
+    return Task(name, test, unlabeled)
+
+
+def load_tasks(
+    data: str | os.PathLike, names: Sequence[str] = TASKS
+) -> tuple[dict[str, Task], list[str]]:
+    """The tasks found in `data`, and the names of those missing from it."""
+    if not Path(data).is_dir():
+        raise BertflowError(f"no data folder at {data}")
+    tasks = {name: load_task(data, name) for name in names}
+    found = {name: task for name, task in tasks.items() if task is not None}
+    return found, [name for name, task in tasks.items() if task is None]
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -71,10 +194,61 @@ def spearman(predicted: np.ndarray, gold: np.ndarray) -> float:
 def pair_spearman(pairs: Pairs, sentences: Sequence[str], vectors: np.ndarray) -> float:
     """Spearman × 100 between gold scores and the cosine of each pair's vectors, where
     `vectors[i]` embeds `sentences[i]` and every sentence of `pairs` is among them."""
+    return score((pairs,), sentences, vectors)["all"]
+
+
+def score(
+    subsets: Sequence[Pairs], sentences: Sequence[str], vectors: np.ndarray
+) -> dict[str, float]:
+    """Spearman × 100 of cosine against gold, aggregated two ways over the subsets:
+    ``all`` pools every pair (SimCSE and later work); ``wmean`` averages the per-subset
+    correlations weighted by subset size (the BERT-flow and BERT-whitening papers)."""
     row = {s: i for i, s in enumerate(sentences)}
+    predicted, golds, per_subset, sizes = [], [], [], []
+    for pairs in subsets:
+        try:
+            a = vectors[[row[s] for s in pairs.first]]
+            b = vectors[[row[s] for s in pairs.second]]
+        except KeyError as e:
+            raise BertflowError(f"no vector for sentence {e.args[0]!r} of {pairs.name}") from None
+        similarity = cosine(a, b)
+        predicted.append(similarity)
+        golds.append(pairs.gold)
+        per_subset.append(spearman(similarity, pairs.gold))
+        sizes.append(len(pairs))
+    return {
+        "all": spearman(np.concatenate(predicted), np.concatenate(golds)),
+        "wmean": float(np.average(per_subset, weights=sizes)),
+    }
+
+
+def _pairs(name: str, path: Path, first: list, second: list, gold: list) -> Pairs:
+    if not gold:
+        raise BertflowError(f"{path} holds no scored pairs")
+    return Pairs(name, first, second, np.asarray(gold, dtype=np.float64))
+
+
+def _lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise BertflowError(f"no such file: {path}")
     try:
-        first = vectors[[row[s] for s in pairs.first]]
-        second = vectors[[row[s] for s in pairs.second]]
-    except KeyError as e:
-        raise BertflowError(f"no vector for sentence {e.args[0]!r} of {pairs.name}") from None
-    return spearman(cosine(first, second), pairs.gold)
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise BertflowError(f"{path} is not UTF-8 text (bad byte on line {line})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _tab_lines(path: Path, allow_empty: bool = False) -> list[tuple[int, list[str]]]:
+    """(line number, tab-separated fields) of each line; blank lines are skipped unless
+    `allow_empty`, which keeps them so that line numbers pair with a gold file."""
+    out = []
+    for number, line in enumerate(_lines(path), start=1):
+        if line.strip() or allow_empty:
+            out.append((number, line.split("\t")))
+    if not out:
+        raise BertflowError(f"{path} is empty")
+    return out

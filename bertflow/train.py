@@ -15,8 +15,9 @@ from tqdm.auto import tqdm
 
 from .errors import BertflowError
 from .flow import standard_normal_log_prob
+from .isotropy import mean_pair_cosine
 
-__all__ = ["History", "TrainConfig", "TrainState", "fit", "mean_pair_cosine", "split_indices"]
+__all__ = ["History", "TrainConfig", "TrainState", "fit", "split_indices"]
 
 
 class SummaryWriter(Protocol):
@@ -131,18 +132,6 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tenso
     if n - n_val < 2:
         raise BertflowError(f"need at least 2 training rows, got {n} in all")
     return order[n_val:], order[:n_val]
-
-
-def mean_pair_cosine(x: Tensor, pairs: int = 10000, seed: int = 0) -> float:
-    """Mean cosine similarity of random pairs of distinct rows: near 0 for an isotropic cloud."""
-    n = x.shape[0]
-    if n < 2:
-        return math.nan
-    g = torch.Generator().manual_seed(seed)
-    i = torch.randint(n, (pairs,), generator=g)
-    j = (i + torch.randint(1, n, (pairs,), generator=g)) % n
-    u = nn.functional.normalize(x.double(), dim=1)
-    return float((u[i] * u[j]).sum(1).mean())
 
 
 def fit(

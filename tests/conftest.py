@@ -34,7 +34,7 @@ def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int
     folder.mkdir(parents=True, exist_ok=True)
     vocab = folder / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
     config = BertConfig(
         vocab_size=len(WORDS) + 5,
         hidden_size=hidden,
@@ -46,6 +46,7 @@ def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int
     torch.manual_seed(seed)
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    assert tokenizer.unk_token_id not in tokenizer(" ".join(WORDS))["input_ids"]
     return folder
 
 

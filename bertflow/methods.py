@@ -1,0 +1,202 @@
+"""Post-processing methods compared in one harness: raw pooling, standardisation,
+BERT-whitening, all-but-the-top, and the flow. Each is fit on unlabeled embeddings and then
+maps embeddings to the vectors that cosine similarity is taken on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import BertflowError
+from .flow import FlowConfig, spread
+from .head import FlowHead
+from .train import TrainConfig
+
+__all__ = [
+    "METHODS",
+    "AllButTheTop",
+    "Fitted",
+    "Flow",
+    "Method",
+    "Raw",
+    "Standardization",
+    "Whitening",
+    "make_method",
+]
+
+METHODS = ("raw", "standardize", "whitening", "whitening-k", "abtt", "flow")
+
+
+class Method(Protocol):
+    name: str
+
+    def fit(self, x: np.ndarray) -> Method: ...
+
+    def transform(self, x: np.ndarray) -> np.ndarray: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Raw:
+    """The pooled embeddings as they are."""
+
+    name: str = "raw"
+
+    def fit(self, x: np.ndarray) -> Raw:
+        return self
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
+class Standardization:
+    r"""$\tilde x = (x - \mu) / \sigma$ per feature (dead features only centred)."""
+
+    name: str = "standardize"
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+
+    def fit(self, x: np.ndarray) -> Standardization:
+        import torch
+
+        x = np.asarray(x, dtype=np.float64)
+        self.mean = x.mean(0)
+        self.std = spread(torch.from_numpy(x)).numpy()
+        return self
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        return ((np.asarray(x, dtype=np.float64) - self.mean) / self.std).astype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
+class Whitening:
+    r"""BERT-whitening (Su et al., 2021): $\tilde x = (x - \mu)\, U \Lambda^{-1/2}$ with
+    $\Sigma = U \Lambda U^\top$, keeping the top `k` components when `k` is given, so that the
+    output covariance is the identity."""
+
+    k: int | None = None
+    name: str = "whitening"
+    mean: np.ndarray | None = None
+    kernel: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.k is not None:
+            self.name = "whitening-k"
+            if self.k < 1:
+                raise BertflowError(f"whitening needs k ≥ 1, got {self.k}")
+
+    def fit(self, x: np.ndarray) -> Whitening:
+        x = np.asarray(x, dtype=np.float64)
+        if self.k is not None and self.k > x.shape[1]:
+            raise BertflowError(f"whitening k={self.k} exceeds the dimension {x.shape[1]}")
+        self.mean = x.mean(0)
+        u, s, _ = np.linalg.svd(np.cov(x, rowvar=False))
+        keep = self.k or x.shape[1]
+        self.kernel = u[:, :keep] / np.sqrt(np.maximum(s[:keep], 1e-12 * s[0]))
+        return self
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        return ((np.asarray(x, dtype=np.float64) - self.mean) @ self.kernel).astype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        return {"k": self.k} if self.k is not None else {}
+
+
+@dataclass
+class AllButTheTop:
+    r"""All-but-the-top (Mu & Viswanath, 2018): centre, then remove the projections on the top
+    `d` principal directions: $\tilde x = (x - \mu) - \sum_{i \le d} (u_i^\top (x - \mu)) u_i$."""
+
+    d: int = 1
+    name: str = "abtt"
+    mean: np.ndarray | None = None
+    top: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.d < 0:
+            raise BertflowError(f"all-but-the-top needs d ≥ 0, got {self.d}")
+
+    def fit(self, x: np.ndarray) -> AllButTheTop:
+        x = np.asarray(x, dtype=np.float64)
+        if self.d >= x.shape[1]:
+            raise BertflowError(f"all-but-the-top d={self.d} must be below the dimension")
+        self.mean = x.mean(0)
+        _, _, vt = np.linalg.svd(x - self.mean, full_matrices=False)
+        self.top = vt[: self.d]
+        return self
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        centred = np.asarray(x, dtype=np.float64) - self.mean
+        return (centred - (centred @ self.top.T) @ self.top).astype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        return {"d": self.d}
+
+
+@dataclass
+class Flow:
+    """The BERT-flow head, fit by maximum likelihood (see `FlowHead.fit`)."""
+
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    standardize: bool = True
+    name: str = "flow"
+    head: FlowHead | None = None
+
+    def fit(self, x: np.ndarray) -> Flow:
+        self.head = FlowHead.fit(x, flow=self.flow, train=self.train, standardize=self.standardize)
+        return self
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        if self.head is None:
+            raise BertflowError("fit the flow before transforming")
+        return self.head.transform(x)
+
+    def describe(self) -> dict[str, Any]:
+        return {"flow": self.flow.to_dict(), "train": self.train.to_dict(),
+                "standardize": self.standardize}
+
+
+@dataclass
+class Fitted:
+    """A flow head that is already fit: `fit` leaves it as it is."""
+
+    head: FlowHead
+    name: str = "flow"
+
+    def fit(self, x: np.ndarray) -> Fitted:
+        return self
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        return self.head.transform(x)
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+
+def make_method(name: str, *, k: int = 256, d: int = 1, flow: FlowConfig | None = None,
+                train: TrainConfig | None = None) -> Method:
+    """A fresh method by name: one of `METHODS`."""
+    if name == "raw":
+        return Raw()
+    if name == "standardize":
+        return Standardization()
+    if name == "whitening":
+        return Whitening()
+    if name == "whitening-k":
+        return Whitening(k=k)
+    if name == "abtt":
+        return AllButTheTop(d=d)
+    if name == "flow":
+        return Flow(flow or FlowConfig(), train or TrainConfig())
+    raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")

@@ -1,0 +1,131 @@
+import json
+
+import numpy as np
+import pytest
+
+from bertflow import BertflowError
+from bertflow.cli import main
+from bertflow.evaluate import evaluate, format_table
+from bertflow.methods import make_method
+from bertflow.sts import load_tasks
+
+from .conftest import WORDS
+from .test_sts import write_sick, write_sts_year, write_stsb
+
+KEYS = {"encoder", "pooling", "method", "fit_on", "task", "aggregation", "spearman",
+        "mean_cosine", "effective_rank", "condition_number", "isotropy"}
+
+
+@pytest.fixture
+def data(tmp_path):
+    """STS-B, SICK and STS14 in SentEval's layout, with sentences the tiny model knows."""
+    rng = np.random.default_rng(0)
+
+    def sentence():
+        return " ".join(rng.choice(WORDS, size=rng.integers(3, 8)))
+
+    folder = tmp_path / "data"
+    write_stsb(folder / "STSBenchmark", rows_per_split=30)
+    write_sick(folder / "SICK")
+    write_sts_year(folder / "STS14-en-test", "STS14")
+    for path in folder.rglob("*.*"):  # swap the placeholder sentences for known words
+        if path.name in ("readme.txt",):
+            continue
+        lines = path.read_text().splitlines()
+        out = []
+        for line in lines:
+            fields = line.split("\t")
+            if path.name.startswith("STS.input"):
+                fields = [sentence(), sentence()]
+            elif path.suffix == ".csv":
+                fields[5:7] = [sentence(), sentence()]
+            elif path.name.startswith("SICK") and not line.startswith("pair_ID"):
+                fields[1:3] = [sentence(), sentence()]
+            out.append("\t".join(fields))
+        path.write_text("\n".join(out) + "\n")
+    return folder
+
+
+def test_harness_rows_for_every_task_and_both_aggregations(data, tiny_encoder):
+    tasks, missing = load_tasks(data)
+    labels = {"encoder": "tiny", "pooling": "mean", "method": "whitening", "fit_on": "target"}
+    fitted_on = []
+
+    def embed(sentences):
+        return tiny_encoder.encode(list(sentences), "mean")
+
+    def make():
+        method = make_method("whitening")
+        fit = method.fit
+        method.fit = lambda x: (fitted_on.append(len(x)), fit(x))[1]
+        return method
+
+    rows = evaluate(tasks, missing, embed, make, "target", labels)
+    by = {(r["task"], r["aggregation"]): r for r in rows}
+    assert set(by) == {(t, a) for t in ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B",
+                                        "SICK-R", "avg"] for a in ("all", "wmean")}
+    for task in ("STS12", "STS13", "STS15", "STS16"):
+        assert by[task, "all"]["missing"] and by[task, "all"]["spearman"] is None
+    for task in ("STS14", "STS-B", "SICK-R"):
+        assert KEYS <= set(by[task, "all"]) and np.isfinite(by[task, "all"]["spearman"])
+    assert by["STS-B", "all"]["spearman"] == by["STS-B", "wmean"]["spearman"]
+    assert by["STS14", "all"]["spearman"] != by["STS14", "wmean"]["spearman"]
+    avg = by["avg", "all"]
+    assert avg["tasks"] == ["STS14", "STS-B", "SICK-R"]
+    assert avg["spearman"] == pytest.approx(np.mean([by[t, "all"]["spearman"]
+                                                     for t in ("STS14", "STS-B", "SICK-R")]))
+    # target: each task fit on its own sentences (STS-B: 3 splits × 30 pairs × 2)
+    assert sorted(fitted_on) == sorted([len(tasks[t].unlabeled) for t in tasks])
+    assert len(tasks["STS-B"].unlabeled) > len(tasks["STS-B"].sentences())
+    table = format_table(rows)
+    assert "| tiny | mean | whitening | target | missing |" in table
+
+
+def test_eval_command_end_to_end(data, tmp_path, capsys, tiny_encoder_dir, corpus_file):
+    out = tmp_path / "rows.json"
+    code = main(["eval", "--data", str(data), "--method", "abtt", "--d", "2", "--pooling",
+                 "cls", "--fit-on", str(corpus_file), "--encoder", str(tiny_encoder_dir),
+                 "--json", str(out), "--cache", str(tmp_path / "cache"), "--quiet"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    rows = json.loads(out.read_text())
+    assert {r["fit_on"] for r in rows} == {"corpus.txt"}
+    assert {r["method"] for r in rows} == {"abtt"} and {r["d"] for r in rows} == {2}
+    assert KEYS <= set(next(r for r in rows if r["task"] == "STS-B"))
+    assert "missing from" in printed and "STS12" in printed
+
+    head = tmp_path / "head"
+    assert main(["fit", str(corpus_file), "--out", str(head), "--encoder", str(tiny_encoder_dir),
+                 "--pooling", "last2", "--cache", str(tmp_path / "cache"), "--quiet"]) == 0
+    code = main(["eval", "--data", str(data), "--head", str(head), "--encoder",
+                 str(tiny_encoder_dir), "--json", str(out), "--cache", str(tmp_path / "cache"),
+                 "--quiet", "--tasks", "STS-B", "SICK-R"])
+    assert code == 0
+    rows = json.loads(out.read_text())
+    assert {r["pooling"] for r in rows} == {"last2"} and {r["fit_on"] for r in rows} == {
+        "corpus.txt"}
+    assert {r["task"] for r in rows} == {"STS-B", "SICK-R", "avg"}
+
+
+def test_eval_refusals(data, tmp_path, capsys, tiny_encoder_dir, other_encoder_dir, corpus_file):
+    out = tmp_path / "rows.json"
+    head = tmp_path / "head"
+    main(["fit", str(corpus_file), "--out", str(head), "--encoder", str(tiny_encoder_dir),
+          "--cache", str(tmp_path / "cache"), "--quiet"])
+    capsys.readouterr()
+    for args, message in [
+        (["--data", str(tmp_path / "empty-dir")], "no data folder"),
+        (["--data", str(data), "--tasks", "STS12"], "none of STS12 is in"),
+        (["--data", str(data), "--head", str(head), "--encoder", str(other_encoder_dir)],
+         "but these come from encoder"),
+        (["--data", str(data), "--head", str(head), "--fit-on", "target"], "does not apply"),
+        (["--data", str(data), "--method", "whitening-k", "--k", "99", "--encoder",
+          str(tiny_encoder_dir)], "exceeds the dimension"),
+    ]:
+        code = main(["eval", *args, "--json", str(out), "--quiet",
+                     "--cache", str(tmp_path / "cache")])
+        err = capsys.readouterr().err
+        assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists()
+    with pytest.raises(BertflowError):
+        load_tasks(tmp_path / "nowhere")

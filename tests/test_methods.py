@@ -1,0 +1,77 @@
+import numpy as np
+import pytest
+
+from bertflow import BertflowError, FlowConfig, TrainConfig
+from bertflow.methods import (
+    METHODS,
+    AllButTheTop,
+    Flow,
+    Raw,
+    Standardization,
+    Whitening,
+    make_method,
+)
+
+
+@pytest.fixture(scope="module")
+def x() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    mixing = rng.normal(size=(16, 16))
+    return (rng.normal(size=(3000, 16)) * np.linspace(0.2, 4, 16)) @ mixing + 3
+
+
+def test_whitening_gives_identity_covariance(x):
+    z = Whitening().fit(x).transform(x)
+    np.testing.assert_allclose(z.mean(0), 0, atol=1e-4)
+    np.testing.assert_allclose(np.cov(z, rowvar=False), np.eye(16), atol=1e-4)
+
+
+def test_whitening_k_keeps_the_top_k_components(x):
+    z = Whitening(k=5).fit(x).transform(x)
+    assert z.shape == (3000, 5)
+    np.testing.assert_allclose(np.cov(z, rowvar=False), np.eye(5), atol=1e-4)
+    # the kept directions are those of largest variance: the projection keeps most energy
+    full = Whitening().fit(x)
+    centred = x - x.mean(0)
+    top = np.linalg.eigh(np.cov(x, rowvar=False))[1][:, ::-1][:, :5]
+    kept = Whitening(k=5).fit(x).kernel
+    np.testing.assert_allclose(np.abs(kept / np.linalg.norm(kept, axis=0)), np.abs(top), atol=1e-6)
+    assert full.kernel.shape == (16, 16) and centred.shape == x.shape
+
+
+@pytest.mark.parametrize("d", [0, 1, 3])
+def test_all_but_the_top_removes_exactly_d_directions(x, d):
+    method = AllButTheTop(d=d).fit(x)
+    z = method.transform(x)
+    s_before = np.linalg.svd(x - x.mean(0), compute_uv=False)
+    s_after = np.linalg.svd(z, compute_uv=False)
+    np.testing.assert_allclose(z.mean(0), 0, atol=1e-4)
+    assert (s_after < 1e-3 * s_before[0]).sum() == d  # d directions are gone
+    np.testing.assert_allclose(s_after[: 16 - d], s_before[d:], rtol=1e-5)  # the rest untouched
+    if d:
+        assert np.abs(z @ method.top.T).max() < 1e-3
+
+
+def test_standardization_and_raw(x):
+    z = Standardization().fit(x).transform(x)
+    np.testing.assert_allclose(z.std(0, ddof=1), 1, atol=1e-5)
+    np.testing.assert_array_equal(Raw().fit(x).transform(x), x.astype(np.float32))
+
+
+def test_flow_method_fits_a_head(x):
+    method = make_method("flow", flow=FlowConfig(levels=2), train=TrainConfig(epochs=1))
+    assert isinstance(method, Flow)
+    z = method.fit(x).transform(x)
+    assert z.shape == x.shape and abs(z.mean()) < 0.1
+    assert method.describe()["flow"]["levels"] == 2
+
+
+def test_every_method_by_name_and_bad_parameters(x):
+    for name in METHODS:
+        assert make_method(name, k=4, d=2).name == name
+    with pytest.raises(BertflowError, match="unknown method"):
+        make_method("pca")
+    with pytest.raises(BertflowError, match="exceeds the dimension"):
+        Whitening(k=17).fit(x)
+    with pytest.raises(BertflowError, match="must be below the dimension"):
+        AllButTheTop(d=16).fit(x)

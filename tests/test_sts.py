@@ -1,0 +1,151 @@
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from bertflow import BertflowError
+from bertflow.sts import (
+    STS_SUBSETS,
+    TASKS,
+    Pairs,
+    load_task,
+    load_tasks,
+    read_sick,
+    read_sts_subset,
+    read_stsb,
+    score,
+)
+
+
+def write_stsb(folder, rows_per_split=4):
+    folder.mkdir(parents=True)
+    for split in ("train", "dev", "test"):
+        lines = [
+            f"main-captions\tMSRvid\t2012test\t{i:04d}\t{i * 1.1:.3f}\t{split} a {i}\t{split} b {i}"
+            for i in range(rows_per_split)
+        ]
+        lines[1] += "\tsource\textra"  # some SentEval lines carry extra columns
+        (folder / f"sts-{split}.csv").write_text("\n".join(lines) + "\n")
+
+
+def write_sick(folder):
+    folder.mkdir(parents=True)
+    header = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"
+    for name in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
+        rows = [f"{i}\t{name} a {i}\t{name} b {i}\t{1 + i * 0.5}\tNEUTRAL" for i in range(5)]
+        (folder / name).write_text("\n".join([header, *rows]) + "\n")
+
+
+def write_sts_year(folder, year, empty_gold=(1,)):
+    folder.mkdir(parents=True)
+    (folder / "readme.txt").write_text("not data")
+    for subset in STS_SUBSETS[year]:
+        inputs = [f"{subset} one {i}\t{subset} two {i}" for i in range(6)]
+        golds = ["" if i in empty_gold else f"{(i * 0.7) % 5:.2f}" for i in range(6)]
+        (folder / f"STS.input.{subset}.txt").write_text("\n".join(inputs) + "\n")
+        (folder / f"STS.gs.{subset}.txt").write_text("\n".join(golds) + "\n")
+
+
+def test_read_stsb(tmp_path):
+    write_stsb(tmp_path / "STSBenchmark")
+    pairs = read_stsb(tmp_path / "STSBenchmark", "dev")
+    assert len(pairs) == 4
+    assert pairs.first[1] == "dev a 1" and pairs.second[1] == "dev b 1"
+    np.testing.assert_allclose(pairs.gold, [0, 1.1, 2.2, 3.3])
+
+
+def test_read_sick_by_header(tmp_path):
+    write_sick(tmp_path / "SICK")
+    pairs = read_sick(tmp_path / "SICK", "test")
+    assert pairs.first[0] == "SICK_test_annotated.txt a 0"
+    np.testing.assert_allclose(pairs.gold, [1, 1.5, 2, 2.5, 3])
+
+
+def test_sts_subset_skips_empty_gold_lines(tmp_path):
+    folder = tmp_path / "STS16-en-test"
+    write_sts_year(folder, "STS16", empty_gold=(1, 4))
+    pairs = read_sts_subset(folder, "headlines")
+    assert len(pairs) == 4
+    assert pairs.first == [f"headlines one {i}" for i in (0, 2, 3, 5)]
+
+
+@pytest.mark.parametrize(
+    "inputs,golds,message",
+    [
+        ("a\tb\nc d\n", "1\n2\n", "STS.input.headlines.txt line 2 is malformed"),
+        ("a\tb\nc\td\te\n", "1\n2\n", "STS.input.headlines.txt line 2 is malformed"),
+        ("a\tb\nc\td\n", "1\nfive\n", "STS.gs.headlines.txt line 2 is malformed"),
+        ("a\tb\nc\td\n", "1\n", "has 1 lines but"),
+    ],
+)
+def test_malformed_sts_subsets_name_file_and_line(tmp_path, inputs, golds, message):
+    (tmp_path / "STS.input.headlines.txt").write_text(inputs)
+    (tmp_path / "STS.gs.headlines.txt").write_text(golds)
+    with pytest.raises(BertflowError, match=message):
+        read_sts_subset(tmp_path, "headlines")
+
+
+def test_malformed_stsb_and_sick_name_file_and_line(tmp_path):
+    write_stsb(tmp_path / "STSBenchmark")
+    path = tmp_path / "STSBenchmark" / "sts-test.csv"
+    path.write_text(path.read_text() + "genre\tfile\tyear\tid\tnot-a-score\ta\tb\n")
+    with pytest.raises(BertflowError, match="sts-test.csv line 5 is malformed"):
+        read_stsb(tmp_path / "STSBenchmark", "test")
+    write_sick(tmp_path / "SICK")
+    path = tmp_path / "SICK" / "SICK_trial.txt"
+    path.write_text(path.read_text() + "99\tonly one sentence\n")
+    with pytest.raises(BertflowError, match="SICK_trial.txt line 7 is malformed"):
+        read_sick(tmp_path / "SICK", "trial")
+    (tmp_path / "SICK" / "SICK_train.txt").write_text("no header here\n")
+    with pytest.raises(BertflowError, match="SICK_train.txt line 1 is not a SICK header"):
+        read_sick(tmp_path / "SICK", "train")
+
+
+def test_tasks_and_their_target_sentences(tmp_path):
+    write_stsb(tmp_path / "STSBenchmark")
+    write_sick(tmp_path / "SICK")
+    write_sts_year(tmp_path / "STS13-en-test", "STS13")
+    tasks, missing = load_tasks(tmp_path)
+    assert sorted(tasks) == ["SICK-R", "STS-B", "STS13"]
+    assert missing == ["STS12", "STS14", "STS15", "STS16"]
+    stsb = tasks["STS-B"]
+    assert [p.name for p in stsb.test] == ["STS-B test"]
+    assert len(stsb.unlabeled) == 24  # train+dev+test, two sentences a pair, all distinct
+    assert {s.split()[0] for s in stsb.unlabeled} == {"train", "dev", "test"}
+    assert len(tasks["SICK-R"].unlabeled) == 30
+    sts13 = tasks["STS13"]
+    assert len(sts13.test) == 3 and len(sts13.unlabeled) == 3 * 5 * 2  # scored pairs only
+    assert load_task(tmp_path, "STS15") is None
+    with pytest.raises(BertflowError, match="no data folder"):
+        load_tasks(tmp_path / "nope")
+
+
+def test_both_aggregations_against_scipy():
+    rng = np.random.default_rng(0)
+    sentences = [f"s{i}" for i in range(40)]
+    vectors = rng.normal(size=(40, 5))
+    subsets, cos_parts, gold_parts = [], [], []
+    for k, size in enumerate((5, 8, 7)):
+        first = [f"s{(k * 13 + j) % 40}" for j in range(size)]
+        second = [f"s{(k * 7 + 3 * j + 1) % 40}" for j in range(size)]
+        gold = rng.uniform(0, 5, size)
+        subsets.append(Pairs(f"sub{k}", first, second, gold))
+        a = vectors[[int(s[1:]) for s in first]]
+        b = vectors[[int(s[1:]) for s in second]]
+        cos_parts.append((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
+        gold_parts.append(gold)
+    got = score(subsets, sentences, vectors)
+    pooled = spearmanr(np.concatenate(cos_parts), np.concatenate(gold_parts)).statistic * 100
+    per = [spearmanr(c, g).statistic * 100 for c, g in zip(cos_parts, gold_parts, strict=True)]
+    assert got["all"] == pytest.approx(pooled)
+    assert got["wmean"] == pytest.approx((5 * per[0] + 8 * per[1] + 7 * per[2]) / 20)
+    assert got["all"] != pytest.approx(got["wmean"])
+
+
+def test_hand_case_spearman():
+    pairs = Pairs("hand", ["a", "a", "a"], ["b", "c", "d"], np.array([3.0, 1.0, 2.0]))
+    vectors = np.array([[1, 0], [1, 0.1], [0, 1], [1, 1]], dtype=float)  # cos: ~1, 0, .71
+    assert score([pairs], ["a", "b", "c", "d"], vectors)["all"] == pytest.approx(100.0)
+
+
+def test_task_names():
+    assert TASKS == ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
