@@ -24,6 +24,7 @@ import numpy as np
 
 from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, lee, load_encoder, sts
 from bertflow.cache import EmbeddingCache
+from bertflow.files import write_json
 
 REPO = Path(__file__).resolve().parent.parent
 CANDIDATES = {  # name: (flow, training, standardise first)
@@ -93,9 +94,9 @@ def main() -> None:
         rows += [run(pooling, name, seed) for name in SPREAD for seed in SEEDS[1:]]
 
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "select_defaults.json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(args.out / "select_defaults.json", rows)
     lines = [
-        "| config (seed 0) | " + " | ".join(POOLINGS) + " | mean |",
+        "| config (seed 0) | " + " | ".join(POOLINGS) + " | average |",
         "|---|" + "---:|" * (len(POOLINGS) + 1),
     ]
     for config in ["raw pooling (no flow)", *CANDIDATES]:

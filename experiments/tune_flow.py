@@ -1,0 +1,79 @@
+"""Pick a flow configuration per pooling on STS-B dev, never on test scores.
+
+For each pooling of an encoder, fits flows of a small grid (learning rate, epochs, coupling,
+mixing) on the STS-B sentences without their scores (the "target" setting) and scores STS-B
+dev. Writes experiments/results/tune_flow.{json,md}; `sts_table.py` reads the winners.
+
+    python experiments/tune_flow.py [--data DIR] [--encoder DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, load_encoder, sts
+from bertflow.cache import EmbeddingCache
+from bertflow.files import write_json
+
+REPO = Path(__file__).resolve().parent.parent
+GRID = {
+    "lr": (1e-3, 3e-4, 1e-4),
+    "epochs": (1, 3),
+    "coupling": ("additive", "affine"),
+    "linear": ("reverse", "lu"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--encoder", default=None, help="encoder folder (default: MiniLM)")
+    parser.add_argument("--cache", type=Path, default=REPO / "experiments" / "cache")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
+    args = parser.parse_args()
+    began = time.perf_counter()
+
+    encoder = load_encoder(args.encoder)
+    splits = [sts.read_stsb(args.data / "STSBenchmark", s) for s in ("train", "dev", "test")]
+    sentences = list(dict.fromkeys(s for p in splits for s in p.sentences()))
+    x = EmbeddingCache(args.cache).encode(sentences, encoder, list(POOLINGS))
+
+    rows = []
+    for pooling in POOLINGS:
+        raw = sts.pair_spearman(splits[1], sentences, np.asarray(x[pooling]))
+        for lr, epochs, coupling, linear in itertools.product(*GRID.values()):
+            flow = FlowConfig(coupling=coupling, linear=linear)
+            train = TrainConfig(lr=lr, epochs=epochs, patience=0)
+            head = FlowHead.fit(x[pooling], flow=flow, train=train)
+            dev = sts.pair_spearman(splits[1], sentences, head.transform(x[pooling]))
+            rows.append({"encoder": encoder.id.name, "pooling": pooling, "raw_dev": raw,
+                         "flow": flow.to_dict(), "train": train.to_dict(), "stsb_dev": dev})
+            print(json.dumps(rows[-1]), flush=True)
+
+    best = {}
+    lines = ["| pooling | raw | best flow on STS-B dev | its configuration |",
+             "|---|---:|---:|---|"]
+    for pooling in POOLINGS:
+        mine = [r for r in rows if r["pooling"] == pooling]
+        top = max(mine, key=lambda r: r["stsb_dev"])
+        best[pooling] = {"flow": top["flow"], "train": top["train"], "stsb_dev": top["stsb_dev"]}
+        t, f = top["train"], top["flow"]
+        lines.append(f"| {pooling} | {top['raw_dev']:.2f} | {top['stsb_dev']:.2f} | "
+                     f"lr {t['lr']:g}, {t['epochs']} epoch(s), {f['coupling']} coupling, "
+                     f"{f['linear']} mixing |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "tune_flow.json", {"best": best, "rows": rows})
+    note = (f"\nSTS-B dev Spearman × 100, {encoder.id.name}, flows fit on the STS-B sentences "
+            f"without scores; {len(rows)} fits, {time.perf_counter() - began:.0f} s.\n")
+    (args.out / "tune_flow.md").write_text("\n".join(lines) + "\n" + note)
+    print("\n".join(lines) + note)
+
+
+if __name__ == "__main__":
+    main()
