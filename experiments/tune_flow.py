@@ -3,6 +3,8 @@
 For each pooling of an encoder, fits flows of a small grid (learning rate, epochs, coupling,
 mixing) on the STS-B sentences without their scores (the "target" setting) and scores STS-B
 dev. Writes experiments/results/tune_flow.{json,md}; `sts_table.py` reads the winners.
+Every fit is appended to `CACHE/tune_flow.rows.jsonl` as it finishes, and a rerun skips the
+fits already there (fits are seeded, so a stored row is what a new fit would give).
 
     python experiments/tune_flow.py [--data DIR] [--encoder DIR]
 """
@@ -44,17 +46,28 @@ def main() -> None:
     sentences = list(dict.fromkeys(s for p in splits for s in p.sentences()))
     x = EmbeddingCache(args.cache).encode(sentences, encoder, list(POOLINGS))
 
+    log = args.cache / "tune_flow.rows.jsonl"
+    done = {_key(r): r for r in _read_rows(log)}
+    reused = 0
     rows = []
     for pooling in POOLINGS:
         raw = sts.pair_spearman(splits[1], sentences, np.asarray(x[pooling]))
         for lr, epochs, coupling, linear in itertools.product(*GRID.values()):
             flow = FlowConfig(coupling=coupling, linear=linear)
             train = TrainConfig(lr=lr, epochs=epochs, patience=0)
+            row = {"encoder": encoder.id.name, "fingerprint": encoder.id.fingerprint,
+                   "pooling": pooling, "raw_dev": raw, "flow": flow.to_dict(),
+                   "train": train.to_dict()}
+            if _key(row) in done:
+                rows.append(done[_key(row)])
+                reused += 1
+                continue
             head = FlowHead.fit(x[pooling], flow=flow, train=train)
-            dev = sts.pair_spearman(splits[1], sentences, head.transform(x[pooling]))
-            rows.append({"encoder": encoder.id.name, "pooling": pooling, "raw_dev": raw,
-                         "flow": flow.to_dict(), "train": train.to_dict(), "stsb_dev": dev})
-            print(json.dumps(rows[-1]), flush=True)
+            row["stsb_dev"] = sts.pair_spearman(splits[1], sentences, head.transform(x[pooling]))
+            rows.append(row)
+            with log.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
 
     best = {}
     lines = ["| pooling | raw | best flow on STS-B dev | its configuration |",
@@ -70,9 +83,21 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "tune_flow.json", {"best": best, "rows": rows})
     note = (f"\nSTS-B dev Spearman × 100, {encoder.id.name}, flows fit on the STS-B sentences "
-            f"without scores; {len(rows)} fits, {time.perf_counter() - began:.0f} s.\n")
+            f"without scores; {len(rows)} fits ({reused} reused from an earlier run), "
+            f"{time.perf_counter() - began:.0f} s.\n")
     (args.out / "tune_flow.md").write_text("\n".join(lines) + "\n" + note)
     print("\n".join(lines) + note)
+
+
+def _key(row: dict) -> str:
+    return json.dumps([row["fingerprint"], row["pooling"], row["flow"], row["train"]],
+                      sort_keys=True)
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 if __name__ == "__main__":
