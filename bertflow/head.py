@@ -75,10 +75,16 @@ class FlowHead(nn.Module):
             log_det = log_det + more
         return x, log_det
 
-    def log_prob(self, x: Tensor) -> Tensor:
-        """log p(x) in embedding space, per row."""
-        z, log_det = self(x)
-        return standard_normal_log_prob(z) + log_det
+    def log_prob(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
+        """log p(x) in embedding space (nats), per row: the flow's density with the
+        standardisation's Jacobian included. A Tensor gives a Tensor (differentiable); an
+        array gives an array, checked for dimension and finiteness."""
+        if isinstance(x, Tensor):
+            z, log_det = self(x)
+            return standard_normal_log_prob(z) + log_det
+        array = self._checked(x)
+        with torch.no_grad():
+            return self.eval().log_prob(torch.from_numpy(np.array(array, np.float32))).numpy()
 
     @torch.no_grad()
     def sample(self, num_samples: int, seed: int = 0) -> np.ndarray:
@@ -112,6 +118,15 @@ class FlowHead(nn.Module):
     @torch.no_grad()
     def transform(self, x: np.ndarray | Tensor, batch_size: int = 8192) -> np.ndarray:
         """Map embeddings (rows, dim) to their latents, float32, checked first."""
+        array = self._checked(x)
+        self.eval()
+        out = np.empty((array.shape[0], self.dim), dtype=np.float32)
+        for start in range(0, array.shape[0], batch_size):
+            block = torch.from_numpy(np.array(array[start : start + batch_size], np.float32))
+            out[start : start + batch_size] = self(block)[0].numpy()
+        return out
+
+    def _checked(self, x: np.ndarray | Tensor) -> np.ndarray:
         array = x.detach().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
         if array.ndim == 1:
             array = array[None]
@@ -119,12 +134,7 @@ class FlowHead(nn.Module):
             raise BertflowError(f"expected embeddings of shape (rows, dim), got {array.shape}")
         self.check(dim=array.shape[1])
         check_finite(array, "the embeddings")
-        self.eval()
-        out = np.empty((array.shape[0], self.dim), dtype=np.float32)
-        for start in range(0, array.shape[0], batch_size):
-            block = torch.from_numpy(np.array(array[start : start + batch_size], np.float32))
-            out[start : start + batch_size] = self(block)[0].numpy()
-        return out
+        return array
 
     def encode(
         self,
@@ -213,13 +223,18 @@ class FlowHead(nn.Module):
     def save(self, path: str | os.PathLike) -> Path:
         """Write the head to folder `path` atomically: a crash leaves the old head intact."""
         path = check_destination(path)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         with atomic_directory(path) as tmp:
-            save_file(tensors, str(tmp / _WEIGHTS), metadata={"format": FORMAT})
-            config = self.config()
-            config["weights"] = {"file": _WEIGHTS, "sha256": sha256_file(tmp / _WEIGHTS)}
-            write_json(tmp / _CONFIG, config)
+            self.write(tmp)
         return path
+
+    def write(self, folder: Path) -> None:
+        """Write `config.json` and `model.safetensors` into an existing folder (not atomic
+        by itself: `save` calls it on a fresh folder that it then swaps in)."""
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(tensors, str(folder / _WEIGHTS), metadata={"format": FORMAT})
+        config = self.config()
+        config["weights"] = {"file": _WEIGHTS, "sha256": sha256_file(folder / _WEIGHTS)}
+        write_json(folder / _CONFIG, config)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FlowHead:

@@ -85,3 +85,17 @@ def corpus_file(tmp_path) -> Path:
         lines.append(" ".join(WORDS[i] for i in idx))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def fit_tiny_head(encoder, pooling: str, seed: int = 0):
+    """A small head fit on the tiny encoder's embeddings of a few hundred word salads."""
+    import numpy as np
+
+    from bertflow import FlowConfig, FlowHead, TrainConfig
+
+    rng = np.random.default_rng(seed)
+    lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 9))) for _ in range(200)]
+    x = encoder.encode(lines + SENTENCES, pooling)
+    return FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=32,
+                        flow=FlowConfig(levels=2, depth=2, linear="lu"),
+                        train=TrainConfig(epochs=2, seed=seed))

@@ -218,3 +218,15 @@ def test_samples_come_back_in_embedding_space(head):
     assert s.shape == (2000, 12)
     assert np.abs(s.mean(0) - 1).max() < 0.3  # the training data had mean 1, std 2
     assert np.abs(s.std(0) - 2).max() < 0.4
+
+
+def test_log_prob_of_arrays_is_checked_and_matches_tensors(head):
+    x = np.random.default_rng(2).normal(size=(5, 12)).astype(np.float32)
+    got = head.log_prob(x)
+    assert isinstance(got, np.ndarray) and got.shape == (5,)
+    np.testing.assert_allclose(got, head.log_prob(torch.from_numpy(x)).detach().numpy(),
+                               rtol=1e-6)
+    with pytest.raises(BertflowError, match="12-d"):
+        head.log_prob(np.zeros((2, 7), np.float32))
+    with pytest.raises(BertflowError, match="inf values"):
+        head.log_prob(np.full((1, 12), np.inf, np.float32))

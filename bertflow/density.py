@@ -1,0 +1,30 @@
+"""The head as a density: how unusual an embedding is, and how well that separates domains."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import rankdata
+
+from .errors import BertflowError
+from .head import FlowHead
+
+__all__ = ["auroc", "novelty"]
+
+
+def novelty(head: FlowHead, x: np.ndarray) -> np.ndarray:
+    """−log p(x) per row under the head's density (nats): higher is less like the corpus the
+    head was fit on."""
+    return -np.asarray(head.log_prob(np.asarray(x)), dtype=np.float64)
+
+
+def auroc(negative: np.ndarray, positive: np.ndarray) -> float:
+    """Area under the ROC curve of a score that should be higher for `positive` rows: the
+    probability that a random positive outscores a random negative, ties counting half."""
+    negative, positive = np.ravel(negative), np.ravel(positive)
+    if not len(negative) or not len(positive):
+        raise BertflowError("AUROC needs at least one score on each side")
+    if not (np.isfinite(negative).all() and np.isfinite(positive).all()):
+        raise BertflowError("AUROC needs finite scores")
+    ranks = rankdata(np.concatenate([negative, positive]))
+    above = ranks[len(negative):].sum() - len(positive) * (len(positive) + 1) / 2
+    return float(above / (len(negative) * len(positive)))

@@ -1,0 +1,233 @@
+"""The flow head inside a sentence-transformers pipeline: encoder → pooling → head → Normalize.
+
+`build_pipeline(head)` returns a `SentenceTransformer` whose embeddings are the head's
+transformed embeddings. Its three bertflow modules save to and load from plain folders (the
+encoder with `save_pretrained`, the head in its own config.json + safetensors format), so
+
+    SentenceTransformer(path, trust_remote_code=True)   # sentence-transformers' own loader
+    bertflow.load_pipeline(path)                        # the same, without the flag
+
+both rebuild it. sentence-transformers 6 asks for `trust_remote_code=True` for any module class
+outside its own package; `load_pipeline` resolves the bertflow classes itself, and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from .encoder import DEFAULT_POOLING, Encoder, check_max_length, check_pooling, load_encoder, pool
+from .errors import BertflowError, first_line
+from .files import atomic_directory
+from .head import FlowHead
+
+try:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import InputModule, Module, Normalize
+    from sentence_transformers.util.misc import import_module_class
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "bertflow.pipeline needs sentence-transformers>=6: pip install 'bertflow[st]'"
+    ) from e
+
+__all__ = ["EncoderModule", "HeadModule", "PoolingModule", "build_pipeline", "load_pipeline"]
+
+
+class EncoderModule(InputModule):
+    """A frozen Hugging Face encoder as a sentence-transformers input module.
+
+    Tokenizes exactly as `bertflow.Encoder` does and hands every layer's hidden states, the
+    input word embeddings and the special-token mask on to `PoolingModule`.
+    """
+
+    config_file_name = "bertflow_encoder.json"
+    config_keys = ["name", "max_length"]
+
+    def __init__(self, encoder: Encoder | str | os.PathLike, max_length: int = 128,
+                 name: str | None = None):
+        super().__init__()
+        if not isinstance(encoder, Encoder):
+            encoder = load_encoder(encoder)
+            if name is not None:
+                encoder.id = type(encoder.id)(name, encoder.id.fingerprint)
+        self.encoder = encoder
+        self.model = encoder.model  # registered, so .to(device) moves it
+        self.tokenizer = encoder.tokenizer
+        self.name = encoder.id.name
+        self.max_length = check_max_length(max_length)
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.max_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        self.max_length = check_max_length(value)
+
+    def preprocess(self, inputs: Sequence[Any], prompt: str | None = None,
+                   **kwargs: Any) -> dict[str, Tensor]:
+        if any(not isinstance(text, str) for text in inputs):
+            raise BertflowError("a bertflow pipeline embeds text only")
+        texts = [prompt + t for t in inputs] if prompt else list(inputs)
+        return dict(self.encoder.tokenize(texts, self.max_length, padding=True,
+                                          return_tensors="pt"))
+
+    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        contextual = getattr(self, "_contextual", True)
+        hidden, words = self.encoder.states(features, contextual)
+        if hidden is not None:
+            features["all_layer_embeddings"] = hidden
+            features["token_embeddings"] = hidden[-1]
+        features["word_embeddings"] = words
+        return features
+
+    def get_embedding_dimension(self) -> int:
+        return self.encoder.dim
+
+    def save(self, output_path: str, *args: Any, safe_serialization: bool = True,
+             **kwargs: Any) -> None:
+        self.model.save_pretrained(output_path, safe_serialization=True)
+        self.tokenizer.save_pretrained(output_path)
+        self.save_config(output_path)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs: Any) -> EncoderModule:
+        path = Path(model_name_or_path) / subfolder
+        config = cls.load_config(str(path))
+        return cls(path, **config)
+
+
+class PoolingModule(Module):
+    """Any bertflow pooling (cls, mean, first_last, last2, static) as a pipeline module; it
+    calls the same `bertflow.pool` as `bertflow encode`."""
+
+    config_file_name = "config.json"
+    config_keys = ["pooling"]
+
+    def __init__(self, pooling: str = DEFAULT_POOLING):
+        super().__init__()
+        self.pooling = check_pooling(pooling)
+
+    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        features["sentence_embedding"] = pool(
+            features.get("all_layer_embeddings"),
+            features["word_embeddings"],
+            features["attention_mask"],
+            features["special_tokens_mask"],
+            self.pooling,
+        )
+        return features
+
+    def on_model_ready(self, model: Any) -> None:
+        # the static pooling needs no forward pass through the Transformer layers
+        if isinstance(model[0], EncoderModule):
+            model[0]._contextual = self.pooling != "static"
+
+    def save(self, output_path: str, *args: Any, **kwargs: Any) -> None:
+        self.save_config(output_path)
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs: Any) -> PoolingModule:
+        return cls(**cls.load_config(str(Path(model_name_or_path) / subfolder)))
+
+
+class HeadModule(Module):
+    """A `FlowHead` as a pipeline module: sentence_embedding → its latent z.
+
+    Saved in the head's own format; on assembly it checks the encoder (by weight fingerprint),
+    the pooling and the dimension in front of it, and refuses a head fit on others.
+    """
+
+    def __init__(self, head: FlowHead):
+        super().__init__()
+        self.head = head.eval()
+
+    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        x = features["sentence_embedding"]
+        features["sentence_embedding"] = self.head(x.float())[0].to(x.dtype)
+        return features
+
+    def on_model_ready(self, model: Any) -> None:
+        encoder = next((m for m in model if isinstance(m, EncoderModule)), None)
+        pooling = next((m for m in model if isinstance(m, PoolingModule)), None)
+        self.head.check(
+            dim=encoder.encoder.dim if encoder else None,
+            encoder=encoder.encoder.id if encoder else None,
+            pooling=pooling.pooling if pooling else None,
+        )
+
+    def get_embedding_dimension(self) -> int:
+        return self.head.dim
+
+    def save(self, output_path: str, *args: Any, **kwargs: Any) -> None:
+        self.head.write(Path(output_path))  # save_pipeline makes the whole folder atomic
+
+    @classmethod
+    def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs: Any) -> HeadModule:
+        return cls(FlowHead.load(Path(model_name_or_path) / subfolder))
+
+
+def build_pipeline(
+    head: FlowHead | str | os.PathLike,
+    encoder: Encoder | str | os.PathLike | None = None,
+    normalize: bool = False,
+) -> SentenceTransformer:
+    """A SentenceTransformer: `encoder` (default: the package's default encoder) → the head's
+    pooling → the head → optionally L2 normalisation. Refuses a head fit on another encoder,
+    pooling or dimension."""
+    if not isinstance(head, FlowHead):
+        head = FlowHead.load(head)
+    if head.pooling is None:
+        raise BertflowError("this head does not record its pooling; cannot build a pipeline")
+    if not isinstance(encoder, Encoder):
+        encoder = load_encoder(encoder)
+    head.check(dim=encoder.dim, encoder=encoder.id, pooling=head.pooling)
+    modules = [EncoderModule(encoder, head.max_length or 128), PoolingModule(head.pooling),
+               HeadModule(head)]
+    if normalize:
+        modules.append(Normalize())
+    return SentenceTransformer(modules=modules, device="cpu")
+
+
+def save_pipeline(model: SentenceTransformer, path: str | os.PathLike) -> Path:
+    """Save a pipeline to folder `path` atomically (a new folder, then one rename)."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        if not (path / "modules.json").is_file():
+            raise BertflowError(f"{path} exists and is not a sentence-transformers folder; "
+                                "not replacing it")
+    with atomic_directory(path) as tmp:
+        model.save(str(tmp))
+    return path
+
+
+def load_pipeline(path: str | os.PathLike, device: str = "cpu") -> SentenceTransformer:
+    """Rebuild a saved pipeline without `trust_remote_code`: bertflow's own module classes are
+    resolved here, sentence-transformers' through its package, and any other class is refused."""
+    path = Path(path)
+    try:
+        entries = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+        refs = [(str(e["type"]), str(e.get("path", ""))) for e in entries]
+    except FileNotFoundError:
+        raise BertflowError(f"{path} has no modules.json; not a sentence-transformers folder") \
+            from None
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise BertflowError(f"{path / 'modules.json'} is malformed ({first_line(e)})") from None
+    ours = {f"{__name__}.{c.__name__}": c for c in (EncoderModule, PoolingModule, HeadModule)}
+    modules = []
+    for ref, subfolder in refs:
+        if ".." in Path(subfolder).parts or Path(subfolder).is_absolute():
+            raise BertflowError(f"{path / 'modules.json'} points outside the folder: {subfolder}")
+        if ref in ours:
+            modules.append(ours[ref].load(str(path), subfolder=subfolder))
+        elif ref.startswith("sentence_transformers."):
+            modules.append(import_module_class(ref).load(str(path), subfolder=subfolder))
+        else:
+            raise BertflowError(f"{path} uses module class {ref}, which is neither bertflow's "
+                                "nor sentence-transformers'; load it with SentenceTransformer")
+    return SentenceTransformer(modules=modules, device=device)

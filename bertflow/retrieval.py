@@ -1,0 +1,245 @@
+"""Vector search over transformed embeddings with FAISS, and how well it retrieves.
+
+An `Index` holds a corpus's sentences and a FAISS index of their vectors after the head (and an
+optional reduction to `dims` components), L2-normalised so that inner product is cosine. It
+remembers the encoder, pooling and head that made it, and embeds queries the same way.
+Saved as a folder: `index.faiss` (FAISS's own format), `items.json`, `config.json` and, when
+there is one, the head in `head/`. Nothing is unpickled on load.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .encoder import DEFAULT_POOLING, Encoder, EncoderId, check_pooling, load_encoder
+from .errors import BertflowError, first_line
+from .files import atomic_directory, check_finite, read_json, write_json
+from .head import FlowHead
+from .sts import Pairs
+
+__all__ = ["KINDS", "Index", "RetrievalScores", "relevant_pairs", "retrieval_scores"]
+
+KINDS = ("flat", "hnsw")
+FORMAT = "bertflow-index"
+_INDEX, _ITEMS, _CONFIG, _HEAD = "index.faiss", "items.json", "config.json", "head"
+
+
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError:
+        raise BertflowError("retrieval needs faiss: pip install 'bertflow[retrieval]'") from None
+    return faiss
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+class Index:
+    """Sentences and their vectors (encoder → pooling → head → optional PCA → unit length) in
+    a FAISS inner-product index: exact (`flat`) or approximate (`hnsw`)."""
+
+    def __init__(self, faiss_index: Any, items: list[str], config: dict[str, Any],
+                 head: FlowHead | None = None):
+        self.faiss_index = faiss_index
+        self.items = items
+        self.config = config
+        self.head = head
+
+    @property
+    def encoder(self) -> EncoderId | None:
+        value = self.config.get("encoder")
+        return EncoderId.from_dict(value) if value else None
+
+    @property
+    def pooling(self) -> str:
+        return self.config["pooling"]
+
+    @classmethod
+    def from_embeddings(
+        cls,
+        x: np.ndarray,
+        items: Sequence[str],
+        *,
+        head: FlowHead | None = None,
+        encoder: EncoderId | None = None,
+        pooling: str = DEFAULT_POOLING,
+        max_length: int = 128,
+        kind: str = "flat",
+        dims: int | None = None,
+        hnsw_m: int = 32,
+    ) -> Index:
+        """Index pooled embeddings `x` (rows, dim) of `items`, after `head` when given.
+
+        `dims` keeps that many principal components of the (transformed) corpus vectors
+        before normalising: smaller vectors, less memory.
+        """
+        faiss = _faiss()
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
+            raise BertflowError(f"need one embedding row per item: {x.shape} for {len(items)}")
+        check_finite(x, "the embeddings")
+        if kind not in KINDS:
+            raise BertflowError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
+        check_pooling(pooling)
+        if head is not None:
+            head.check(dim=x.shape[1], encoder=encoder, pooling=pooling)
+            x = head.transform(x)
+        dim = x.shape[1]
+        if dims is not None and not 1 <= dims <= dim:
+            raise BertflowError(f"dims must be between 1 and {dim}, got {dims}")
+        out = dims or dim
+        inner = faiss.IndexFlatIP(out) if kind == "flat" else faiss.IndexHNSWFlat(
+            out, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexPreTransform(faiss.NormalizationTransform(out, 2.0), inner)
+        if out < dim:
+            index.prepend_transform(faiss.PCAMatrix(dim, out))
+        z = np.ascontiguousarray(x, dtype=np.float32)
+        index.train(z)
+        index.add(z)
+        config = {"format": FORMAT, "format_version": 1,
+                  "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
+                  "max_length": max_length, "kind": kind, "dim": dim, "dims": out,
+                  "count": len(items), "head": head is not None}
+        return cls(index, list(items), config, head)
+
+    @classmethod
+    def build(cls, sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
+              *, head: FlowHead | None = None, pooling: str | None = None, max_length: int = 128,
+              batch_size: int = 64, **options: Any) -> Index:
+        """Embed `sentences` with `encoder` and the head's pooling (or `pooling`), then index."""
+        if not isinstance(encoder, Encoder):
+            encoder = load_encoder(encoder)
+        if head is not None:
+            pooling = pooling or head.pooling
+            max_length = head.max_length or max_length
+            head.check(dim=encoder.dim, encoder=encoder.id, pooling=pooling)
+        pooling = check_pooling(pooling or DEFAULT_POOLING)
+        x = encoder.encode(sentences, pooling, max_length, batch_size)
+        return cls.from_embeddings(x, sentences, head=head, encoder=encoder.id, pooling=pooling,
+                                   max_length=max_length, **options)
+
+    def vectors(self, x: np.ndarray) -> np.ndarray:
+        """Pooled embeddings → what the FAISS index receives (after the head, if any)."""
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[1] != self.config["dim"]:
+            raise BertflowError(f"index expects {self.config['dim']}-d embeddings, got {x.shape}")
+        check_finite(x, "the query embeddings")
+        z = self.head.transform(x) if self.head is not None else x
+        return np.ascontiguousarray(z, dtype=np.float32)
+
+    def search_embeddings(self, x: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """Cosine scores and item ids (rows, k), best first, for pooled query embeddings."""
+        if k < 1:
+            raise BertflowError(f"k must be at least 1, got {k}")
+        return self.faiss_index.search(self.vectors(x), min(k, len(self.items)))
+
+    def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
+               k: int = 10, batch_size: int = 64) -> list[list[tuple[float, str]]]:
+        """For each query, the `k` nearest items as (cosine, sentence), best first. `encoder`
+        must be the one the index was built with (checked by weight fingerprint)."""
+        if not isinstance(encoder, Encoder):
+            encoder = load_encoder(encoder)
+        mine = self.encoder
+        if mine is not None and mine.fingerprint != encoder.id.fingerprint:
+            raise BertflowError(f"index was built with encoder {mine}; got encoder {encoder.id}")
+        x = encoder.encode(queries, self.pooling, self.config["max_length"], batch_size)
+        scores, ids = self.search_embeddings(x, k)
+        return [[(float(s), self.items[i]) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
+                for row_s, row_i in zip(scores, ids, strict=True)]
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the index folder atomically."""
+        faiss = _faiss()
+        path = Path(path)
+        if path.is_dir() and any(path.iterdir()) and not (path / _INDEX).is_file():
+            raise BertflowError(f"{path} is a non-empty folder but not an index; not replacing it")
+        with atomic_directory(path) as tmp:
+            faiss.write_index(self.faiss_index, str(tmp / _INDEX))
+            write_json(tmp / _ITEMS, {"items": self.items})
+            write_json(tmp / _CONFIG, self.config)
+            if self.head is not None:
+                (tmp / _HEAD).mkdir()
+                self.head.write(tmp / _HEAD)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Index:
+        faiss = _faiss()
+        path = Path(path)
+        if not (path / _INDEX).is_file():
+            raise BertflowError(f"no index at {path} (no {_INDEX})")
+        config = read_json(path / _CONFIG)
+        if config.get("format") != FORMAT:
+            raise BertflowError(f"{path / _CONFIG} is not a bertflow index config")
+        items = read_json(path / _ITEMS).get("items")
+        try:
+            index = faiss.read_index(str(path / _INDEX))
+        except RuntimeError as e:
+            raise BertflowError(f"{path / _INDEX} is not a valid FAISS index ({first_line(e)})") \
+                from None
+        if not isinstance(items, list) or not len(items) == index.ntotal == config.get("count"):
+            raise BertflowError(f"{path} is inconsistent: {len(items)} items, "
+                                f"{index.ntotal} vectors, count {config.get('count')}")
+        head = FlowHead.load(path / _HEAD) if config.get("head") else None
+        return cls(index, items, config, head)
+
+
+@dataclass(frozen=True)
+class RetrievalScores:
+    recall_at_1: float
+    recall_at_10: float
+    mrr: float
+    queries: int
+    candidates: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"recall@1": self.recall_at_1, "recall@10": self.recall_at_10, "mrr": self.mrr,
+                "queries": self.queries, "candidates": self.candidates}
+
+
+def relevant_pairs(pairs: Pairs, threshold: float = 4.0) -> dict[str, set[str]]:
+    """For each sentence of a pair scored ≥ `threshold`, its partners in such pairs (both
+    directions; a sentence is never its own partner)."""
+    relevant: dict[str, set[str]] = {}
+    for a, b, gold in zip(pairs.first, pairs.second, pairs.gold, strict=True):
+        if gold >= threshold and a != b:
+            relevant.setdefault(a, set()).add(b)
+            relevant.setdefault(b, set()).add(a)
+    return relevant
+
+
+def retrieval_scores(index: Index, vectors: np.ndarray, relevant: dict[str, set[str]],
+                     depth: int = 1000) -> RetrievalScores:
+    """Recall@1, recall@10 and MRR of searching `index` (its items: every sentence of the set)
+    with each query of `relevant`; the query itself is skipped among the results, and a
+    partner ranked below `depth` counts 0 towards MRR.
+
+    `vectors` are the pooled embeddings of the index's items, row for row.
+    """
+    position = {s: i for i, s in enumerate(index.items)}
+    queries = [q for q in relevant if q in position]
+    if not queries:
+        raise BertflowError("no query sentence is among the index's items")
+    x = np.asarray(vectors)[[position[q] for q in queries]]
+    _, ids = index.search_embeddings(x, k=depth + 1)
+    hits1 = hits10 = 0
+    reciprocal = 0.0
+    for query, row in zip(queries, ids, strict=True):
+        ranked = [index.items[i] for i in row if i >= 0 and index.items[i] != query]
+        wanted = relevant[query]
+        rank = next((r for r, s in enumerate(ranked, 1) if s in wanted), None)
+        if rank is not None:
+            hits1 += rank == 1
+            hits10 += rank <= 10
+            reciprocal += 1 / rank
+    n = len(queries)
+    return RetrievalScores(hits1 / n, hits10 / n, reciprocal / n, n, len(index.items))

@@ -1,0 +1,33 @@
+import numpy as np
+import pytest
+from scipy.stats import mannwhitneyu
+
+from bertflow import BertflowError, FlowConfig, FlowHead, TrainConfig
+from bertflow.density import auroc, novelty
+
+
+@pytest.mark.parametrize("neg, pos, expected", [
+    ([1, 2, 3], [4, 5], 1.0),
+    ([4, 5], [1, 2, 3], 0.0),
+    ([1, 2], [2, 3], (1 + 0.5 + 1 + 1) / 4),  # one tie counts half
+])
+def test_auroc_by_hand(neg, pos, expected):
+    assert auroc(np.array(neg, float), np.array(pos, float)) == pytest.approx(expected)
+
+
+def test_auroc_matches_mann_whitney():
+    rng = np.random.default_rng(0)
+    neg, pos = rng.normal(size=50), rng.normal(0.5, size=70).round(1)
+    u = mannwhitneyu(pos, neg).statistic
+    assert auroc(neg, pos) == pytest.approx(u / (50 * 70))
+    with pytest.raises(BertflowError):
+        auroc(np.array([]), pos)
+
+
+def test_novelty_separates_a_shifted_sample():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(600, 8)).astype(np.float32)
+    head = FlowHead.fit(x[:500], flow=FlowConfig(levels=1, depth=2),
+                        train=TrainConfig(epochs=3))
+    near, far = novelty(head, x[500:]), novelty(head, x[500:] + 3)
+    assert auroc(near, far) > 0.95

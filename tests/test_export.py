@@ -1,0 +1,115 @@
+"""The head as a standalone graph: ONNX (run by onnxruntime) and torch.export, each in a fresh
+process where neither bertflow nor nflows can be imported."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+
+from bertflow.cli import main
+from bertflow.export import export_onnx, export_program
+
+from .conftest import fit_tiny_head
+
+# Runs in a fresh interpreter: bertflow and nflows are made unimportable first.
+BLOCKED = textwrap.dedent("""
+    import importlib.abc, sys
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in {blocked!r}:
+                raise ImportError(f"{{name}} is blocked")
+    sys.meta_path.insert(0, Block())
+    import numpy as np
+    x = np.load(sys.argv[2])
+""")
+
+RUN_ONNX = textwrap.dedent("""
+    import onnxruntime
+    session = onnxruntime.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+    np.save(sys.argv[3], session.run(["z"], {"embeddings": x})[0])
+""")
+
+RUN_PROGRAM = textwrap.dedent("""
+    import torch
+    program = torch.export.load(sys.argv[1]).module()
+    np.save(sys.argv[3], program(torch.from_numpy(x)).detach().numpy())
+""")
+
+
+@pytest.fixture(scope="module")
+def head(tiny_encoder):
+    return fit_tiny_head(tiny_encoder, "first_last")
+
+
+def run_blocked(script, blocked, graph, x, tmp_path):
+    np.save(tmp_path / "x.npy", x)
+    code = BLOCKED.format(blocked=blocked) + script
+    done = subprocess.run([sys.executable, "-c", code, str(graph), str(tmp_path / "x.npy"),
+                           str(tmp_path / "z.npy")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return np.load(tmp_path / "z.npy")
+
+
+def batches(dim):
+    rng = np.random.default_rng(1)
+    return [rng.normal(size=(n, dim)).astype(np.float32) for n in (1, 37)]
+
+
+def test_onnx_runs_without_bertflow_or_nflows(tmp_path, head):
+    path = export_onnx(head, tmp_path / "head.onnx")
+    assert [p.name for p in tmp_path.iterdir()] == ["head.onnx"]  # weights inside, no temp
+    for x in batches(head.dim):
+        z = run_blocked(RUN_ONNX, {"bertflow", "nflows", "torch"}, path, x, tmp_path)
+        assert z.shape == x.shape
+        assert np.abs(z - head.transform(x)).max() <= 1e-4
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    config = json.loads(props["bertflow_head"])
+    assert config["pooling"] == "first_last" and config["dim"] == head.dim
+
+
+def test_torch_export_runs_without_bertflow_or_nflows(tmp_path, head):
+    path = export_program(head, tmp_path / "head.pt2")
+    for x in batches(head.dim):
+        z = run_blocked(RUN_PROGRAM, {"bertflow", "nflows"}, path, x, tmp_path)
+        assert np.abs(z - head.transform(x)).max() <= 1e-5
+
+
+def test_the_blocker_blocks(tmp_path, head):
+    path = export_program(head, tmp_path / "head.pt2")
+    np.save(tmp_path / "x.npy", batches(head.dim)[0])
+    code = BLOCKED.format(blocked={"bertflow"}) + "import bertflow\n"
+    done = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "x.npy"),
+                           str(tmp_path / "z.npy")], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode != 0 and "bertflow is blocked" in done.stderr
+
+
+@pytest.mark.parametrize("fmt, name, message", [
+    ("onnx", "head.pt2", "must end in .onnx"),
+    ("torch-export", "head.onnx", "must end in .pt2"),
+])
+def test_cli_export_refuses_a_wrong_suffix(tmp_path, capsys, head, fmt, name, message):
+    head.save(tmp_path / "head")
+    code = main(["export", "--head", str(tmp_path / "head"), "--format", fmt,
+                 "--out", str(tmp_path / name)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and message in err[0]
+    assert not (tmp_path / name).exists()
+
+
+def test_cli_export_onnx_and_a_corrupted_head(tmp_path, capsys, head):
+    head.save(tmp_path / "head")
+    assert main(["export", "--head", str(tmp_path / "head"), "--format", "onnx",
+                 "--out", str(tmp_path / "h.onnx")]) == 0
+    assert (tmp_path / "h.onnx").stat().st_size > 0
+    weights = tmp_path / "head" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    capsys.readouterr()
+    assert main(["export", "--head", str(tmp_path / "head"), "--format", "onnx",
+                 "--out", str(tmp_path / "h2.onnx")]) == 1
+    assert "altered or truncated" in capsys.readouterr().err
+    assert not (tmp_path / "h2.onnx").exists()

@@ -1,0 +1,115 @@
+"""The head inside a sentence-transformers pipeline, every pooling, save and reload."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from sentence_transformers import SentenceTransformer
+
+from bertflow import POOLINGS, BertflowError, load_encoder
+from bertflow.cli import main
+from bertflow.pipeline import build_pipeline, load_pipeline, save_pipeline
+
+from .conftest import SENTENCES, fit_tiny_head
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_encoder):
+    return {p: fit_tiny_head(tiny_encoder, p) for p in POOLINGS}
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_pipeline_embeddings_equal_the_heads_after_save_and_both_reloads(
+        tmp_path, heads, tiny_encoder, pooling):
+    head = heads[pooling]
+    expected = head.encode(SENTENCES, tiny_encoder)
+    model = build_pipeline(head, tiny_encoder)
+    np.testing.assert_allclose(model.encode(SENTENCES), expected, atol=1e-5)
+
+    save_pipeline(model, tmp_path / "st")
+    for reloaded in (SentenceTransformer(str(tmp_path / "st"), trust_remote_code=True,
+                                         device="cpu"),
+                     load_pipeline(tmp_path / "st")):
+        np.testing.assert_allclose(reloaded.encode(SENTENCES), expected, atol=1e-5)
+        assert reloaded[2].head.pooling == pooling
+
+
+def test_sentence_transformers_asks_for_the_flag_and_bertflow_does_not(
+        tmp_path, heads, tiny_encoder):
+    save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "st")
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    assert load_pipeline(tmp_path / "st") is not None
+
+
+def test_normalize_gives_unit_vectors_in_the_heads_directions(heads, tiny_encoder):
+    head = heads["mean"]
+    z = head.encode(SENTENCES, tiny_encoder)
+    out = build_pipeline(head, tiny_encoder, normalize=True).encode(SENTENCES)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1, atol=1e-5)
+    np.testing.assert_allclose(out, z / np.linalg.norm(z, axis=1, keepdims=True), atol=1e-5)
+
+
+def test_heads_from_another_encoder_or_width_are_refused(
+        heads, tiny_encoder_dir, other_encoder_dir, wide_encoder_dir):
+    wide = fit_tiny_head(load_encoder(wide_encoder_dir), "cls")
+    with pytest.raises(BertflowError, match="24-d.*16-d"):
+        build_pipeline(wide, tiny_encoder_dir)
+    with pytest.raises(BertflowError, match="encoder"):
+        build_pipeline(heads["cls"], other_encoder_dir)
+
+
+def test_reload_refuses_a_head_whose_pooling_was_changed(tmp_path, heads, tiny_encoder):
+    save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "st")
+    pooling = tmp_path / "st" / "1_PoolingModule" / "config.json"
+    pooling.write_text(json.dumps({"pooling": "mean"}))
+    with pytest.raises(BertflowError, match="cls pooling.*mean"):
+        load_pipeline(tmp_path / "st")
+
+
+def test_load_pipeline_refuses_foreign_classes_and_bad_folders(tmp_path, heads, tiny_encoder):
+    with pytest.raises(BertflowError, match="no modules.json"):
+        load_pipeline(tmp_path)
+    folder = save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "st")
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[1]["type"] = "somewhere.else.Module"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(BertflowError, match="somewhere.else.Module"):
+        load_pipeline(folder)
+    (folder / "modules.json").write_text("[{")
+    with pytest.raises(BertflowError, match="malformed"):
+        load_pipeline(folder)
+    modules[1]["type"] = "bertflow.pipeline.PoolingModule"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    shutil.rmtree(folder / "2_HeadModule")
+    with pytest.raises(BertflowError, match="no flow head"):
+        load_pipeline(folder)
+
+
+def test_save_refuses_to_replace_another_folder(tmp_path, heads, tiny_encoder):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("keep")
+    with pytest.raises(BertflowError, match="not a sentence-transformers folder"):
+        save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "notes")
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "keep"
+
+
+def test_cli_export_matches_bertflow_transform(tmp_path, capsys, heads, tiny_encoder_dir):
+    heads["last2"].save(tmp_path / "head")
+    sentences = tmp_path / "s.txt"
+    sentences.write_text("\n".join(SENTENCES) + "\n")
+    assert main(["transform", "--head", str(tmp_path / "head"), "--sentences", str(sentences),
+                 "--encoder", str(tiny_encoder_dir), "--out", str(tmp_path / "z.npy")]) == 0
+    assert main(["export", "--head", str(tmp_path / "head"), "--format",
+                 "sentence-transformers", "--encoder", str(tiny_encoder_dir),
+                 "--out", str(tmp_path / "st")]) == 0
+    model = load_pipeline(tmp_path / "st")
+    np.testing.assert_allclose(model.encode(SENTENCES), np.load(tmp_path / "z.npy"), atol=1e-5)
+    capsys.readouterr()
+    assert main(["export", "--head", str(tmp_path / "head"), "--format",
+                 "sentence-transformers", "--encoder", str(tmp_path / "nowhere"),
+                 "--out", str(tmp_path / "st2")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bertflow: error:")
+    assert not (tmp_path / "st2").exists()

@@ -1,0 +1,139 @@
+"""FAISS retrieval over transformed embeddings: exactness, kinds, reduction, save/load, the
+retrieval measures on a hand case, refusals and the index/search commands."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertflow import BertflowError, load_encoder
+from bertflow.cli import main
+from bertflow.retrieval import Index, relevant_pairs, retrieval_scores
+from bertflow.sts import Pairs
+
+from .conftest import SENTENCES, WORDS, fit_tiny_head
+
+
+@pytest.fixture(scope="module")
+def head(tiny_encoder):
+    return fit_tiny_head(tiny_encoder, "mean")
+
+
+@pytest.fixture(scope="module")
+def items():
+    rng = np.random.default_rng(5)
+    lines = [" ".join(rng.choice(WORDS, size=rng.integers(3, 9))) for _ in range(150)]
+    return list(dict.fromkeys(SENTENCES + lines))
+
+
+def unit(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_flat_index_is_exact_cosine_after_the_head(head, tiny_encoder, items):
+    index = Index.build(items, tiny_encoder, head=head)
+    z = unit(head.encode(items, tiny_encoder))
+    queries = items[:5] + ["a dog and a cat"]
+    scores, ids = index.search_embeddings(tiny_encoder.encode(queries, "mean"), k=7)
+    q = unit(head.transform(tiny_encoder.encode(queries, "mean")))
+    expected = np.argsort(-(q @ z.T), axis=1, kind="stable")[:, :7]
+    np.testing.assert_allclose(scores, np.take_along_axis(q @ z.T, expected, 1), atol=1e-5)
+    assert (ids[:5, 0] == np.arange(5)).all()  # each item finds itself first
+    hits = index.search(["a man plays the guitar"], tiny_encoder, k=3)[0]
+    assert hits[0] == (pytest.approx(1, abs=1e-5), "a man plays the guitar")
+    assert [s for s, _ in hits] == sorted((s for s, _ in hits), reverse=True)
+
+
+def test_hnsw_and_reduced_indexes(head, tiny_encoder, items):
+    x = tiny_encoder.encode(items, "mean")
+    hnsw = Index.from_embeddings(x, items, head=head, encoder=tiny_encoder.id, pooling="mean",
+                                 kind="hnsw")
+    assert (hnsw.search_embeddings(x[:20], k=1)[1][:, 0] == np.arange(20)).all()
+    small = Index.from_embeddings(x, items, head=head, encoder=tiny_encoder.id,
+                                  pooling="mean", dims=4)
+    assert small.config["dims"] == 4 and small.faiss_index.d == 16
+    # the reduction is the top principal components of the transformed corpus
+    z = head.transform(x)
+    centred = z - z.mean(0)
+    top = np.linalg.svd(centred, full_matrices=False)[2][:4]
+    p = unit(centred @ top.T)
+    scores, ids = small.search_embeddings(x[:10], k=3)
+    np.testing.assert_allclose(scores, np.take_along_axis(p[:10] @ p.T, ids, 1), atol=1e-4)
+    with pytest.raises(BertflowError, match="dims must be between 1 and 16"):
+        Index.from_embeddings(x, items, dims=17)
+
+
+def test_save_load_round_trip(tmp_path, head, tiny_encoder, items):
+    index = Index.build(items, tiny_encoder, head=head, kind="hnsw", dims=8)
+    index.save(tmp_path / "idx")
+    loaded = Index.load(tmp_path / "idx")
+    assert loaded.config == index.config and loaded.items == items
+    queries = ["the cat eats", "a red car"]
+    assert loaded.search(queries, tiny_encoder) == index.search(queries, tiny_encoder)
+
+
+def test_refusals(tmp_path, head, tiny_encoder, items, other_encoder_dir, wide_encoder_dir):
+    index = Index.build(items, tiny_encoder, head=head)
+    with pytest.raises(BertflowError, match="index was built with encoder"):
+        index.search(["a cat"], other_encoder_dir)
+    wide = fit_tiny_head(load_encoder(wide_encoder_dir), "mean")
+    with pytest.raises(BertflowError, match="24-d.*16-d"):
+        Index.build(items, tiny_encoder, head=wide)
+    with pytest.raises(BertflowError, match="index expects 16-d"):
+        index.search_embeddings(np.zeros((2, 24), np.float32))
+    with pytest.raises(BertflowError, match="NaN values"):
+        index.search_embeddings(np.full((1, 16), np.nan, np.float32))
+    index.save(tmp_path / "idx")
+    (tmp_path / "idx" / "index.faiss").write_bytes(b"garbage")
+    with pytest.raises(BertflowError, match="not a valid FAISS index"):
+        Index.load(tmp_path / "idx")
+    index.save(tmp_path / "idx")
+    (tmp_path / "idx" / "items.json").write_text(json.dumps({"items": items[:-1]}))
+    with pytest.raises(BertflowError, match="inconsistent"):
+        Index.load(tmp_path / "idx")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("keep")
+    with pytest.raises(BertflowError, match="not an index"):
+        index.save(tmp_path / "notes")
+
+
+def test_retrieval_scores_on_a_hand_case():
+    # four items on a circle; angles make the ranking of each query plain
+    items = ["a", "b", "c", "d"]
+    angle = np.radians([0, 10, 30, 100])
+    x = np.stack([np.cos(angle), np.sin(angle)], 1).astype(np.float32)
+    index = Index.from_embeddings(x, items, pooling="mean")
+    pairs = Pairs("hand", ["a", "a", "c", "d"], ["b", "c", "d", "b"],
+                  np.array([5.0, 3.0, 4.5, 1.0]))
+    relevant = relevant_pairs(pairs, threshold=4)
+    assert relevant == {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}}
+    got = retrieval_scores(index, x, relevant)
+    # a: b first (rank 1); b: a first (rank 1); c: b, a, d (rank 3); d: c first (rank 1)
+    assert got.recall_at_1 == pytest.approx(3 / 4)
+    assert got.recall_at_10 == pytest.approx(1)
+    assert got.mrr == pytest.approx((1 + 1 + 1 / 3 + 1) / 4)
+    assert got.queries == 4 and got.candidates == 4
+
+
+def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, items):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(items) + "\n")
+    head.save(tmp_path / "head")
+    assert main(["index", str(corpus), "--out", str(tmp_path / "idx"), "--head",
+                 str(tmp_path / "head"), "--encoder", str(tiny_encoder_dir)]) == 0
+    assert "mean pooling, with a head" in capsys.readouterr().out
+    assert main(["search", "--index", str(tmp_path / "idx"), "--query", "a man plays the guitar",
+                 "--k", "2", "--encoder", str(tiny_encoder_dir), "--json"]) == 0
+    hit = json.loads(capsys.readouterr().out)
+    assert hit["hits"][0]["item"] == "a man plays the guitar" and len(hit["hits"]) == 2
+
+    for args, message in (
+        (["search", "--index", str(tmp_path / "none"), "--query", "x"], "no index"),
+        (["search", "--index", str(tmp_path / "idx"), "--query", " "], "empty query"),
+        (["index", str(corpus), "--out", str(tmp_path / "i2"), "--head", str(tmp_path / "head"),
+          "--pooling", "cls", "--encoder", str(tiny_encoder_dir)], "differs from the head's"),
+    ):
+        assert main(args) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "i2").exists()
