@@ -8,13 +8,22 @@ from scipy.stats import rankdata
 from .errors import BertflowError
 from .head import FlowHead
 
-__all__ = ["auroc", "novelty"]
+__all__ = ["auroc", "novelty", "typicality"]
 
 
 def novelty(head: FlowHead, x: np.ndarray) -> np.ndarray:
     """−log p(x) per row under the head's density (nats): higher is less like the corpus the
     head was fit on."""
     return -np.asarray(head.log_prob(np.asarray(x)), dtype=np.float64)
+
+
+def typicality(head: FlowHead, x: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """|−log p(x) − the median −log p of `reference` rows| (nats): how far each row lies from the
+    typical set of the head's domain, in either direction. Flows can give inputs from another
+    domain a higher density than their own (simpler, more central inputs); this score flags
+    them as well as the improbable ones. `reference`: in-domain embeddings, such as the
+    head's training rows."""
+    return np.abs(novelty(head, x) - np.median(novelty(head, reference)))
 
 
 def auroc(negative: np.ndarray, positive: np.ndarray) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -45,8 +46,10 @@ def _program(head: FlowHead) -> torch.export.ExportedProgram:
 def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
     """Write the head as a `torch.export` program: `torch.export.load(path).module()(x)`."""
     path = _check_out(path, ".pt2")
-    program = _program(head)
-    with atomic_file(path) as tmp:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        program = _program(head)
+    with atomic_file(path, suffix=".tmp.pt2") as tmp:
         torch.export.save(program, str(tmp))
     return path
 
@@ -63,11 +66,13 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
     path = _check_out(path, ".onnx")
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     try:
-        program = torch.onnx.export(
-            _Transform(head).eval(), (torch.zeros(2, head.dim),), dynamo=True, verbose=False,
-            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=opset,
-            dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            program = torch.onnx.export(
+                _Transform(head).eval(), (torch.zeros(2, head.dim),), dynamo=True, verbose=False,
+                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=opset,
+                dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
+            )
     except ImportError as e:
         raise BertflowError(f"ONNX export needs onnxscript: {first_line(e)}") from None
     with atomic_file(path) as tmp:

@@ -130,10 +130,10 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[Path]:
+def atomic_file(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:

@@ -3,7 +3,7 @@ import pytest
 from scipy.stats import mannwhitneyu
 
 from bertflow import BertflowError, FlowConfig, FlowHead, TrainConfig
-from bertflow.density import auroc, novelty
+from bertflow.density import auroc, novelty, typicality
 
 
 @pytest.mark.parametrize("neg, pos, expected", [
@@ -31,3 +31,14 @@ def test_novelty_separates_a_shifted_sample():
                         train=TrainConfig(epochs=3))
     near, far = novelty(head, x[500:]), novelty(head, x[500:] + 3)
     assert auroc(near, far) > 0.95
+
+
+def test_typicality_flags_inputs_denser_than_the_domain():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(600, 32)).astype(np.float32)  # typical −log p: 45 ± 4 nats
+    head = FlowHead.fit(x[:500], flow=FlowConfig(levels=1, depth=2),
+                        train=TrainConfig(epochs=3))
+    central = x[500:] * 0.1  # far more probable than the domain's own rows
+    assert auroc(novelty(head, x[500:]), novelty(head, central)) < 0.05
+    typical = typicality(head, x[500:], x[:500])
+    assert auroc(typical, typicality(head, central, x[:500])) > 0.95

@@ -8,7 +8,7 @@ import torch
 from bertflow import FlowHead, lee, load_encoder, mean_pair_cosine, sts
 from bertflow.cli import main
 
-from .conftest import data_dir
+from .conftest import REPO, data_dir
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +70,22 @@ def test_every_pooling_runs_on_the_real_encoder(sentences, encoder, pooling):
     x = encoder.encode(sentences[:64], pooling)
     assert x.shape == (64, 384) and np.isfinite(x).all()
     assert np.linalg.norm(x, axis=1).min() > 0
+
+
+def test_shipped_head_in_a_pipeline_and_an_index(tmp_path, sentences, encoder):
+    """The committed head on the real encoder: the sentence-transformers pipeline gives what
+    `head.encode` gives, and a flat index finds each sentence first."""
+    from bertflow.pipeline import build_pipeline, load_pipeline, save_pipeline
+    from bertflow.retrieval import Index
+
+    head = FlowHead.load(REPO / "checkpoints" / "minilm-first_last-wiki")
+    batch = sentences[:64]
+    expected = head.encode(batch, encoder)
+    model = save_pipeline(build_pipeline(head, encoder, normalize=True), tmp_path / "st")
+    got = load_pipeline(model).encode(batch)
+    np.testing.assert_allclose(
+        got, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-4)
+
+    index = Index.build(sentences, encoder, head=head)
+    hits = index.search(batch[:10], encoder, k=1)
+    assert [h[0][1] for h in hits] == batch[:10]

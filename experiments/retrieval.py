@@ -1,0 +1,182 @@
+"""What the head does to retrieval, to memory and as a density, on the default encoder.
+
+1. Retrieval: for STS-B test and SICK-R test, every pair with gold ≥ 4 gives two queries (each
+   sentence; its partner is the relevant item), searched with a flat FAISS index among all
+   sentences of that test set. Recall@1, recall@10 and MRR for raw pooling, BERT-whitening and
+   the flow (defaults, and the configuration `tune_flow.py` picked on STS-B dev), each fit on
+   the task's own sentences without scores, per pooling.
+2. Smaller vectors: the same search on STS-B with k dimensions kept, for the flow followed by
+   PCA (`Index(dims=k)`) against whitening-k and raw pooling followed by PCA.
+3. Density: a head fit on the STS-B train+dev sentences scores the unseen STS-B test sentences
+   (in domain) against as many Wikipedia-sample sentences (out of domain), by −log p(x) and by
+   typicality (distance from the training rows' median −log p), and a head fit on the rest of
+   the Wikipedia sample does the reverse: AUROC of each, and how −log p follows sentence length.
+
+Writes experiments/results/retrieval.{json,md}.
+
+    python experiments/retrieval.py [--data DIR] [--encoder DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, load_encoder, sts
+from bertflow.cache import EmbeddingCache
+from bertflow.density import auroc, novelty, typicality
+from bertflow.files import read_sentences, write_json
+from bertflow.methods import make_method
+from bertflow.retrieval import Index, relevant_pairs, retrieval_scores
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "experiments" / "results"
+DIMS = (16, 32, 64, 128, 256, 384)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--encoder", default=None, help="encoder folder (default: MiniLM)")
+    parser.add_argument("--generic", type=Path,
+                        default=REPO.parent / "shared" / "data" / "unlabeled" / "wiki-sample.txt")
+    parser.add_argument("--tuned", type=Path, default=RESULTS / "tune_flow.json")
+    parser.add_argument("--cache", type=Path, default=REPO / "experiments" / "cache")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    began = time.perf_counter()
+
+    encoder = load_encoder(args.encoder)
+    cache = EmbeddingCache(args.cache)
+    tuned = json.loads(args.tuned.read_text())["best"] if args.tuned.exists() else {}
+    tasks, missing = sts.load_tasks(args.data, ["STS-B", "SICK-R"])
+
+    def embed(sentences, pooling):
+        return np.asarray(cache.encode(sentences, encoder, pooling))
+
+    rows: list[dict] = []
+    for name, task in tasks.items():
+        items = task.sentences()
+        relevant = relevant_pairs(task.test[0])
+        for pooling in POOLINGS:
+            fit_x, x = embed(task.unlabeled, pooling), embed(items, pooling)
+            for label, method in _methods(pooling, tuned, encoder.dim):
+                z = method.fit(fit_x).transform(x)
+                scores = retrieval_scores(Index.from_embeddings(z, items), z, relevant)
+                rows.append({"part": "retrieval", "task": name, "pooling": pooling,
+                             "method": label, **scores.to_dict()})
+                print(json.dumps(rows[-1]), flush=True)
+
+    if "STS-B" in tasks:
+        task = tasks["STS-B"]
+        items, relevant = task.sentences(), relevant_pairs(task.test[0])
+        for pooling in ("cls", "first_last"):
+            fit_x, x = embed(task.unlabeled, pooling), embed(items, pooling)
+            flow = make_method("flow").fit(fit_x)
+            z = flow.transform(x)
+            for dims in DIMS:
+                for label, vectors, reduce in (
+                    ("flow + PCA", z, dims),
+                    (f"whitening-{dims}", make_method("whitening-k", k=dims).fit(fit_x)
+                     .transform(x), None),
+                    ("raw + PCA", x, dims),
+                ):
+                    index = Index.from_embeddings(vectors, items, dims=reduce)
+                    scores = retrieval_scores(index, vectors, relevant)
+                    rows.append({"part": "dims", "task": "STS-B", "pooling": pooling,
+                                 "method": label.split("-")[0], "dims": dims,
+                                 **scores.to_dict()})
+                    print(json.dumps(rows[-1]), flush=True)
+
+        train = list(dict.fromkeys(
+            s for split in ("train", "dev")
+            for s in sts.read_stsb(args.data / "STSBenchmark", split).sentences()))
+        seen = set(train)
+        in_domain = [s for s in items if s not in seen]
+        generic = read_sentences(args.generic)
+        held = set(np.random.default_rng(0).choice(len(generic), len(in_domain), False).tolist())
+        out_domain = [generic[i] for i in sorted(held)]
+        rest = [s for i, s in enumerate(generic) if i not in held]
+        words = np.array([len(s.split()) for s in in_domain + out_domain])
+        for pooling in POOLINGS:
+            sts_x, wiki_x = embed(in_domain, pooling), embed(out_domain, pooling)
+            fit_x = embed(train, pooling)
+            head = FlowHead.fit(fit_x)  # fit on STS-B train+dev: Wikipedia is out of domain
+            near, far = novelty(head, sts_x), novelty(head, wiki_x)
+            wiki_head = FlowHead.fit(embed(rest, pooling))  # and the other way round
+            rows.append({
+                "part": "density", "pooling": pooling,
+                "auroc_nll": auroc(near, far),
+                "auroc_typicality": auroc(typicality(head, sts_x, fit_x),
+                                          typicality(head, wiki_x, fit_x)),
+                "auroc_nll_reverse": auroc(novelty(wiki_head, wiki_x),
+                                           novelty(wiki_head, sts_x)),
+                "length_spearman": float(spearmanr(words, np.concatenate([near, far]))[0]),
+                "in_domain": len(near), "out_of_domain": len(far),
+                "median_nll_train": float(np.median(novelty(head, fit_x))),
+                "median_nll_in": float(np.median(near)),
+                "median_nll_out": float(np.median(far))})
+            print(json.dumps(rows[-1]), flush=True)
+
+    minutes = (time.perf_counter() - began) / 60
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "retrieval.json", {"rows": rows, "missing": missing})
+    (args.out / "retrieval.md").write_text(_markdown(rows, encoder.id.name, minutes, missing))
+    print(f"{len(rows)} rows in {minutes:.1f} min")
+
+
+def _methods(pooling: str, tuned: dict, dim: int):
+    yield "raw", make_method("raw")
+    yield "whitening", make_method("whitening")
+    yield "flow", make_method("flow")
+    if pooling in tuned:
+        yield "flow (tuned on dev)", make_method(
+            "flow", flow=FlowConfig.from_dict(tuned[pooling]["flow"]),
+            train=TrainConfig.from_dict(tuned[pooling]["train"]))
+
+
+def _markdown(rows: list[dict], encoder: str, minutes: float, missing: list[str]) -> str:
+    out = [f"# Retrieval, smaller vectors and density ({encoder})\n",
+           f"Made by `python experiments/retrieval.py` in {minutes:.0f} min. "
+           f"Absent from the data folder: {', '.join(missing) or 'none'}.\n",
+           "\n## Retrieval (flat index, cosine; methods fit on the task's sentences, no scores)\n",
+           "| task | pooling | method | recall@1 | recall@10 | MRR | queries | candidates |",
+           "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in (r for r in rows if r["part"] == "retrieval"):
+        out.append(f"| {r['task']} | {r['pooling']} | {r['method']} | {r['recall@1']:.3f} | "
+                   f"{r['recall@10']:.3f} | {r['mrr']:.3f} | {r['queries']} | "
+                   f"{r['candidates']} |")
+    dims = [r for r in rows if r["part"] == "dims"]
+    if dims:
+        out += ["\n## Recall@10 against kept dimensions k (STS-B test)\n",
+                "| pooling | method | " + " | ".join(f"k={k}" for k in DIMS) + " |",
+                "|---|---|" + "---:|" * len(DIMS)]
+        for key in dict.fromkeys((r["pooling"], r["method"]) for r in dims):
+            cells = {r["dims"]: r for r in dims if (r["pooling"], r["method"]) == key}
+            out.append(f"| {key[0]} | {key[1]} | "
+                       + " | ".join(f"{cells[k]['recall@10']:.3f}" for k in DIMS) + " |")
+    density = [r for r in rows if r["part"] == "density"]
+    if density:
+        out += ["\n## Out of domain by density\n",
+                "A: head fit on the STS-B train+dev sentences; in domain: the unseen STS-B test "
+                "sentences; out of domain: as many Wikipedia-sample sentences. B: the reverse "
+                "(head fit on the rest of the Wikipedia sample). ρ: Spearman between word count "
+                "and −log p under head A.\n",
+                "| pooling | A: AUROC of −log p | A: AUROC of typicality | B: AUROC of −log p | "
+                "ρ(words, −log p) | median −log p: train / STS-B test / Wikipedia |",
+                "|---|---:|---:|---:|---:|---|"]
+        for r in density:
+            out.append(f"| {r['pooling']} | {r['auroc_nll']:.3f} | {r['auroc_typicality']:.3f} | "
+                       f"{r['auroc_nll_reverse']:.3f} | {r['length_spearman']:.2f} | "
+                       f"{r['median_nll_train']:.1f} / {r['median_nll_in']:.1f} / "
+                       f"{r['median_nll_out']:.1f} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()
