@@ -539,8 +539,9 @@ def _export(args: argparse.Namespace) -> None:
 def _index(args: argparse.Namespace) -> None:
     from .files import read_sentences
     from .head import FlowHead
-    from .retrieval import Index
+    from .retrieval import Index, check_index_destination
 
+    check_index_destination(args.out)
     head = FlowHead.load(args.head) if args.head else None
     if head is not None and args.pooling not in (None, head.pooling):
         raise BertflowError(f"--pooling {args.pooling} differs from the head's {head.pooling}")

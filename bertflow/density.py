@@ -6,6 +6,7 @@ import numpy as np
 from scipy.stats import rankdata
 
 from .errors import BertflowError
+from .files import check_finite
 from .head import FlowHead
 
 __all__ = ["auroc", "novelty", "typicality"]
@@ -14,7 +15,9 @@ __all__ = ["auroc", "novelty", "typicality"]
 def novelty(head: FlowHead, x: np.ndarray) -> np.ndarray:
     """−log p(x) per row under the head's density (nats): higher is less like the corpus the
     head was fit on."""
-    return -np.asarray(head.log_prob(np.asarray(x)), dtype=np.float64)
+    scores = -np.asarray(head.log_prob(np.asarray(x)), dtype=np.float64)
+    check_finite(scores, "the log-densities (the head overflows on these embeddings)")
+    return scores
 
 
 def typicality(head: FlowHead, x: np.ndarray, reference: np.ndarray) -> np.ndarray:

@@ -64,7 +64,9 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
             "ONNX export needs onnx and onnxscript: pip install 'bertflow[export]'"
         ) from None
     path = _check_out(path, ".onnx")
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
@@ -75,6 +77,8 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
             )
     except ImportError as e:
         raise BertflowError(f"ONNX export needs onnxscript: {first_line(e)}") from None
+    finally:
+        logger.setLevel(level)
     with atomic_file(path) as tmp:
         program.save(str(tmp), external_data=False)
         model = onnx.load(str(tmp))

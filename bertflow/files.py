@@ -201,3 +201,19 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def check_replaceable(path: str | os.PathLike, config: str, fmt: str, what: str) -> Path:
+    """`path` if a folder of kind `what` may be written there: absent, empty, or already one
+    (its `config` JSON names format `fmt`). Anything else is left alone."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise BertflowError(f"{path} exists and is not a folder")
+    if path.is_dir() and any(path.iterdir()):
+        try:
+            ours = read_json(path / config).get("format") == fmt
+        except BertflowError:
+            ours = False
+        if not ours:
+            raise BertflowError(f"{path} is a non-empty folder but not {what}; not replacing it")
+    return path

@@ -16,7 +16,14 @@ from torch import Tensor, nn
 from . import __version__
 from .encoder import POOLINGS, Encoder, EncoderId, check_max_length, check_pooling, load_encoder
 from .errors import BertflowError, first_line
-from .files import atomic_directory, check_finite, read_json, sha256_file, write_json
+from .files import (
+    atomic_directory,
+    check_finite,
+    check_replaceable,
+    read_json,
+    sha256_file,
+    write_json,
+)
 from .flow import FlowConfig, Glow, Standardize, spread, standard_normal_log_prob
 from .train import SummaryWriter, TrainConfig, TrainState, fit
 
@@ -312,16 +319,4 @@ class FlowHead(nn.Module):
 
 def check_destination(path: str | os.PathLike) -> Path:
     """`path` if a head may be written there: absent, empty, or holding a flow head."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise BertflowError(f"{path} exists and is not a folder")
-    if path.is_dir() and any(path.iterdir()):
-        try:
-            is_head = read_json(path / _CONFIG).get("format") == FORMAT
-        except BertflowError:
-            is_head = False
-        if not is_head:
-            raise BertflowError(
-                f"{path} is a non-empty folder but not a flow head; not replacing it"
-            )
-    return path
+    return check_replaceable(path, _CONFIG, FORMAT, "a flow head")

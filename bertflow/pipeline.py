@@ -98,8 +98,7 @@ class EncoderModule(InputModule):
     @classmethod
     def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs: Any) -> EncoderModule:
         path = Path(model_name_or_path) / subfolder
-        config = cls.load_config(str(path))
-        return cls(path, **config)
+        return cls(path, **_required_config(cls, path))
 
 
 class PoolingModule(Module):
@@ -133,7 +132,7 @@ class PoolingModule(Module):
 
     @classmethod
     def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs: Any) -> PoolingModule:
-        return cls(**cls.load_config(str(Path(model_name_or_path) / subfolder)))
+        return cls(**_required_config(cls, Path(model_name_or_path) / subfolder))
 
 
 class HeadModule(Module):
@@ -160,6 +159,10 @@ class HeadModule(Module):
             encoder=encoder.encoder.id if encoder else None,
             pooling=pooling.pooling if pooling else None,
         )
+        wanted = self.head.max_length
+        if encoder is not None and wanted is not None and encoder.max_length != wanted:
+            raise BertflowError(f"the head was fit on embeddings of at most {wanted} tokens; "
+                                f"the pipeline's encoder truncates at {encoder.max_length}")
 
     def get_embedding_dimension(self) -> int:
         return self.head.dim
@@ -218,16 +221,39 @@ def load_pipeline(path: str | os.PathLike, device: str = "cpu") -> SentenceTrans
             from None
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise BertflowError(f"{path / 'modules.json'} is malformed ({first_line(e)})") from None
+    if not refs:
+        raise BertflowError(f"{path / 'modules.json'} lists no modules")
     ours = {f"{__name__}.{c.__name__}": c for c in (EncoderModule, PoolingModule, HeadModule)}
     modules = []
     for ref, subfolder in refs:
         if ".." in Path(subfolder).parts or Path(subfolder).is_absolute():
             raise BertflowError(f"{path / 'modules.json'} points outside the folder: {subfolder}")
-        if ref in ours:
-            modules.append(ours[ref].load(str(path), subfolder=subfolder))
-        elif ref.startswith("sentence_transformers."):
-            modules.append(import_module_class(ref).load(str(path), subfolder=subfolder))
-        else:
+        if ref not in ours and not ref.startswith("sentence_transformers."):
             raise BertflowError(f"{path} uses module class {ref}, which is neither bertflow's "
                                 "nor sentence-transformers'; load it with SentenceTransformer")
+        try:
+            module_class = ours.get(ref) or import_module_class(ref)
+            if not (isinstance(module_class, type) and issubclass(module_class, Module)):
+                raise TypeError(f"{ref} is not a sentence-transformers module")
+            modules.append(module_class.load(str(path), subfolder=subfolder))
+        except BertflowError:
+            raise
+        except Exception as e:  # whatever a module's loader raises, say which module failed
+            raise BertflowError(f"{path}: cannot load module {ref} from "
+                                f"'{subfolder or '.'}' ({type(e).__name__}: {first_line(e)})") \
+                from None
     return SentenceTransformer(modules=modules, device=device)
+
+
+def _required_config(module: type[Module], folder: Path) -> dict[str, Any]:
+    """A bertflow module's saved config, complete: no silent fall-back to defaults."""
+    file = folder / module.config_file_name
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BertflowError(f"{file} is missing") from None
+    except (OSError, ValueError) as e:
+        raise BertflowError(f"{file} is malformed ({first_line(e)})") from None
+    if not isinstance(config, dict) or set(config) != set(module.config_keys):
+        raise BertflowError(f"{file} must hold exactly {', '.join(module.config_keys)}")
+    return config

@@ -17,13 +17,34 @@ from typing import Any
 
 import numpy as np
 
-from .encoder import DEFAULT_POOLING, Encoder, EncoderId, check_pooling, load_encoder
+from .encoder import (
+    DEFAULT_POOLING,
+    Encoder,
+    EncoderId,
+    check_max_length,
+    check_pooling,
+    load_encoder,
+)
 from .errors import BertflowError, first_line
-from .files import atomic_directory, check_finite, read_json, write_json
+from .files import (
+    atomic_directory,
+    check_finite,
+    check_replaceable,
+    read_json,
+    sha256_file,
+    write_json,
+)
 from .head import FlowHead
 from .sts import Pairs
 
-__all__ = ["KINDS", "Index", "RetrievalScores", "relevant_pairs", "retrieval_scores"]
+__all__ = [
+    "KINDS",
+    "Index",
+    "RetrievalScores",
+    "check_index_destination",
+    "relevant_pairs",
+    "retrieval_scores",
+]
 
 KINDS = ("flat", "hnsw")
 FORMAT = "bertflow-index"
@@ -93,9 +114,11 @@ class Index:
         if head is not None:
             head.check(dim=x.shape[1], encoder=encoder, pooling=pooling)
             x = head.transform(x)
+            check_finite(x, "the transformed embeddings")
         dim = x.shape[1]
-        if dims is not None and not 1 <= dims <= dim:
-            raise BertflowError(f"dims must be between 1 and {dim}, got {dims}")
+        if dims is not None and not 1 <= dims <= min(dim, len(items)):
+            raise BertflowError(f"dims must be between 1 and {min(dim, len(items))} (the "
+                                f"dimension and the number of items), got {dims}")
         out = dims or dim
         inner = faiss.IndexFlatIP(out) if kind == "flat" else faiss.IndexHNSWFlat(
             out, hnsw_m, faiss.METRIC_INNER_PRODUCT)
@@ -103,8 +126,11 @@ class Index:
         if out < dim:
             index.prepend_transform(faiss.PCAMatrix(dim, out))
         z = np.ascontiguousarray(x, dtype=np.float32)
-        index.train(z)
-        index.add(z)
+        try:
+            index.train(z)
+            index.add(z)
+        except RuntimeError as e:
+            raise BertflowError(f"FAISS could not build the index ({first_line(e)})") from None
         config = {"format": FORMAT, "format_version": 1,
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
                   "max_length": max_length, "kind": kind, "dim": dim, "dims": out,
@@ -134,6 +160,7 @@ class Index:
             raise BertflowError(f"index expects {self.config['dim']}-d embeddings, got {x.shape}")
         check_finite(x, "the query embeddings")
         z = self.head.transform(x) if self.head is not None else x
+        check_finite(z, "the transformed query embeddings")
         return np.ascontiguousarray(z, dtype=np.float32)
 
     def search_embeddings(self, x: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
@@ -157,40 +184,71 @@ class Index:
                 for row_s, row_i in zip(scores, ids, strict=True)]
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the index folder atomically."""
+        """Write the index folder atomically; the config records the sha256 of each file."""
         faiss = _faiss()
-        path = Path(path)
-        if path.is_dir() and any(path.iterdir()) and not (path / _INDEX).is_file():
-            raise BertflowError(f"{path} is a non-empty folder but not an index; not replacing it")
+        path = check_index_destination(path)
         with atomic_directory(path) as tmp:
             faiss.write_index(self.faiss_index, str(tmp / _INDEX))
             write_json(tmp / _ITEMS, {"items": self.items})
-            write_json(tmp / _CONFIG, self.config)
             if self.head is not None:
                 (tmp / _HEAD).mkdir()
                 self.head.write(tmp / _HEAD)
+            files = {name: sha256_file(tmp / name) for name in (_INDEX, _ITEMS)}
+            write_json(tmp / _CONFIG, {**self.config, "sha256": files})
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Index:
+        """Rebuild an index folder, checking every file against the config and the head
+        against the encoder, pooling and dimension the index was built with."""
         faiss = _faiss()
         path = Path(path)
         if not (path / _INDEX).is_file():
             raise BertflowError(f"no index at {path} (no {_INDEX})")
         config = read_json(path / _CONFIG)
-        if config.get("format") != FORMAT:
-            raise BertflowError(f"{path / _CONFIG} is not a bertflow index config")
+        if config.get("format") != FORMAT or config.get("format_version") != 1:
+            raise BertflowError(f"{path / _CONFIG} is not a version-1 bertflow index config")
+        try:
+            dim, dims, count = (int(config[k]) for k in ("dim", "dims", "count"))
+            encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
+            check_pooling(config["pooling"])
+            check_max_length(config["max_length"])
+            has_head, checksums = bool(config["head"]), dict(config["sha256"])
+            if config["kind"] not in KINDS or not 1 <= dims <= dim or count < 1:
+                raise ValueError("bad kind, dims or count")
+        except (KeyError, TypeError, ValueError, BertflowError) as e:
+            raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
+        for name in (_INDEX, _ITEMS):
+            if not (path / name).is_file() or sha256_file(path / name) != checksums.get(name):
+                raise BertflowError(f"{path / name} does not match the checksum in its config: "
+                                    "missing, altered or truncated")
         items = read_json(path / _ITEMS).get("items")
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise BertflowError(f"{path / _ITEMS} does not hold a list of items")
         try:
             index = faiss.read_index(str(path / _INDEX))
         except RuntimeError as e:
             raise BertflowError(f"{path / _INDEX} is not a valid FAISS index ({first_line(e)})") \
                 from None
-        if not isinstance(items, list) or not len(items) == index.ntotal == config.get("count"):
-            raise BertflowError(f"{path} is inconsistent: {len(items)} items, "
-                                f"{index.ntotal} vectors, count {config.get('count')}")
-        head = FlowHead.load(path / _HEAD) if config.get("head") else None
+        if (not isinstance(index, faiss.IndexPreTransform) or index.d != dim
+                or index.metric_type != faiss.METRIC_INNER_PRODUCT
+                or not len(items) == index.ntotal == count):
+            raise BertflowError(f"{path} is inconsistent: {len(items)} items, {index.ntotal} "
+                                f"vectors of {index.d} dimensions; its config says {count} of "
+                                f"{dim}, inner product")
+        if has_head != (path / _HEAD).is_dir():
+            raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
+        head = None
+        if has_head:
+            head = FlowHead.load(path / _HEAD)
+            head.check(dim=dim, encoder=encoder, pooling=config["pooling"])
+        config.pop("sha256")  # belongs to the files on disk; `save` writes it afresh
         return cls(index, items, config, head)
+
+
+def check_index_destination(path: str | os.PathLike) -> Path:
+    """`path` if an index may be written there: absent, empty, or holding a bertflow index."""
+    return check_replaceable(path, _CONFIG, FORMAT, "an index")
 
 
 @dataclass(frozen=True)

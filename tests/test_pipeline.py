@@ -113,3 +113,34 @@ def test_cli_export_matches_bertflow_transform(tmp_path, capsys, heads, tiny_enc
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bertflow: error:")
     assert not (tmp_path / "st2").exists()
+
+
+def test_missing_configs_and_damaged_heads_are_refused(tmp_path, heads, tiny_encoder):
+    folder = save_pipeline(build_pipeline(heads["mean"], tiny_encoder), tmp_path / "st")
+    (folder / "bertflow_encoder.json").rename(tmp_path / "kept.json")
+    with pytest.raises(BertflowError, match="bertflow_encoder.json is missing"):
+        load_pipeline(folder)
+    (tmp_path / "kept.json").write_text(json.dumps({"name": "x", "max_length": 64}))
+    (tmp_path / "kept.json").rename(folder / "bertflow_encoder.json")
+    with pytest.raises(BertflowError, match="at most 32 tokens"):
+        load_pipeline(folder)
+    (folder / "bertflow_encoder.json").write_text(json.dumps({"name": "x", "max_length": 32}))
+    weights = folder / "2_HeadModule" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4])
+    with pytest.raises(BertflowError, match="altered or truncated"):
+        load_pipeline(folder)
+
+
+def test_a_failed_save_leaves_the_previous_pipeline(tmp_path, heads, tiny_encoder, monkeypatch):
+    from bertflow.pipeline import HeadModule
+
+    folder = save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "st")
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    def broken(self, output_path, *args, **kwargs):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(HeadModule, "save", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        save_pipeline(build_pipeline(heads["cls"], tiny_encoder), folder)
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["st"]
+    assert load_pipeline(folder) is not None

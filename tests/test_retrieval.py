@@ -36,8 +36,12 @@ def test_flat_index_is_exact_cosine_after_the_head(head, tiny_encoder, items):
     queries = items[:5] + ["a dog and a cat"]
     scores, ids = index.search_embeddings(tiny_encoder.encode(queries, "mean"), k=7)
     q = unit(head.transform(tiny_encoder.encode(queries, "mean")))
-    expected = np.argsort(-(q @ z.T), axis=1, kind="stable")[:, :7]
-    np.testing.assert_allclose(scores, np.take_along_axis(q @ z.T, expected, 1), atol=1e-5)
+    cosines = q @ z.T
+    expected = np.argsort(-cosines, axis=1, kind="stable")[:, :7]
+    np.testing.assert_allclose(scores, np.take_along_axis(cosines, expected, 1), atol=1e-5)
+    # the same ranking, up to ties within float error
+    np.testing.assert_allclose(np.take_along_axis(cosines, ids, 1),
+                               np.take_along_axis(cosines, expected, 1), atol=1e-5)
     assert (ids[:5, 0] == np.arange(5)).all()  # each item finds itself first
     hits = index.search(["a man plays the guitar"], tiny_encoder, k=3)[0]
     assert hits[0] == (pytest.approx(1, abs=1e-5), "a man plays the guitar")
@@ -83,14 +87,21 @@ def test_refusals(tmp_path, head, tiny_encoder, items, other_encoder_dir, wide_e
         index.search_embeddings(np.zeros((2, 24), np.float32))
     with pytest.raises(BertflowError, match="NaN values"):
         index.search_embeddings(np.full((1, 16), np.nan, np.float32))
-    index.save(tmp_path / "idx")
-    (tmp_path / "idx" / "index.faiss").write_bytes(b"garbage")
-    with pytest.raises(BertflowError, match="not a valid FAISS index"):
-        Index.load(tmp_path / "idx")
-    index.save(tmp_path / "idx")
-    (tmp_path / "idx" / "items.json").write_text(json.dumps({"items": items[:-1]}))
+    from bertflow.files import sha256_file
+
+    folder = index.save(tmp_path / "idx")
+    (folder / "items.json").write_text(json.dumps({"items": items[:-1]}))
+    with pytest.raises(BertflowError, match="items.json does not match the checksum"):
+        Index.load(folder)
+    sums = json.loads((folder / "config.json").read_text())["sha256"]
+    edit_config(folder, sha256={**sums, "items.json": sha256_file(folder / "items.json")})
     with pytest.raises(BertflowError, match="inconsistent"):
-        Index.load(tmp_path / "idx")
+        Index.load(folder)
+    (folder / "index.faiss").write_bytes(b"garbage")
+    edit_config(folder, sha256={"index.faiss": sha256_file(folder / "index.faiss"),
+                                "items.json": sha256_file(folder / "items.json")})
+    with pytest.raises(BertflowError, match="not a valid FAISS index"):
+        Index.load(folder)
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("keep")
     with pytest.raises(BertflowError, match="not an index"):
@@ -137,3 +148,70 @@ def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, ite
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "i2").exists()
+
+
+@pytest.fixture
+def saved(tmp_path, head, tiny_encoder, items):
+    return Index.build(items, tiny_encoder, head=head).save(tmp_path / "idx")
+
+
+def edit_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+def test_a_tampered_index_is_refused(saved, tiny_encoder, items):
+    import faiss
+
+    config = json.loads((saved / "config.json").read_text())
+    edit_config(saved, pooling="cls")  # the head was fit on mean pooling
+    with pytest.raises(BertflowError, match="cls"):
+        Index.load(saved)
+    edit_config(saved, pooling="mean", head=False)
+    with pytest.raises(BertflowError, match="disagree on a head"):
+        Index.load(saved)
+    edit_config(saved, head=True, max_length=None)
+    with pytest.raises(BertflowError, match="malformed"):
+        Index.load(saved)
+    (saved / "config.json").write_text(json.dumps(config))
+    data = bytearray((saved / "index.faiss").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (saved / "index.faiss").write_bytes(bytes(data))
+    with pytest.raises(BertflowError, match="altered or truncated"):
+        Index.load(saved)
+    # a well-formed FAISS file of the wrong kind, its checksum made to match
+    l2 = faiss.IndexFlatL2(16)
+    l2.add(np.zeros((len(items), 16), np.float32))
+    faiss.write_index(l2, str(saved / "index.faiss"))
+    from bertflow.files import sha256_file
+    edit_config(saved, sha256={**config["sha256"], "index.faiss": sha256_file(
+        saved / "index.faiss")})
+    with pytest.raises(BertflowError, match="inconsistent"):
+        Index.load(saved)
+
+
+def test_save_keeps_foreign_folders_and_the_previous_index_on_failure(
+        tmp_path, saved, head, tiny_encoder, items, monkeypatch):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "index.faiss").write_text("not ours")
+    (folder / "notes.txt").write_text("keep")
+    index = Index.build(items[:20], tiny_encoder, head=head)
+    with pytest.raises(BertflowError, match="not an index"):
+        index.save(folder)
+    assert (folder / "notes.txt").read_text() == "keep"
+
+    before = {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()}
+    def broken(self, folder):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(type(head), "write", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        index.save(saved)
+    assert {p.name: p.read_bytes() for p in saved.iterdir() if p.is_file()} == before
+    assert [p.name for p in saved.parent.iterdir() if p.name.startswith(".idx")] == []
+    assert Index.load(saved).config["count"] == len(items)
+
+
+def test_more_dims_than_items_is_refused(tiny_encoder, items):
+    with pytest.raises(BertflowError, match="number of items"):
+        Index.build(items[:5], tiny_encoder, dims=8)
