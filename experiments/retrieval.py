@@ -1,10 +1,10 @@
 """What the head does to retrieval, to memory and as a density, on the default encoder.
 
-1. Retrieval: for STS-B test and SICK-R test, every pair with gold ≥ 4 gives two queries (each
-   sentence; its partner is the relevant item), searched with a flat FAISS index among all
-   sentences of that test set. Recall@1, recall@10 and MRR for raw pooling, BERT-whitening and
-   the flow (defaults, and the configuration `tune_flow.py` picked on STS-B dev), each fit on
-   the task's own sentences without scores, per pooling.
+1. Retrieval: for STS-B test and SICK-R test, every sentence of a pair with gold ≥ 4 is a
+   query and its partners in such pairs are the relevant items, searched with a flat FAISS
+   index among all sentences of that test set. Recall@1, recall@10 and MRR for raw pooling,
+   BERT-whitening and the flow (defaults, and the configuration `tune_flow.py` picked on STS-B
+   dev), each fit on the task's own sentences without scores, per pooling.
 2. Smaller vectors: the same search on STS-B with k dimensions kept, for the flow followed by
    PCA (`Index(dims=k)`) against whitening-k and raw pooling followed by PCA.
 3. Density: a head fit on the STS-B train+dev sentences scores the unseen STS-B test sentences
