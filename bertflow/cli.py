@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exact inner product (default) or an HNSW graph")
     p.add_argument("--dims", type=int, default=None,
                    help="keep this many principal components (smaller index)")
-    p.set_defaults(run=_index)
+    p.set_defaults(run=_index, max_length=None)  # default: the head's, else 128
 
     p = commands.add_parser("search", help="query an index built by `bertflow index`")
     p.add_argument("--index", type=Path, required=True)
@@ -545,9 +545,13 @@ def _index(args: argparse.Namespace) -> None:
     head = FlowHead.load(args.head) if args.head else None
     if head is not None and args.pooling not in (None, head.pooling):
         raise BertflowError(f"--pooling {args.pooling} differs from the head's {head.pooling}")
+    wanted = head.max_length if head is not None else None
+    if args.max_length is not None and wanted is not None and args.max_length != wanted:
+        raise BertflowError(f"--max-length {args.max_length} differs from the head's {wanted}")
     items = read_sentences(args.corpus)
     index = Index.build(items, args.encoder, head=head, pooling=args.pooling,
-                        max_length=args.max_length, batch_size=args.encode_batch_size,
+                        max_length=args.max_length or wanted or 128,
+                        batch_size=args.encode_batch_size,
                         kind=args.kind, dims=args.dims)
     index.save(args.out)
     c = index.config

@@ -143,6 +143,8 @@ def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, ite
         (["search", "--index", str(tmp_path / "idx"), "--query", " "], "empty query"),
         (["index", str(corpus), "--out", str(tmp_path / "i2"), "--head", str(tmp_path / "head"),
           "--pooling", "cls", "--encoder", str(tiny_encoder_dir)], "differs from the head's"),
+        (["index", str(corpus), "--out", str(tmp_path / "i2"), "--head", str(tmp_path / "head"),
+          "--max-length", "64", "--encoder", str(tiny_encoder_dir)], "--max-length 64 differs"),
     ):
         assert main(args) == 1
         err = capsys.readouterr().err.strip().splitlines()
