@@ -83,7 +83,7 @@ def check_max_length(max_length: Any) -> int:
 
 def pool(
     hidden_states: Sequence[torch.Tensor] | None,
-    word_embeddings: torch.Tensor,
+    word_embeddings: torch.Tensor | None,
     attention_mask: torch.Tensor,
     special_tokens_mask: torch.Tensor,
     pooling: str,
@@ -103,6 +103,8 @@ def pool(
     check_pooling(pooling)
     mask = attention_mask.bool()
     if pooling == "static":
+        if word_embeddings is None:
+            raise ValueError("pooling 'static' needs the input word embeddings")
         tokens = word_embeddings
         mask = mask & ~special_tokens_mask.bool()
     else:
@@ -180,7 +182,7 @@ class Encoder:
                 return_tensors="pt",
             )
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            hidden, words = self.states(batch, contextual)
+            hidden, words = self.states(batch, contextual, static="static" in poolings)
             for p in poolings:
                 vectors = pool(
                     hidden, words, batch["attention_mask"], batch["special_tokens_mask"], p
@@ -204,15 +206,17 @@ class Encoder:
         )
 
     def states(
-        self, batch: dict[str, torch.Tensor], contextual: bool = True
-    ) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor]:
-        """What `pool` reads from one padded batch: every layer's hidden states (None when
-        `contextual` is False) and the input word embeddings."""
-        hidden = None
+        self, batch: dict[str, torch.Tensor], contextual: bool = True, static: bool = True
+    ) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]:
+        """What `pool` reads from one padded batch: every layer's hidden states (when
+        `contextual`) and the input word embeddings (when `static`); None for the other."""
+        hidden = words = None
         if contextual:
             inputs = {k: batch[k] for k in _MODEL_INPUTS if k in batch}
             hidden = self.model(**inputs, output_hidden_states=True).hidden_states
-        return hidden, self.model.get_input_embeddings()(batch["input_ids"])
+        if static:
+            words = self.model.get_input_embeddings()(batch["input_ids"])
+        return hidden, words
 
 
 def load_encoder(

@@ -21,9 +21,17 @@ from typing import Any
 
 from torch import Tensor
 
-from .encoder import DEFAULT_POOLING, Encoder, check_max_length, check_pooling, load_encoder, pool
+from .encoder import (
+    DEFAULT_POOLING,
+    Encoder,
+    EncoderId,
+    check_max_length,
+    check_pooling,
+    load_encoder,
+    pool,
+)
 from .errors import BertflowError, first_line
-from .files import atomic_directory
+from .files import atomic_directory, read_json
 from .head import FlowHead
 
 try:
@@ -54,12 +62,16 @@ class EncoderModule(InputModule):
         if not isinstance(encoder, Encoder):
             encoder = load_encoder(encoder)
             if name is not None:
-                encoder.id = type(encoder.id)(name, encoder.id.fingerprint)
+                encoder.id = EncoderId(name, encoder.id.fingerprint)
         self.encoder = encoder
         self.model = encoder.model  # registered, so .to(device) moves it
         self.tokenizer = encoder.tokenizer
-        self.name = encoder.id.name
         self.max_length = check_max_length(max_length)
+        self.pooling: str | None = None  # set by the PoolingModule: what `forward` must compute
+
+    @property
+    def name(self) -> str:
+        return self.encoder.id.name
 
     @property
     def max_seq_length(self) -> int:
@@ -78,8 +90,8 @@ class EncoderModule(InputModule):
                                           return_tensors="pt"))
 
     def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        contextual = getattr(self, "_contextual", True)
-        hidden, words = self.encoder.states(features, contextual)
+        hidden, words = self.encoder.states(features, contextual=self.pooling != "static",
+                                            static=self.pooling in (None, "static"))
         if hidden is not None:
             features["all_layer_embeddings"] = hidden
             features["token_embeddings"] = hidden[-1]
@@ -115,7 +127,7 @@ class PoolingModule(Module):
     def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         features["sentence_embedding"] = pool(
             features.get("all_layer_embeddings"),
-            features["word_embeddings"],
+            features.get("word_embeddings"),
             features["attention_mask"],
             features["special_tokens_mask"],
             self.pooling,
@@ -123,9 +135,9 @@ class PoolingModule(Module):
         return features
 
     def on_model_ready(self, model: Any) -> None:
-        # the static pooling needs no forward pass through the Transformer layers
+        # the encoder then computes only what this pooling reads
         if isinstance(model[0], EncoderModule):
-            model[0]._contextual = self.pooling != "static"
+            model[0].pooling = self.pooling
 
     def save(self, output_path: str, *args: Any, **kwargs: Any) -> None:
         self.save_config(output_path)
@@ -189,12 +201,11 @@ def build_pipeline(
         raise BertflowError("this head does not record its pooling; cannot build a pipeline")
     if not isinstance(encoder, Encoder):
         encoder = load_encoder(encoder)
-    head.check(dim=encoder.dim, encoder=encoder.id, pooling=head.pooling)
     modules = [EncoderModule(encoder, head.max_length or 128), PoolingModule(head.pooling),
                HeadModule(head)]
     if normalize:
         modules.append(Normalize())
-    return SentenceTransformer(modules=modules, device="cpu")
+    return SentenceTransformer(modules=modules, device="cpu")  # HeadModule checks the head
 
 
 def save_pipeline(model: SentenceTransformer, path: str | os.PathLike) -> Path:
@@ -248,12 +259,7 @@ def load_pipeline(path: str | os.PathLike, device: str = "cpu") -> SentenceTrans
 def _required_config(module: type[Module], folder: Path) -> dict[str, Any]:
     """A bertflow module's saved config, complete: no silent fall-back to defaults."""
     file = folder / module.config_file_name
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BertflowError(f"{file} is missing") from None
-    except (OSError, ValueError) as e:
-        raise BertflowError(f"{file} is malformed ({first_line(e)})") from None
-    if not isinstance(config, dict) or set(config) != set(module.config_keys):
+    config = read_json(file)
+    if set(config) != set(module.config_keys):
         raise BertflowError(f"{file} must hold exactly {', '.join(module.config_keys)}")
     return config

@@ -118,7 +118,7 @@ def test_cli_export_matches_bertflow_transform(tmp_path, capsys, heads, tiny_enc
 def test_missing_configs_and_damaged_heads_are_refused(tmp_path, heads, tiny_encoder):
     folder = save_pipeline(build_pipeline(heads["mean"], tiny_encoder), tmp_path / "st")
     (folder / "bertflow_encoder.json").rename(tmp_path / "kept.json")
-    with pytest.raises(BertflowError, match="bertflow_encoder.json is missing"):
+    with pytest.raises(BertflowError, match="no such file: .*bertflow_encoder.json"):
         load_pipeline(folder)
     (tmp_path / "kept.json").write_text(json.dumps({"name": "x", "max_length": 64}))
     (tmp_path / "kept.json").rename(folder / "bertflow_encoder.json")
