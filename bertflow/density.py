@@ -20,13 +20,12 @@ def novelty(head: FlowHead, x: np.ndarray) -> np.ndarray:
     return scores
 
 
-def typicality(head: FlowHead, x: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """|−log p(x) − the median −log p of `reference` rows| (nats): how far each row lies from the
-    typical set of the head's domain, in either direction. Flows can give inputs from another
-    domain a higher density than their own (simpler, more central inputs); this score flags
-    them as well as the improbable ones. `reference`: in-domain embeddings, such as the
-    head's training rows."""
-    return np.abs(novelty(head, x) - np.median(novelty(head, reference)))
+def typicality(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """|novelty − the median novelty of in-domain `reference` rows| (nats), from `novelty`
+    scores: how far each row lies from the typical set of the head's domain, in either
+    direction. Flows can give inputs from another domain a higher density than their own
+    (simpler, more central inputs); this score flags them as well as the improbable ones."""
+    return np.abs(np.asarray(scores) - np.median(reference))
 
 
 def auroc(negative: np.ndarray, positive: np.ndarray) -> float:

@@ -36,9 +36,11 @@ class _Transform(nn.Module):
 
 
 def _program(head: FlowHead) -> torch.export.ExportedProgram:
+    """The head's forward as a graph with a dynamic batch dimension; both formats start here."""
     example = torch.zeros(2, head.dim)
     batch = torch.export.Dim("batch", min=1)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         return torch.export.export(_Transform(head).eval(), (example,),
                                    dynamic_shapes=({0: batch},))
 
@@ -46,9 +48,7 @@ def _program(head: FlowHead) -> torch.export.ExportedProgram:
 def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
     """Write the head as a `torch.export` program: `torch.export.load(path).module()(x)`."""
     path = _check_out(path, ".pt2")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        program = _program(head)
+    program = _program(head)
     with atomic_file(path, suffix=".tmp.pt2") as tmp:
         torch.export.save(program, str(tmp))
     return path
@@ -71,9 +71,8 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             program = torch.onnx.export(
-                _Transform(head).eval(), (torch.zeros(2, head.dim),), dynamo=True, verbose=False,
-                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=opset,
-                dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
+                _program(head), dynamo=True, verbose=False, input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME], opset_version=opset,
             )
     except ImportError as e:
         raise BertflowError(f"ONNX export needs onnxscript: {first_line(e)}") from None

@@ -59,11 +59,6 @@ def _faiss() -> Any:
     return faiss
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 class Index:
     """Sentences and their vectors (encoder → pooling → head → optional PCA → unit length) in
     a FAISS inner-product index: exact (`flat`) or approximate (`hnsw`)."""
@@ -107,14 +102,13 @@ class Index:
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
             raise BertflowError(f"need one embedding row per item: {x.shape} for {len(items)}")
-        check_finite(x, "the embeddings")
         if kind not in KINDS:
             raise BertflowError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
         check_pooling(pooling)
         if head is not None:
             head.check(dim=x.shape[1], encoder=encoder, pooling=pooling)
-            x = head.transform(x)
-            check_finite(x, "the transformed embeddings")
+            x = head.transform(x)  # checks its input
+        check_finite(x, "the embeddings to index")
         dim = x.shape[1]
         if dims is not None and not 1 <= dims <= min(dim, len(items)):
             raise BertflowError(f"dims must be between 1 and {min(dim, len(items))} (the "
@@ -158,9 +152,8 @@ class Index:
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[1] != self.config["dim"]:
             raise BertflowError(f"index expects {self.config['dim']}-d embeddings, got {x.shape}")
-        check_finite(x, "the query embeddings")
-        z = self.head.transform(x) if self.head is not None else x
-        check_finite(z, "the transformed query embeddings")
+        z = self.head.transform(x) if self.head is not None else x  # checks its input
+        check_finite(z, "the query embeddings")
         return np.ascontiguousarray(z, dtype=np.float32)
 
     def search_embeddings(self, x: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:

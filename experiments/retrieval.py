@@ -107,18 +107,17 @@ def main() -> None:
             sts_x, wiki_x = embed(in_domain, pooling), embed(out_domain, pooling)
             fit_x = embed(train, pooling)
             head = FlowHead.fit(fit_x)  # fit on STS-B train+dev: Wikipedia is out of domain
-            near, far = novelty(head, sts_x), novelty(head, wiki_x)
+            near, far, seen_nll = (novelty(head, v) for v in (sts_x, wiki_x, fit_x))
             wiki_head = FlowHead.fit(embed(rest, pooling))  # and the other way round
             rows.append({
                 "part": "density", "pooling": pooling,
                 "auroc_nll": auroc(near, far),
-                "auroc_typicality": auroc(typicality(head, sts_x, fit_x),
-                                          typicality(head, wiki_x, fit_x)),
+                "auroc_typicality": auroc(typicality(near, seen_nll), typicality(far, seen_nll)),
                 "auroc_nll_reverse": auroc(novelty(wiki_head, wiki_x),
                                            novelty(wiki_head, sts_x)),
                 "length_spearman": float(spearmanr(words, np.concatenate([near, far]))[0]),
                 "in_domain": len(near), "out_of_domain": len(far),
-                "median_nll_train": float(np.median(novelty(head, fit_x))),
+                "median_nll_train": float(np.median(seen_nll)),
                 "median_nll_in": float(np.median(near)),
                 "median_nll_out": float(np.median(far))})
             print(json.dumps(rows[-1]), flush=True)

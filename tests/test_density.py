@@ -40,5 +40,6 @@ def test_typicality_flags_inputs_denser_than_the_domain():
                         train=TrainConfig(epochs=3))
     central = x[500:] * 0.1  # far more probable than the domain's own rows
     assert auroc(novelty(head, x[500:]), novelty(head, central)) < 0.05
-    typical = typicality(head, x[500:], x[:500])
-    assert auroc(typical, typicality(head, central, x[:500])) > 0.95
+    reference = novelty(head, x[:500])
+    typical = typicality(novelty(head, x[500:]), reference)
+    assert auroc(typical, typicality(novelty(head, central), reference)) > 0.95
