@@ -145,6 +145,12 @@ class Standardize(Transform):
         self.register_buffer("mean", mean.detach().clone().float())
         self.register_buffer("std", std.detach().clone().float())
 
+    @classmethod
+    def from_data(cls, x: Tensor) -> Standardize:
+        """Statistics of `x` (rows, features): the mean, and `spread` as the scale, so that a
+        dead (constant) feature is centred but not blown up."""
+        return cls(x.mean(0), spread(x))
+
     def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         log_det = -self.std.log().sum().expand(inputs.shape[0])
         return (inputs - self.mean) / self.std, log_det

@@ -24,7 +24,7 @@ from .files import (
     sha256_file,
     write_json,
 )
-from .flow import FlowConfig, Glow, Standardize, spread, standard_normal_log_prob
+from .flow import FlowConfig, Glow, Standardize, standard_normal_log_prob
 from .train import SummaryWriter, TrainConfig, TrainState, fit
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination"]
@@ -188,7 +188,7 @@ class FlowHead(nn.Module):
             glow = Glow(data.shape[1], flow)
         scaler = None
         if standardize:
-            scaler = Standardize(data.mean(0), spread(data))
+            scaler = Standardize.from_data(data)
         if corpus is None:
             corpus = {"embeddings_sha256": hashlib.sha256(data.numpy().tobytes()).hexdigest()}
         head = cls(glow, scaler, encoder=encoder, pooling=pooling, max_length=max_length)

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+import torch
 
 from .errors import BertflowError
-from .flow import FlowConfig, spread
+from .flow import FlowConfig, Standardize
 from .head import FlowHead
 from .train import TrainConfig
 
@@ -57,22 +58,21 @@ class Raw:
 
 @dataclass
 class Standardization:
-    r"""$\tilde x = (x - \mu) / \sigma$ per feature (dead features only centred)."""
+    r"""$\tilde x = (x - \mu) / \sigma$ per feature (dead features only centred): the head's
+    own `Standardize`, without the flow."""
 
     name: str = "standardize"
-    mean: np.ndarray | None = None
-    std: np.ndarray | None = None
+    scaler: Standardize | None = None
 
     def fit(self, x: np.ndarray) -> Standardization:
-        import torch
-
-        x = np.asarray(x, dtype=np.float64)
-        self.mean = x.mean(0)
-        self.std = spread(torch.from_numpy(x)).numpy()
+        self.scaler = Standardize.from_data(torch.from_numpy(np.asarray(x, dtype=np.float64)))
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
-        return ((np.asarray(x, dtype=np.float64) - self.mean) / self.std).astype(np.float32)
+        if self.scaler is None:
+            raise BertflowError("fit the standardisation before transforming")
+        with torch.no_grad():
+            return self.scaler(torch.from_numpy(np.asarray(x, dtype=np.float32)))[0].numpy()
 
     def describe(self) -> dict[str, Any]:
         return {}
