@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .encoder import Encoder, EncoderId, check_max_length, check_pooling
+from .encoder import DEFAULT_BATCH_SIZE, Encoder, EncoderId, check_max_length, check_pooling
 from .errors import BertflowError
 from .files import load_embeddings, meta_path, read_json, save_embeddings
 
@@ -115,7 +115,7 @@ class EmbeddingCache:
         encoder: Encoder,
         pooling: str | Sequence[str],
         max_length: int = 128,
-        batch_size: int = 64,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         progress: bool | None = None,
     ) -> np.ndarray | dict[str, np.ndarray]:
         """Like `Encoder.encode`, reading what is cached and encoding only what is missing."""

@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .encoder import DEFAULT_POOLING, POOLINGS
+from .encoder import DEFAULT_BATCH_SIZE, DEFAULT_POOLING, POOLINGS
 from .errors import BertflowError, first_line
 from .methods import METHODS
 from .sts import TASKS
@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--embeddings", type=Path, help=".npy of embeddings")
     p.add_argument("--out", type=Path, required=True, help="OUT.npy")
     p.add_argument("--encoder", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
-    p.add_argument("--batch-size", dest="encode_batch_size", type=int, default=64)
+    p.add_argument("--batch-size", dest="encode_batch_size", type=int,
+                   default=DEFAULT_BATCH_SIZE)
     p.set_defaults(run=_transform)
 
     p = commands.add_parser("eval", help="score the STS tasks of a data folder")
@@ -157,7 +158,8 @@ def _encoder_options(
         help=f"default: {pooling_default or 'from the embeddings, else ' + DEFAULT_POOLING}",
     )
     p.add_argument("--max-length", type=int, default=128)
-    p.add_argument(batch_flag, dest="encode_batch_size", type=int, default=64,
+    p.add_argument(batch_flag, dest="encode_batch_size", type=int,
+                   default=DEFAULT_BATCH_SIZE,
                    help="sentences per encoder batch")
 
 

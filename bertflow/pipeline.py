@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .encoder import (
     DEFAULT_POOLING,
+    POOLINGS,
     Encoder,
     EncoderId,
     check_max_length,
@@ -65,6 +66,7 @@ class EncoderModule(InputModule):
                 encoder.id = EncoderId(name, encoder.id.fingerprint)
         self.encoder = encoder
         self.model = encoder.model  # registered, so .to(device) moves it
+        self.fused = encoder.fused  # the same, for the fused forward's own weights
         self.tokenizer = encoder.tokenizer
         self.max_length = check_max_length(max_length)
         self.pooling: str | None = None  # set by the PoolingModule: what `forward` must compute
@@ -90,8 +92,7 @@ class EncoderModule(InputModule):
                                           return_tensors="pt"))
 
     def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        hidden, words = self.encoder.states(features, contextual=self.pooling != "static",
-                                            static=self.pooling in (None, "static"))
+        hidden, words = self.encoder.states(features, [self.pooling] if self.pooling else POOLINGS)
         if hidden is not None:
             features["all_layer_embeddings"] = hidden
             features["token_embeddings"] = hidden[-1]

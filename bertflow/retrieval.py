@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .encoder import (
+    DEFAULT_BATCH_SIZE,
     DEFAULT_POOLING,
     Encoder,
     EncoderId,
@@ -134,7 +135,7 @@ class Index:
     @classmethod
     def build(cls, sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
               *, head: FlowHead | None = None, pooling: str | None = None, max_length: int = 128,
-              batch_size: int = 64, **options: Any) -> Index:
+              batch_size: int = DEFAULT_BATCH_SIZE, **options: Any) -> Index:
         """Embed `sentences` with `encoder` and the head's pooling (or `pooling`), then index."""
         if not isinstance(encoder, Encoder):
             encoder = load_encoder(encoder)
@@ -163,7 +164,7 @@ class Index:
         return self.faiss_index.search(self.vectors(x), min(k, len(self.items)))
 
     def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
-               k: int = 10, batch_size: int = 64) -> list[list[tuple[float, str]]]:
+               k: int = 10, batch_size: int = DEFAULT_BATCH_SIZE) -> list[list[tuple[float, str]]]:
         """For each query, the `k` nearest items as (cosine, sentence), best first. `encoder`
         must be the one the index was built with (checked by weight fingerprint)."""
         if not isinstance(encoder, Encoder):

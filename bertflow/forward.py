@@ -1,0 +1,125 @@
+"""The encoder's forward pass for BERT-architecture models, fused and in mixed precision."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["FusedBert", "supports_fused"]
+
+
+def supports_fused(model: nn.Module) -> bool:
+    """Whether `model` is a BERT-architecture encoder that `FusedBert` computes exactly: post-LN
+    layers with separate query/key/value projections and absolute position embeddings."""
+    config = getattr(model, "config", None)
+    layers = getattr(getattr(model, "encoder", None), "layer", None)
+    if config is None or layers is None or not hasattr(model, "embeddings"):
+        return False
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        return False
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        return False
+    if not isinstance(getattr(config, "hidden_act", None), str):
+        return False
+    needed = ("attention.self.query", "attention.self.key", "attention.self.value",
+              "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
+              "output.dense", "output.LayerNorm")
+    return all(_has(layer, path) for layer in layers for path in needed)
+
+
+class FusedBert(nn.Module):
+    r"""The forward pass of a Hugging Face BERT-style encoder (BERT, RoBERTa, ...), computed with
+    one query-key-value projection per layer and PyTorch's fused attention.
+
+    Each layer is $h \leftarrow \mathrm{LN}(h + W_o\,\mathrm{Attn}(W_{qkv} h))$ followed by
+    $h \leftarrow \mathrm{LN}(h + W_2\,\mathrm{act}(W_1 h))$. In `dtype` bfloat16 or float16 the
+    four projections run in that precision, while the residual stream, the LayerNorms, the
+    embeddings and (on the CPU) the attention stay in float32: lower precision where the FLOPs
+    are, float32 where rounding would accumulate. In float32 it computes what the model's own
+    forward computes. The model's weights are copied, not changed.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        if not supports_fused(model):
+            raise ValueError(f"{type(model).__name__} is not a BERT-architecture encoder")
+        from transformers.activations import ACT2FN
+
+        config = model.config
+        self.embeddings = model.embeddings
+        activation = ACT2FN[config.hidden_act]
+        self.dtype = dtype
+        self.layers = nn.ModuleList(
+            _FusedLayer(layer, int(config.num_attention_heads), activation, dtype)
+            for layer in model.encoder.layer
+        )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor | None = None,
+        keep: Collection[int] | None = None,
+    ) -> tuple[Tensor | None, ...]:
+        """Hidden states $h^{(0)} \\ldots h^{(L)}$ in float32, like the model's
+        `hidden_states`; only the layers in `keep` (default: all) are kept, the others are None."""
+        h = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids).float()
+        keep = range(self.num_layers + 1) if keep is None else {k % (self.num_layers + 1)
+                                                                for k in keep}
+        mask = attention_mask.bool()[:, None, None, :]
+        states: list[Tensor | None] = [h if 0 in keep else None]
+        for index, layer in enumerate(self.layers, start=1):
+            h = layer(h, mask)
+            states.append(h if index in keep else None)
+        return tuple(states)
+
+
+class _FusedLayer(nn.Module):
+    def __init__(self, layer: nn.Module, heads: int, activation: Any, dtype: torch.dtype):
+        super().__init__()
+        self.heads, self.activation, self.dtype = heads, activation, dtype
+        attention = layer.attention
+        q, k, v = attention.self.query, attention.self.key, attention.self.value
+        self.qkv = _linear(torch.cat([q.weight, k.weight, v.weight]),
+                           torch.cat([q.bias, k.bias, v.bias]), dtype)
+        self.out = _linear(attention.output.dense.weight, attention.output.dense.bias, dtype)
+        self.norm1 = attention.output.LayerNorm
+        self.up = _linear(layer.intermediate.dense.weight, layer.intermediate.dense.bias, dtype)
+        self.down = _linear(layer.output.dense.weight, layer.output.dense.bias, dtype)
+        self.norm2 = layer.output.LayerNorm
+
+    def forward(self, h: Tensor, mask: Tensor) -> Tensor:
+        batch, length, dim = h.shape
+        qkv = self.qkv(h.to(self.dtype)).view(batch, length, 3, self.heads, dim // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        if h.device.type == "cpu":
+            q, k, v = q.float(), k.float(), v.float()
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        a = a.transpose(1, 2).reshape(batch, length, dim).to(self.dtype)
+        h = self.norm1(h + self.out(a).float())
+        y = self.down(self.activation(self.up(h.to(self.dtype))))
+        return self.norm2(h + y.float())
+
+
+def _linear(weight: Tensor, bias: Tensor, dtype: torch.dtype) -> nn.Linear:
+    linear = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        linear.bias.copy_(bias)
+    return linear.requires_grad_(False)
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    for name in path.split("."):
+        module = getattr(module, name, None)
+        if module is None:
+            return False
+    return True

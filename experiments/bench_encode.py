@@ -1,0 +1,199 @@
+"""Encoding speed: bertflow in float32 and bfloat16 (and float16 on a GPU) against
+`SentenceTransformer.encode` in float32, on the same model folder and the same sentences.
+
+One process, interleaved rounds (each runner once per round, best round kept), mean pooling,
+the same batch size and maximum length for every runner. Reports sentences/s, each bertflow
+runner's throughput over sentence-transformers', how far its unit vectors are from
+sentence-transformers' (float32) or from bertflow's float32 ones (lower precisions), and the
+fraction of a matmul peak the encoder reaches: transformer FLOPs counted from the real
+(unpadded) token counts, over the GFLOP/s of a large square matmul timed in the same run at
+the same dtype. Writes experiments/results/bench_encode-<device>.md and, with --json, the
+numbers.
+
+    python experiments/bench_encode.py [--data ../shared/data] [--sentences 2000]
+        [--rounds 5] [--device auto] [--batch-size 32] [--json FILE] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer
+
+from bertflow import load_encoder
+from bertflow.encoder import Encoder, default_encoder_path, resolve_device
+from bertflow.files import read_sentences
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--sentences", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="print where bertflow's encode spends its time, per operator")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
+    args = parser.parse_args()
+
+    device = resolve_device(args.device)
+    sentences = read_sentences(args.data / "unlabeled" / "wiki-sample.txt")[: args.sentences]
+    dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
+    encoders = {dtype: load_encoder(None, device, dtype) for dtype in dtypes}
+    st = SentenceTransformer(str(default_encoder_path()), device=str(device))
+    max_length = st.max_seq_length
+    tokens = [len(ids) for ids in encoders["float32"].tokenize(sentences, max_length)["input_ids"]]
+    flops = encoder_flops(encoders["float32"], tokens)
+
+    runners: dict[str, Callable[[], np.ndarray]] = {
+        "sentence-transformers float32": lambda: st.encode(
+            sentences, batch_size=args.batch_size, convert_to_numpy=True),
+    }
+    for dtype, encoder in encoders.items():
+        runners[f"bertflow {dtype}"] = lambda e=encoder: e.encode(
+            sentences, "mean", max_length, args.batch_size, progress=False)
+    if args.profile:
+        for dtype in dtypes:
+            profile(runners[f"bertflow {dtype}"], f"bertflow {dtype}")
+    outputs = {name: unit(run()) for name, run in runners.items()}  # warm-up
+    seconds = {name: [] for name in runners}
+    for _ in range(args.rounds):
+        for name, run in runners.items():
+            began = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - began)
+    best = {name: min(values) for name, values in seconds.items()}
+    peaks = {dtype: matmul_peak(device, getattr(torch, dtype)) for dtype in dtypes}
+
+    base = best["sentence-transformers float32"]
+    exact = outputs["bertflow float32"]
+    results: dict[str, object] = {
+        "device": describe(device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "sentences": len(sentences),
+        "tokens": int(sum(tokens)),
+        "tokens_per_sentence": [int(min(tokens)), float(np.mean(tokens)), int(max(tokens))],
+        "batch_size": args.batch_size,
+        "max_length": max_length,
+        "rounds": args.rounds,
+        "sentences_per_s": {name: len(sentences) / t for name, t in best.items()},
+        "max_abs_diff_fp32": float(np.abs(exact - outputs["sentence-transformers float32"]).max()),
+    }
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    for dtype in dtypes:
+        achieved = flops / best[f"bertflow {dtype}"] / 1e9
+        results[f"ratio_{short[dtype]}"] = base / best[f"bertflow {dtype}"]
+        results[f"gflops_{short[dtype]}"] = achieved
+        results[f"peak_gflops_{short[dtype]}"] = peaks[dtype]
+        results[f"peak_fraction_{short[dtype]}"] = achieved / peaks[dtype]
+        if dtype != "float32":
+            cos = (outputs[f"bertflow {dtype}"] * exact).sum(1)
+            results[f"min_cos_{short[dtype]}"] = float(cos.min())
+    results["peak_fraction"] = min(results[f"peak_fraction_{short[d]}"] for d in dtypes)
+
+    text = report(results, dtypes, short)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"bench_encode-{device.type}.md").write_text(text)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def encoder_flops(encoder: Encoder, tokens: list[int]) -> float:
+    """Multiply-adds × 2 of the transformer layers over the real tokens: per layer and token
+    the four d×d projections and the two d×ff ones, plus 2·T·d for scores and for values."""
+    config = encoder.model.config
+    d, ff, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    t = np.asarray(tokens, dtype=np.float64)
+    per_layer = t.sum() * 2 * (4 * d * d + 2 * d * ff) + (t**2).sum() * 2 * 2 * d
+    return float(layers * per_layer)
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int = 10) -> float:
+    """GFLOP/s of the best of `repeats` square matmuls at `dtype` on `device`."""
+    n = 8192 if device.type == "cuda" else 2048
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        _sync(device)
+        began = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - began)
+    return 2 * n**3 / best / 1e9
+
+
+def profile(run: Callable[[], object], name: str) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    run()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                           if torch.cuda.is_available() else [])
+    with torch_profile(activities=activities) as prof:
+        run()
+    print(f"## Where {name} spends its time\n")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = next((line.split(":", 1)[1].strip() for line in
+                  Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return f"{model}, {torch.get_num_threads()} threads"
+
+
+def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
+    lo, mean, hi = results["tokens_per_sentence"]
+    lines = [
+        f"# Encoding speed on {results['device']}\n",
+        "Made by `python experiments/bench_encode.py`: all-MiniLM-L6-v2, mean pooling, "
+        f"{results['sentences']} Wikipedia sentences ({lo} to {hi} tokens, {mean:.1f} on "
+        f"average), batch size {results['batch_size']}, max length {results['max_length']}, best "
+        f"of {results['rounds']} interleaved rounds, torch {results['torch']}.\n",
+        "| runner | sentences/s | × sentence-transformers | GFLOP/s | of the matmul peak | "
+        "agreement |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    speed = results["sentences_per_s"]
+    lines.append(f"| sentence-transformers float32 | {speed['sentence-transformers float32']:.0f}"
+                 " | 1.00 | | | |")
+    for dtype in dtypes:
+        s = short[dtype]
+        agreement = (f"max abs diff {results['max_abs_diff_fp32']:.1e} (unit vectors)"
+                     if dtype == "float32" else
+                     f"min cosine {results[f'min_cos_{s}']:.6f} to float32")
+        lines.append(
+            f"| bertflow {dtype} | {speed[f'bertflow {dtype}']:.0f} | {results[f'ratio_{s}']:.2f}"
+            f" | {results[f'gflops_{s}']:.0f} | {results[f'peak_fraction_{s}']:.2f} of "
+            f"{results[f'peak_gflops_{s}']:.0f} | {agreement} |")
+    return "\n".join(lines) + "\n"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+if __name__ == "__main__":
+    main()

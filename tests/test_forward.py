@@ -1,0 +1,83 @@
+import pytest
+import torch
+from transformers import (
+    BertConfig,
+    BertModel,
+    DistilBertConfig,
+    DistilBertModel,
+    RobertaConfig,
+    RobertaModel,
+)
+
+from bertflow.forward import FusedBert, supports_fused
+
+SIZES = dict(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+             intermediate_size=64, max_position_embeddings=40)
+
+
+def padded_batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 40, (5, 11), generator=g)
+    mask = torch.ones_like(ids)
+    for row, length in enumerate((11, 9, 4, 2, 7)):
+        mask[row, length:] = 0
+        ids[row, length:] = 1
+    return ids, mask
+
+
+def models() -> list[torch.nn.Module]:
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(**SIZES, hidden_act="gelu")).eval()
+    roberta = RobertaModel(RobertaConfig(**SIZES, pad_token_id=1, hidden_act="gelu_new")).eval()
+    return [bert, roberta]
+
+
+@pytest.mark.parametrize("model", models(), ids=["bert", "roberta"])
+def test_float32_forward_is_the_models_own(model):
+    ids, mask = padded_batch()
+    fused = FusedBert(model)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        got = fused(ids, mask)
+    assert len(got) == len(expected.hidden_states) == 4
+    for layer, (a, b) in enumerate(zip(got, expected.hidden_states, strict=True)):
+        real = mask.bool()  # padded positions are not compared
+        torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=1e-5, msg=f"layer {layer}")
+        assert a.dtype == torch.float32
+
+
+def test_keep_returns_only_the_layers_asked_for():
+    model = models()[0]
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        every = FusedBert(model)(ids, mask)
+        some = FusedBert(model)(ids, mask, keep={1, -1})
+    assert [s is not None for s in some] == [False, True, False, True]
+    assert torch.equal(some[1], every[1]) and torch.equal(some[-1], every[-1])
+
+
+def test_bfloat16_computes_projections_low_and_returns_float32_close_to_float32():
+    model = models()[0]
+    ids, mask = padded_batch(1)
+    with torch.no_grad():
+        exact = FusedBert(model)(ids, mask)[-1]
+        fused = FusedBert(model, torch.bfloat16)
+        low = fused(ids, mask)[-1]
+    assert fused.layers[0].qkv.weight.dtype == torch.bfloat16
+    assert low.dtype == torch.float32
+    assert model.encoder.layer[0].attention.self.query.weight.dtype == torch.float32  # untouched
+    real = mask.bool()
+    cos = torch.nn.functional.cosine_similarity(low[real], exact[real], dim=-1)
+    assert cos.min() > 0.999
+    assert not torch.equal(low, exact)
+
+
+def test_other_architectures_are_not_claimed():
+    torch.manual_seed(0)
+    distil = DistilBertModel(DistilBertConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4,
+                                              hidden_dim=64, max_position_embeddings=40))
+    assert not supports_fused(distil)
+    with pytest.raises(ValueError, match="not a BERT-architecture"):
+        FusedBert(distil)
+    decoder = BertModel(BertConfig(**SIZES, is_decoder=True))
+    assert not supports_fused(decoder)
