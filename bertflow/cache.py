@@ -1,113 +1,112 @@
-"""Embeddings on disk: a memory-mappable `.npy` and a `.meta.json` saying what made it."""
+"""The embedding cache: a folder of embeddings files keyed by what made them."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .encoder import DEFAULT_BATCH_SIZE, Encoder, EncoderId, check_max_length, check_pooling
+from . import distributed
+from .corpus import Corpus
+from .embeddings import (
+    EmbeddingFile,
+    check_destination,
+    embeddings_meta,
+    read_meta,
+    write_embeddings,
+)
+from .encoder import (
+    DEFAULT_BATCH_SIZE,
+    Encoder,
+    check_batch_size,
+    check_max_length,
+    check_pooling,
+)
 from .errors import BertflowError
-from .files import load_embeddings, meta_path, read_json, save_embeddings
+from .files import meta_path, write_json
 
-__all__ = ["EmbeddingCache", "corpus_sha256", "embeddings_meta", "read_meta"]
-
-FORMAT = "bertflow-embeddings"
+__all__ = ["EmbeddingCache", "default_cache", "encode_to"]
 
 
-def corpus_sha256(sentences: Sequence[str]) -> str:
-    """sha256 of the sentences as a UTF-8 file with one sentence per `\\n`-ended line."""
-    digest = hashlib.sha256()
-    for sentence in sentences:
-        digest.update(sentence.encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
-
-
-def embeddings_meta(
-    encoder: EncoderId, pooling: str, max_length: int, corpus: str, count: int, dim: int
-) -> dict[str, Any]:
-    """The record that identifies a set of embeddings."""
-    return {
-        "format": FORMAT,
-        "format_version": 1,
-        "encoder": encoder.to_dict(),
-        "pooling": pooling,
-        "max_length": max_length,
-        "corpus_sha256": corpus,
-        "count": count,
-        "dim": dim,
-        "dtype": "float32",
-    }
-
-
-def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
-    """The sidecar of `npy` if it has one, checked to be an embeddings record."""
-    path = meta_path(npy)
-    if not path.exists():
-        return None
-    meta = read_json(path)
-    if meta.get("format") != FORMAT:
-        raise BertflowError(f"{path} is not a bertflow embeddings record")
-    missing = {"encoder", "pooling", "max_length", "count", "dim"} - meta.keys()
-    if missing:
-        raise BertflowError(f"{path} lacks {', '.join(sorted(missing))}")
-    try:
-        EncoderId.from_dict(meta["encoder"])
-        check_pooling(meta["pooling"])
-        check_max_length(meta["max_length"])
-        if not all(isinstance(meta[k], int) and meta[k] > 0 for k in ("count", "dim")):
-            raise BertflowError("count and dim must be positive integers")
-    except BertflowError as e:
-        raise BertflowError(f"{path} is malformed: {e}") from None
-    return meta
+def default_cache() -> Path:
+    """`$BERTFLOW_CACHE/embeddings`, else `$XDG_CACHE_HOME/bertflow/embeddings`, else
+    `~/.cache/bertflow/embeddings`."""
+    root = os.environ.get("BERTFLOW_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bertflow"
+    )
+    return Path(root) / "embeddings"
 
 
 class EmbeddingCache:
-    """A folder of embeddings keyed by (encoder weights, pooling, max_length, corpus).
+    """A folder of embeddings keyed by (encoder weights, precision, pooling, max_length,
+    corpus).
 
-    A cached file is used only when its sidecar matches the request field for field and its
-    shape matches the sidecar; anything else is encoded again and replaces it.
+    A cached file is used only when its sidecar matches the request field for field and the
+    file its checksum; anything else is encoded again and replaces it. Entries are written by
+    the streaming writer, so an interrupted encode continues where it stopped, and two
+    processes asking for the same entry encode it once.
     """
 
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root is not None else default_cache()
 
     def path(self, meta: dict[str, Any]) -> Path:
         key = {k: meta[k] for k in ("pooling", "max_length", "corpus_sha256", "count")}
         key["encoder"] = meta["encoder"]["fingerprint"]
+        if meta.get("precision", "float32") != "float32":
+            key["precision"] = meta["precision"]
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
         return self.root / f"{meta['pooling']}-{digest}.npy"
 
-    def path_for(
-        self, sentences: Sequence[str], encoder: Encoder, pooling: str, max_length: int = 128
-    ) -> Path:
-        """Where the embeddings of this request are (or would be) kept."""
-        meta = embeddings_meta(
-            encoder.id, pooling, max_length, corpus_sha256(sentences), len(sentences), encoder.dim
-        )
-        return self.path(meta)
+    def meta(self, corpus: Corpus, encoder: Encoder, pooling: str,
+             max_length: int = 128) -> dict[str, Any]:
+        return embeddings_meta(encoder.id, pooling, max_length, corpus.sha256, len(corpus),
+                               encoder.dim, encoder.precision)
 
-    def get(self, meta: dict[str, Any]) -> np.ndarray | None:
+    def path_for(self, sentences: Sequence[str], encoder: Encoder, pooling: str,
+                 max_length: int = 128) -> Path:
+        """Where the embeddings of this request are (or would be) kept."""
+        return self.path(self.meta(Corpus.from_sentences(sentences), encoder, pooling,
+                                   max_length))
+
+    def get(self, meta: dict[str, Any]) -> EmbeddingFile | None:
+        """The cached file for `meta`, checked, or None."""
         path = self.path(meta)
         try:
             stored = read_meta(path)
-            if stored is None or not path.exists():
+            if stored is None or not path.exists() or not _same(stored, meta):
                 return None
-            same = {k: v for k, v in stored.items() if k != "encoder"} == {
-                k: v for k, v in meta.items() if k != "encoder"
-            } and stored["encoder"]["fingerprint"] == meta["encoder"]["fingerprint"]
-            if not same:
-                return None
-            array = load_embeddings(path)
+            return EmbeddingFile(path).verify()
         except BertflowError:
             return None
-        return array if array.shape == (meta["count"], meta["dim"]) else None
+
+    def files(
+        self,
+        corpus: Corpus,
+        encoder: Encoder,
+        pooling: str | Sequence[str],
+        max_length: int = 128,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        progress: bool | None = None,
+    ) -> dict[str, EmbeddingFile]:
+        """The cached embeddings of `corpus` with each pooling, encoding (in one pass) only
+        those that are missing."""
+        poolings = [pooling] if isinstance(pooling, str) else list(pooling)
+        metas = {p: self.meta(corpus, encoder, p, max_length) for p in poolings}
+        found = {p: self.get(m) for p, m in metas.items()}
+        missing = {p: self.path(metas[p]) for p, f in found.items() if f is None}
+        if missing:
+            write_embeddings(missing, corpus, encoder, max_length, batch_size, resume=True,
+                             wait=True, progress=progress)
+            for p in missing:
+                found[p] = EmbeddingFile(missing[p])
+        return {p: found[p] for p in poolings}
 
     def encode(
         self,
@@ -118,19 +117,84 @@ class EmbeddingCache:
         batch_size: int = DEFAULT_BATCH_SIZE,
         progress: bool | None = None,
     ) -> np.ndarray | dict[str, np.ndarray]:
-        """Like `Encoder.encode`, reading what is cached and encoding only what is missing."""
-        poolings = [pooling] if isinstance(pooling, str) else list(pooling)
-        corpus = corpus_sha256(sentences)
-        metas = {
-            p: embeddings_meta(encoder.id, p, max_length, corpus, len(sentences), encoder.dim)
-            for p in poolings
-        }
-        found = {p: self.get(m) for p, m in metas.items()}
-        missing = [p for p, array in found.items() if array is None]
-        if missing:
-            fresh = encoder.encode(sentences, missing, max_length, batch_size, progress)
-            assert isinstance(fresh, dict)
-            for p, array in fresh.items():
-                save_embeddings(self.path(metas[p]), array, metas[p])
-                found[p] = load_embeddings(self.path(metas[p]))
-        return found[pooling] if isinstance(pooling, str) else {p: found[p] for p in poolings}
+        """Like `Encoder.encode`, reading what is cached and encoding only what is missing;
+        the arrays are memory-mapped."""
+        files = self.files(Corpus.from_sentences(sentences), encoder, pooling, max_length,
+                           batch_size, progress)
+        arrays = {p: f.load() for p, f in files.items()}
+        return arrays[pooling] if isinstance(pooling, str) else arrays
+
+    def adopt(self, path: str | os.PathLike) -> Path | None:
+        """Add a finished embeddings file to the cache as a hard link (no copy), so that a
+        later request for the same embeddings reads it; None where links cannot be made."""
+        meta = read_meta(path)
+        if meta is None:
+            raise BertflowError(f"{path} has no sidecar to file it under")
+        target = self.path(meta)
+        if self.get(meta) is not None:
+            return target
+        self.root.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.adopting")
+        temporary.unlink(missing_ok=True)
+        try:
+            os.link(path, temporary)
+        except OSError:
+            return None
+        os.replace(temporary, target)
+        write_json(meta_path(target), read_meta(path))
+        return target
+
+    def copy_to(self, meta: dict[str, Any], path: str | os.PathLike) -> bool:
+        """Put the cached file for `meta`, if there is one, at `path` (linked, else copied)
+        with its sidecar; whether there was one."""
+        cached = self.get(meta)
+        if cached is None:
+            return False
+        path = Path(path)
+        temporary = path.with_name(f".{path.name}.copying")
+        temporary.unlink(missing_ok=True)
+        try:
+            os.link(cached.path, temporary)
+        except OSError:
+            shutil.copyfile(cached.path, temporary)
+        os.replace(temporary, path)
+        write_json(meta_path(path), cached.meta)
+        return True
+
+
+def encode_to(
+    path: str | os.PathLike,
+    corpus: Corpus,
+    encoder: Encoder,
+    pooling: str,
+    max_length: int = 128,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    *,
+    cache: EmbeddingCache | None = None,
+    resume: bool = False,
+    progress: bool | None = None,
+) -> bool:
+    """Write the embeddings of `corpus` to `path` (and its sidecar), taking them from `cache`
+    when it has them and filing them there when it does not: whether they were encoded.
+    Resumable and runnable under torchrun like `write_embeddings`."""
+    check_batch_size(batch_size)
+    meta = embeddings_meta(encoder.id, check_pooling(pooling), check_max_length(max_length),
+                           corpus.sha256, len(corpus), encoder.dim, encoder.precision)
+    path = check_destination(path)
+    if cache is not None and cache.get(meta) is not None:
+        if distributed.is_main():
+            cache.copy_to(meta, path)
+        distributed.barrier()
+        return False
+    write_embeddings({pooling: path}, corpus, encoder, max_length, batch_size, resume=resume,
+                     progress=progress)
+    if cache is not None and distributed.is_main():
+        cache.adopt(path)
+    distributed.barrier()
+    return True
+
+
+def _same(stored: dict[str, Any], meta: dict[str, Any]) -> bool:
+    keys = set(meta) - {"format_version", "encoder"}
+    return all(stored.get(k) == meta[k] for k in keys) and (
+        stored["encoder"]["fingerprint"] == meta["encoder"]["fingerprint"])

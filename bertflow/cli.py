@@ -12,7 +12,9 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .encoder import DEFAULT_BATCH_SIZE, DEFAULT_POOLING, POOLINGS
+from . import distributed
+from .embeddings import PeerError
+from .encoder import DEFAULT_BATCH_SIZE, DEFAULT_POOLING, DTYPES, POOLINGS
 from .errors import BertflowError, first_line
 from .methods import METHODS
 from .sts import TASKS
@@ -36,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("corpus", type=Path)
     p.add_argument("--out", type=Path, required=True, help="EMB.npy (+ EMB.meta.json)")
     _encoder_options(p)
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted encode of the same request where it stopped")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="embedding cache folder, read and filled (default: ~/.cache/bertflow)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor fill the cache")
     p.set_defaults(run=_encode)
 
     p = commands.add_parser("fit", help="fit a flow head on a corpus or on embeddings")
@@ -59,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
     p.add_argument("--batch-size", dest="encode_batch_size", type=int,
                    default=DEFAULT_BATCH_SIZE)
+    _device_options(p)
     p.set_defaults(run=_transform)
 
     p = commands.add_parser("eval", help="score the STS tasks of a data folder")
@@ -111,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exact inner product (default) or an HNSW graph")
     p.add_argument("--dims", type=int, default=None,
                    help="keep this many principal components (smaller index)")
+    p.add_argument("--cache", type=Path, default=None, help="embedding cache folder")
     p.set_defaults(run=_index, max_length=None)  # default: the head's, else 128
 
     p = commands.add_parser("search", help="query an index built by `bertflow index`")
@@ -120,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     queries.add_argument("--queries", type=Path, help="text file, one query per line")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--encoder", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
+    _device_options(p)
     p.add_argument("--json", action="store_true", help="print JSON lines")
     p.set_defaults(run=_search)
 
@@ -132,19 +142,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    where = ""
     try:
+        if distributed.launched():
+            where = f"[rank {os.environ.get('RANK', '?')}] "
+            _join_processes(args)
         args.run(args)
+    except PeerError:
+        return 1  # the process that failed says why
     except BertflowError as e:
-        print(f"bertflow: error: {e}", file=sys.stderr)
+        print(f"bertflow: error: {where}{e}", file=sys.stderr)
         return 1
     except OSError as e:
-        where = f": {e.filename}" if e.filename else ""
-        print(f"bertflow: error: {e.strerror or e}{where}", file=sys.stderr)
+        name = f": {e.filename}" if e.filename else ""
+        print(f"bertflow: error: {where}{e.strerror or e}{name}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("bertflow: interrupted", file=sys.stderr)
         return 130
+    finally:
+        distributed.leave()
     return 0
+
+
+def _join_processes(args: argparse.Namespace) -> None:
+    """Under torchrun: only encode, fit and index split their work across processes."""
+    from .encoder import resolve_device
+
+    if args.command not in ("encode", "fit", "index"):
+        raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
+                            "only encode, fit and index split their work")
+    device = distributed.local_device(resolve_device(args.device))
+    args.device = str(device)
+    distributed.init(device)
 
 
 def _encoder_options(
@@ -161,6 +191,14 @@ def _encoder_options(
     p.add_argument(batch_flag, dest="encode_batch_size", type=int,
                    default=DEFAULT_BATCH_SIZE,
                    help="sentences per encoder batch")
+    _device_options(p)
+
+
+def _device_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA when present, the default), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="precision of the encoder (embeddings and files stay float32)")
 
 
 def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -196,19 +234,19 @@ def _flow_configs(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _encode(args: argparse.Namespace) -> None:
-    from .cache import corpus_sha256, embeddings_meta
-    from .encoder import load_encoder
-    from .files import read_sentences, save_embeddings
+    from .cache import EmbeddingCache, encode_to
+    from .corpus import Corpus
+    from .embeddings import check_destination
 
-    _check_npy_out(args.out)
-    sentences = read_sentences(args.corpus)
-    encoder = load_encoder(args.encoder)
-    x = encoder.encode(sentences, args.pooling, args.max_length, args.encode_batch_size)
-    meta = embeddings_meta(
-        encoder.id, args.pooling, args.max_length, corpus_sha256(sentences), len(x), x.shape[1]
-    )
-    save_embeddings(args.out, x, meta)
-    print(f"wrote {args.out}: {x.shape[0]} × {x.shape[1]} ({encoder.id.name}, {args.pooling})")
+    check_destination(args.out)
+    corpus = Corpus.from_file(args.corpus)
+    encoder = _load_encoder(args)
+    cache = None if args.no_cache else EmbeddingCache(args.cache)
+    encoded = encode_to(args.out, corpus, encoder, args.pooling, args.max_length,
+                        args.encode_batch_size, cache=cache, resume=args.resume)
+    if distributed.is_main():
+        print(f"wrote {args.out}: {len(corpus)} × {encoder.dim} ({encoder.id.name}, "
+              f"{args.pooling}, {encoder.precision}{'' if encoded else ', from the cache'})")
 
 
 def _fit(args: argparse.Namespace) -> None:
@@ -231,12 +269,15 @@ def _fit(args: argparse.Namespace) -> None:
         "data": origin["data"],
     }
     state = None
+    main = distributed.is_main()
     if args.resume and args.checkpoint.exists():
         state = _load_checkpoint(args.checkpoint, run)
-    elif args.resume and not args.quiet:
+    elif args.resume and not args.quiet and main:
         print(f"no checkpoint at {args.checkpoint} yet: starting afresh", file=sys.stderr)
 
     def on_epoch_end(s: Any) -> None:
+        if not main:
+            return
         if not args.quiet:
             e = s.history.epochs[-1]
             print(
@@ -256,7 +297,7 @@ def _fit(args: argparse.Namespace) -> None:
     new_logdir = args.logdir is not None and not args.logdir.exists()
     fitted = False
     writer = None
-    if args.logdir is not None:
+    if args.logdir is not None and main:
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(args.logdir))
@@ -283,8 +324,10 @@ def _fit(args: argparse.Namespace) -> None:
     finally:
         if writer is not None:
             writer.close()
-        if new_logdir and not fitted and args.checkpoint is None:  # nothing to resume
+        if new_logdir and not fitted and args.checkpoint is None and main:  # nothing to resume
             shutil.rmtree(args.logdir, ignore_errors=True)
+    if not main:
+        return
     head.save(args.out)
     info = head.training_info
     print(
@@ -311,27 +354,30 @@ def _load_checkpoint(path: Path, run: dict[str, Any]) -> Any:
     return state
 
 
-def _training_embeddings(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, Any]]:
-    """The embeddings to fit, and where they came from: encoder, pooling, max length, data."""
-    from .cache import EmbeddingCache, corpus_sha256, read_meta
+def _training_embeddings(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The embeddings to fit (read from disk as needed), and where they came from: encoder,
+    pooling, max length, data."""
+    from .cache import EmbeddingCache
+    from .corpus import Corpus
+    from .embeddings import EmbeddingFile
     from .encoder import EncoderId, check_max_length, load_encoder
-    from .files import load_embeddings, read_sentences, sha256_file
+    from .files import sha256_file
 
     check_max_length(args.max_length)
     if args.input.suffix != ".npy":
-        sentences = read_sentences(args.input)
-        encoder = load_encoder(args.encoder)
+        corpus = Corpus.from_file(args.input)
+        encoder = _load_encoder(args)
         pooling = args.pooling or DEFAULT_POOLING
-        cache = EmbeddingCache(args.cache or _default_cache())
-        x = cache.encode(sentences, encoder, pooling, args.max_length, args.encode_batch_size,
-                         progress=False if args.quiet else None)
-        digest = corpus_sha256(sentences)
+        x = EmbeddingCache(args.cache).files(corpus, encoder, pooling, args.max_length,
+                                             args.encode_batch_size,
+                                             progress=False if args.quiet else None)[pooling]
         return x, {"encoder": encoder.id, "pooling": pooling, "max_length": args.max_length,
-                   "data": digest, "corpus": {"sha256": digest, "file": args.input.name}}
+                   "data": corpus.sha256,
+                   "corpus": {"sha256": corpus.sha256, "file": args.input.name}}
 
-    x = load_embeddings(args.input)
-    meta = read_meta(args.input)
-    given = load_encoder(args.encoder) if args.encoder else None
+    x = EmbeddingFile(args.input).verify()
+    meta = x.meta
+    given = load_encoder(args.encoder, "cpu") if args.encoder else None
     if meta is None:
         if args.pooling is None:
             raise BertflowError(
@@ -347,9 +393,6 @@ def _training_embeddings(args: argparse.Namespace) -> tuple[np.ndarray, dict[str
         return x, {"encoder": given.id if given else None, "pooling": args.pooling,
                    "max_length": args.max_length, "data": digest,
                    "corpus": {"npy_sha256": digest}}
-    if meta["count"] != x.shape[0] or meta["dim"] != x.shape[1]:
-        raise BertflowError(f"{args.input} has shape {x.shape} but its sidecar says "
-                            f"({meta['count']}, {meta['dim']})")
     encoder = EncoderId.from_dict(meta["encoder"])
     if given is not None and given.id.fingerprint != encoder.fingerprint:
         raise BertflowError(
@@ -366,15 +409,16 @@ def _training_embeddings(args: argparse.Namespace) -> tuple[np.ndarray, dict[str
 
 
 def _transform(args: argparse.Namespace) -> None:
-    from .cache import read_meta
+    from .embeddings import load_embeddings, read_meta
     from .encoder import EncoderId
-    from .files import atomic_file, load_embeddings, read_sentences
+    from .files import atomic_file, read_sentences
     from .head import FlowHead
 
     _check_npy_out(args.out)
     head = FlowHead.load(args.head)
     if args.sentences is not None:
-        z = head.encode(read_sentences(args.sentences), args.encoder, args.encode_batch_size)
+        z = head.encode(read_sentences(args.sentences), _load_encoder(args),
+                        args.encode_batch_size)
     else:
         x = load_embeddings(args.embeddings)
         meta = read_meta(args.embeddings)
@@ -388,7 +432,7 @@ def _transform(args: argparse.Namespace) -> None:
 
 def _eval(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
-    from .encoder import check_max_length, load_encoder
+    from .encoder import check_max_length
     from .evaluate import evaluate, format_table
     from .files import read_sentences, write_json
     from .head import FlowHead
@@ -404,7 +448,7 @@ def _eval(args: argparse.Namespace) -> None:
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
-    encoder = load_encoder(args.encoder)
+    encoder = _load_encoder(args)
     if args.head is not None:
         head = FlowHead.load(args.head)
         head.check(dim=encoder.dim, encoder=encoder.id)
@@ -430,7 +474,7 @@ def _eval(args: argparse.Namespace) -> None:
             return make_method(method, k=args.k, d=args.d, flow=flow, train=train)
 
         labels.update(make().describe())
-    cache = EmbeddingCache(args.cache or _default_cache())
+    cache = EmbeddingCache(args.cache)
 
     def embed(sentences: list[str]) -> np.ndarray:
         return np.asarray(cache.encode(sentences, encoder, pooling, max_length,
@@ -450,7 +494,7 @@ def _eval(args: argparse.Namespace) -> None:
 def _diagnose(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
     from .diagnose import plot_all
-    from .encoder import check_max_length, load_encoder
+    from .encoder import check_max_length
     from .files import read_sentences
     from .head import FlowHead
     from .isotropy import isotropy_measures
@@ -459,13 +503,13 @@ def _diagnose(args: argparse.Namespace) -> None:
     flow, train = _flow_configs(args)
     sentences = read_sentences(args.sentences)
     corpus = read_sentences(args.corpus) if args.corpus else sentences
-    encoder = load_encoder(args.encoder)
+    encoder = _load_encoder(args)
     head = FlowHead.load(args.head) if args.head else None
     if head is not None:
         head.check(dim=encoder.dim, encoder=encoder.id, pooling=args.pooling)
     pooling = (head.pooling if head else None) or args.pooling or DEFAULT_POOLING
     max_length = (head.max_length if head else None) or args.max_length
-    cache = EmbeddingCache(args.cache or _default_cache())
+    cache = EmbeddingCache(args.cache)
     x = np.asarray(cache.encode(sentences, encoder, pooling, max_length, args.encode_batch_size,
                                 progress=False if args.quiet else None))
     if head is None:
@@ -539,6 +583,7 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _index(args: argparse.Namespace) -> None:
+    from .cache import EmbeddingCache
     from .files import read_sentences
     from .head import FlowHead
     from .retrieval import Index, check_index_destination
@@ -551,10 +596,12 @@ def _index(args: argparse.Namespace) -> None:
     if args.max_length is not None and wanted is not None and args.max_length != wanted:
         raise BertflowError(f"--max-length {args.max_length} differs from the head's {wanted}")
     items = read_sentences(args.corpus)
-    index = Index.build(items, args.encoder, head=head, pooling=args.pooling,
+    index = Index.build(items, _load_encoder(args), head=head, pooling=args.pooling,
                         max_length=args.max_length or wanted or 128,
-                        batch_size=args.encode_batch_size,
+                        batch_size=args.encode_batch_size, cache=EmbeddingCache(args.cache),
                         kind=args.kind, dims=args.dims)
+    if index is None:  # another process of a torchrun job builds it
+        return
     index.save(args.out)
     c = index.config
     print(f"wrote {args.out}: {c['count']} items, {c['kind']}, {c['dims']}-d, {c['pooling']} "
@@ -569,7 +616,8 @@ def _search(args: argparse.Namespace) -> None:
     if any(not q.strip() for q in queries):
         raise BertflowError("empty query")
     index = Index.load(args.index)
-    for query, hits in zip(queries, index.search(queries, args.encoder, args.k), strict=True):
+    hits_per_query = index.search(queries, _load_encoder(args), args.k)
+    for query, hits in zip(queries, hits_per_query, strict=True):
         if args.json:
             print(json.dumps({"query": query, "hits": [{"score": s, "item": t} for s, t in hits]},
                              ensure_ascii=False))
@@ -593,11 +641,10 @@ def _check_npy_out(path: Path) -> None:
         raise BertflowError(f"--out {path} is a folder")
 
 
-def _default_cache() -> Path:
-    root = os.environ.get("BERTFLOW_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bertflow"
-    )
-    return Path(root) / "embeddings"
+def _load_encoder(args: argparse.Namespace) -> Any:
+    from .encoder import load_encoder
+
+    return load_encoder(args.encoder, args.device, args.dtype)
 
 
 def _version() -> str:

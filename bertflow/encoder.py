@@ -126,6 +126,12 @@ def _poolings(pooling: str | Sequence[str]) -> list[str]:
     return poolings
 
 
+def check_batch_size(batch_size: Any) -> int:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise BertflowError(f"batch size must be at least 1, got {batch_size}")
+    return batch_size
+
+
 def check_max_length(max_length: Any) -> int:
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
         raise BertflowError(f"max_length must be an integer of at least 2, got {max_length!r}")
@@ -253,8 +259,7 @@ class Encoder:
         """Embed one chunk of sentences with each of `poolings` (float32 arrays, input order):
         the step that `encode` and the streaming writer repeat."""
         check_max_length(max_length)
-        if batch_size < 1:
-            raise BertflowError(f"batch size must be at least 1, got {batch_size}")
+        check_batch_size(batch_size)
         tokens = self.tokenize(sentences, max_length)
         order = np.argsort([-len(ids) for ids in tokens["input_ids"]], kind="stable")
         keys = [k for k in (*_MODEL_INPUTS, "special_tokens_mask") if k in tokens]

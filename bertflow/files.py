@@ -22,11 +22,10 @@ __all__ = [
     "atomic_directory",
     "atomic_file",
     "check_finite",
-    "load_embeddings",
+    "iter_sentences",
     "meta_path",
     "read_json",
     "read_sentences",
-    "save_embeddings",
     "sha256_file",
     "write_json",
 ]
@@ -34,68 +33,47 @@ __all__ = [
 
 def read_sentences(path: str | os.PathLike) -> list[str]:
     """One sentence per line of a UTF-8 text file; an empty file or a blank line is an error."""
-    path = Path(path)
-    data = _read_bytes(path)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise BertflowError(f"{path} is not UTF-8 text (bad byte on line {line})") from None
-    text = text.removeprefix("\ufeff")
-    lines = [line.removesuffix("\r") for line in text.split("\n")]
-    if lines and lines[-1] == "":
-        lines.pop()
-    if not lines:
+    sentences = list(iter_sentences(path))
+    if not sentences:
         raise BertflowError(f"{path} is empty: expected one sentence per line")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            raise BertflowError(f"{path} line {number} is blank: expected one sentence per line")
-    return lines
+    return sentences
 
 
-def load_embeddings(path: str | os.PathLike) -> np.ndarray:
-    """A 2-D float array from a `.npy` file, memory-mapped, checked for shape and finiteness."""
+def iter_sentences(path: str | os.PathLike, start: int = 0) -> Iterator[str]:
+    """The sentences of a UTF-8 text file, one per line, read lazily from sentence `start` on.
+
+    A leading byte-order mark and the `\\r` of CRLF endings are dropped; a blank line or a
+    byte that is not UTF-8 is an error naming its line. Lines before `start` are checked too.
+    """
     path = Path(path)
-    if not path.is_file():
-        raise BertflowError(f"no such file: {path}")
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise BertflowError(f"{path} is not a readable .npy array ({first_line(e)})") from None
-    if not isinstance(array, np.ndarray):
-        raise BertflowError(f"{path} holds several arrays; expected one 2-D .npy array")
-    if array.ndim != 2:
-        raise BertflowError(f"{path} has shape {array.shape}; expected (sentences, dim)")
-    if array.shape[0] == 0 or array.shape[1] == 0:
-        raise BertflowError(f"{path} is empty (shape {array.shape})")
-    if not np.issubdtype(array.dtype, np.floating):
-        raise BertflowError(f"{path} has dtype {array.dtype}; expected floating-point embeddings")
-    check_finite(array, str(path))
-    return array
+    _check_file(path)
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise BertflowError(
+                    f"{path} is not UTF-8 text (bad byte on line {number})") from None
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            line = line.removesuffix("\n").removesuffix("\r")
+            if not line.strip():
+                raise BertflowError(f"{path} line {number} is blank: expected one sentence "
+                                    "per line")
+            if number > start:
+                yield line
 
 
-def check_finite(array: np.ndarray, what: str, chunk: int = 65536) -> None:
-    """Raise naming the first row of `array` that holds a NaN or an infinity."""
+def check_finite(array: np.ndarray, what: str, chunk: int = 65536, offset: int = 0) -> None:
+    """Raise naming the first row of `array` (numbered from `offset`) that holds a NaN or an
+    infinity."""
     for start in range(0, array.shape[0], chunk):
         block = np.asarray(array[start : start + chunk])
         bad = ~np.isfinite(block)
         if bad.any():
-            row = start + int(np.argwhere(bad)[0][0])
+            row = offset + start + int(np.argwhere(bad)[0][0])
             kinds = sorted({"NaN" if np.isnan(v) else "inf" for v in block[bad][:100]})
             raise BertflowError(f"{what} holds {'/'.join(kinds)} values (first in row {row})")
-
-
-def save_embeddings(path: str | os.PathLike, array: np.ndarray, meta: dict[str, Any]) -> None:
-    """Write `array` as `.npy` and `meta` as its `.meta.json` sidecar, each atomically.
-
-    An old sidecar goes first and the new one last, so a sidecar on disk never describes
-    another array than the one beside it.
-    """
-    path = Path(path)
-    meta_path(path).unlink(missing_ok=True)
-    with atomic_file(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, np.ascontiguousarray(array, dtype=np.float32))
-    write_json(meta_path(path), meta)
 
 
 def meta_path(npy: str | os.PathLike) -> Path:
@@ -190,11 +168,15 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _read_bytes(path: Path) -> bytes:
+    _check_file(path)
+    return path.read_bytes()
+
+
+def _check_file(path: Path) -> None:
     if not path.exists():
         raise BertflowError(f"no such file: {path}")
     if not path.is_file():
         raise BertflowError(f"{path} is not a file")
-    return path.read_bytes()
 
 
 def _umask() -> int:

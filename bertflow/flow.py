@@ -54,12 +54,15 @@ class ActNorm(_NflowsActNorm):
 
 
 def spread(x: Tensor) -> Tensor:
-    """Per-feature standard deviation of the rows of `x`, with dead features set to 1.
+    """Per-feature standard deviation of the rows of `x`, with dead features set to 1
+    (`live_scale`)."""
+    return live_scale(x.std(dim=0))
 
-    A feature is dead when its spread is below 1e-3 of the 90th percentile of all spreads
-    (of the largest, when nine features in ten are dead).
-    """
-    std = x.std(dim=0)
+
+def live_scale(std: Tensor) -> Tensor:
+    """Per-feature standard deviations with dead features set to 1: a feature is dead when
+    its spread is below 1e-3 of the 90th percentile of all spreads (of the largest, when nine
+    features in ten are dead)."""
     reference = torch.quantile(std, 0.9)
     if reference == 0:
         reference = std.max()
@@ -150,6 +153,12 @@ class Standardize(Transform):
         """Statistics of `x` (rows, features): the mean, and `spread` as the scale, so that a
         dead (constant) feature is centred but not blown up."""
         return cls(x.mean(0), spread(x))
+
+    @classmethod
+    def from_moments(cls, mean: Tensor, std: Tensor) -> Standardize:
+        """The same from per-feature means and standard deviations computed elsewhere (e.g.
+        streamed over a file)."""
+        return cls(mean, live_scale(std))
 
     def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         log_det = -self.std.log().sum().expand(inputs.shape[0])

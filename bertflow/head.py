@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +32,7 @@ from .files import (
     write_json,
 )
 from .flow import FlowConfig, Glow, Standardize, standard_normal_log_prob
-from .train import SummaryWriter, TrainConfig, TrainState, fit
+from .train import Rows, SummaryWriter, TrainConfig, TrainState, as_rows, fit, moments
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination"]
 
@@ -172,7 +171,7 @@ class FlowHead(nn.Module):
     @classmethod
     def fit(
         cls,
-        x: np.ndarray | Tensor,
+        x: np.ndarray | Tensor | Rows,
         *,
         encoder: EncoderId | None = None,
         pooling: str | None = None,
@@ -186,19 +185,22 @@ class FlowHead(nn.Module):
         on_epoch_end: Callable[[TrainState], None] | None = None,
         progress: bool = False,
     ) -> FlowHead:
-        """Fit a head to embeddings `x` (rows, dim); `head.history` holds the epochs."""
-        data = torch.as_tensor(np.array(x, dtype=np.float32))
-        if data.ndim != 2 or data.shape[0] < 3:
-            raise BertflowError(f"need (rows ≥ 3, dim) embeddings to fit, got {tuple(data.shape)}")
-        check_finite(data.numpy(), "the training embeddings")
+        """Fit a head to embeddings `x` (rows, dim): an array, or `Rows` such as an
+        `EmbeddingFile`, which is read a block at a time and never held whole (the
+        standardisation statistics are streamed too). `head.history` holds the epochs."""
+        data = as_rows(x)
+        if len(data.shape) != 2 or data.shape[0] < 3:
+            raise BertflowError(f"need (rows ≥ 3, dim) embeddings to fit, got {data.shape}")
+        stats = moments(data, what="the training embeddings")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train.seed)
             glow = Glow(data.shape[1], flow)
         scaler = None
         if standardize:
-            scaler = Standardize.from_data(data)
+            scaler = Standardize.from_moments(torch.from_numpy(stats.mean).float(),
+                                              torch.from_numpy(stats.std).float())
         if corpus is None:
-            corpus = {"embeddings_sha256": hashlib.sha256(data.numpy().tobytes()).hexdigest()}
+            corpus = {"embeddings_sha256": stats.sha256}
         head = cls(glow, scaler, encoder=encoder, pooling=pooling, max_length=max_length)
         history = fit(
             head, data, train, state=state, writer=writer, on_epoch_end=on_epoch_end,

@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from . import distributed
+from .cache import EmbeddingCache
+from .corpus import Corpus
 from .encoder import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POOLING,
@@ -135,8 +138,13 @@ class Index:
     @classmethod
     def build(cls, sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
               *, head: FlowHead | None = None, pooling: str | None = None, max_length: int = 128,
-              batch_size: int = DEFAULT_BATCH_SIZE, **options: Any) -> Index:
-        """Embed `sentences` with `encoder` and the head's pooling (or `pooling`), then index."""
+              batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
+              **options: Any) -> Index | None:
+        """Embed `sentences` with `encoder` and the head's pooling (or `pooling`), then index.
+
+        With a `cache`, the embeddings are read from it or written to it; under torchrun they
+        are encoded across the processes, and the index is built by rank 0 alone (the others
+        get None)."""
         if not isinstance(encoder, Encoder):
             encoder = load_encoder(encoder)
         if head is not None:
@@ -144,7 +152,13 @@ class Index:
             max_length = head.max_length or max_length
             head.check(dim=encoder.dim, encoder=encoder.id, pooling=pooling)
         pooling = check_pooling(pooling or DEFAULT_POOLING)
-        x = encoder.encode(sentences, pooling, max_length, batch_size)
+        if cache is None:
+            x = encoder.encode(sentences, pooling, max_length, batch_size)
+        else:
+            x = cache.files(Corpus.from_sentences(sentences), encoder, pooling, max_length,
+                            batch_size)[pooling].load()
+            if not distributed.is_main():
+                return None
         return cls.from_embeddings(x, sentences, head=head, encoder=encoder.id, pooling=pooling,
                                    max_length=max_length, **options)
 

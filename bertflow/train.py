@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from . import distributed
 from .errors import BertflowError
+from .files import check_finite
 from .flow import standard_normal_log_prob
 from .isotropy import mean_pair_cosine
 
-__all__ = ["History", "TrainConfig", "TrainState", "fit", "split_indices"]
+__all__ = ["ArrayRows", "History", "Moments", "Rows", "TrainConfig", "TrainState", "as_rows",
+           "fit", "moments", "split_indices"]
+
+_EVAL_ROWS = 8192  # rows per forward pass when evaluating
+_SAMPLE = 16384  # held-out latents kept for the isotropy measures
 
 
 class SummaryWriter(Protocol):
@@ -125,6 +133,36 @@ class TrainState:
         return cls(**value)
 
 
+class Rows(Protocol):
+    """Where `fit` reads its data: a (rows, dim) table read by row indices or by ranges, as
+    float32 arrays. An array qualifies through `as_rows`; `EmbeddingFile` reads a file."""
+
+    shape: tuple[int, int]
+
+    def take(self, rows: np.ndarray) -> np.ndarray: ...
+
+    def read(self, start: int, stop: int) -> np.ndarray: ...
+
+
+class ArrayRows:
+    """An in-memory array or tensor as `Rows`."""
+
+    def __init__(self, x: np.ndarray | Tensor):
+        x = x.detach().cpu().numpy() if isinstance(x, Tensor) else x
+        self.x = np.ascontiguousarray(x, dtype=np.float32)
+        self.shape = self.x.shape
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return self.x[rows]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.x[start:stop]
+
+
+def as_rows(x: np.ndarray | Tensor | Rows) -> Rows:
+    return x if hasattr(x, "take") and hasattr(x, "read") else ArrayRows(x)
+
+
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
     """A seeded split of `range(n)` into (train, validation) indices."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
@@ -136,7 +174,7 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tenso
 
 def fit(
     model: nn.Module,
-    x: Tensor,
+    x: Tensor | np.ndarray | Rows,
     config: TrainConfig = TrainConfig(),
     *,
     state: TrainState | None = None,
@@ -147,16 +185,27 @@ def fit(
     r"""Fit `model` to the rows of `x` by maximum likelihood under a N(0, I) base.
 
     `model(x)` must return `(z, log_det)`; the loss is $-\frac1N\sum \log p(x)$ in nats with
-    $\log p(x) = \log N(z; 0, I) + \log|\det|$. The model is left with the weights of the best
+    $\log p(x) = \log N(z; 0, I) + \log|\det|$. `x` is read one minibatch at a time, so it
+    may be a file larger than memory (`Rows`). The model is left with the weights of the best
     validation epoch, in eval mode. Pass the `state` given to `on_epoch_end` to resume.
+
+    Under `torch.distributed` (torchrun) every process runs `fit` on the same `x` with the same
+    config: each takes every world-size-th row of each minibatch, `DistributedDataParallel`
+    averages the gradients, and the result is the one-process fit up to float rounding.
     """
-    if x.ndim != 2 or x.shape[0] < 3:
-        raise BertflowError(f"need a (rows ≥ 3, dim) tensor to fit, got shape {tuple(x.shape)}")
-    dim = x.shape[1]
-    train_idx, val_idx = split_indices(x.shape[0], config.val_fraction, config.seed)
-    x_train = x[train_idx]
-    x_val = x[val_idx] if len(val_idx) else x_train
-    jitter = config.noise * float((x_train - x_train.mean(0)).pow(2).mean().sqrt())
+    rows = as_rows(x)
+    if len(rows.shape) != 2 or rows.shape[0] < 3:
+        raise BertflowError(f"need a (rows ≥ 3, dim) table to fit, got shape {rows.shape}")
+    dim = rows.shape[1]
+    train_idx, val_idx = split_indices(rows.shape[0], config.val_fraction, config.seed)
+    if not len(val_idx):
+        val_idx = train_idx
+    rank, world = distributed.rank(), distributed.world_size()
+
+    def batch(indices: Tensor) -> Tensor:
+        return torch.from_numpy(np.asarray(rows.take(indices.numpy()), dtype=np.float32))
+
+    jitter = config.noise * _spread(rows, train_idx) if config.noise else 0.0
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     steps_per_epoch = math.ceil(len(train_idx) / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
@@ -164,18 +213,21 @@ def fit(
     if state is None:
         model.train()
         with torch.no_grad():
-            first = x_train[: config.init_size]
+            first = batch(train_idx[: config.init_size])
             g = torch.Generator().manual_seed(config.seed)
             model(first + jitter * torch.randn(first.shape, generator=g) if jitter else first)
         history, step, start, bad_epochs = History(), 0, 0, 0
         best_model = _copy_state(model)
         if writer is not None:
-            writer.add_scalar("cosine/input", mean_pair_cosine(x_val), 0)
+            writer.add_scalar("cosine/input", mean_pair_cosine(batch(val_idx[:_SAMPLE])), 0)
     else:
         model.load_state_dict(state.model)
         optimizer.load_state_dict(state.optimizer)
         history, step, start = copy.deepcopy(state.history), state.step, state.epoch
         bad_epochs, best_model = state.bad_epochs, state.best_model
+    net = model
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
 
     for epoch in range(start + 1, config.epochs + 1):
         if config.patience and bad_epochs >= config.patience:
@@ -186,17 +238,31 @@ def fit(
         order = torch.randperm(len(train_idx), generator=g)
         batches = torch.split(order, config.batch_size)
         total, count = 0.0, 0
-        bar = tqdm(batches, desc=f"epoch {epoch}", unit="batch", disable=not progress, leave=False)
-        for rows in bar:
-            batch = x_train[rows]
-            if jitter:
-                batch = batch + jitter * torch.randn(batch.shape, generator=g)
-            z, log_det = model(batch)
-            loss = -(standard_normal_log_prob(z) + log_det).mean()
+        bar = tqdm(batches, desc=f"epoch {epoch}", unit="batch",
+                   disable=not progress or rank != 0, leave=False)
+        for positions in bar:
+            indices = train_idx[positions]
+            noise = jitter * torch.randn((len(indices), dim), generator=g) if jitter else None
+            if world > 1:
+                indices = indices[rank::world]
+                noise = noise[rank::world] if noise is not None else None
+            data = batch(indices)
+            if noise is not None:
+                data = data + noise
+            z, log_det = net(data)
+            log_p = standard_normal_log_prob(z) + log_det
+            if world > 1:  # DDP averages over processes: scale each to the global mean
+                loss = -log_p.sum() * (world / len(positions))
+                value = -log_p.detach().sum()
+                torch.distributed.all_reduce(value)
+                value = value.item() / len(positions)
+            else:
+                loss = -log_p.mean()
+                value = loss.item()
             step += 1
-            if not torch.isfinite(loss):
+            if not math.isfinite(value):
                 raise BertflowError(
-                    f"non-finite loss ({loss.item()}) at step {step} (epoch {epoch}); "
+                    f"non-finite loss ({value}) at step {step} (epoch {epoch}); "
                     "try a lower learning rate or standardised inputs"
                 )
             optimizer.zero_grad(set_to_none=True)
@@ -206,14 +272,14 @@ def fit(
             if config.max_grad_norm:
                 nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
-            total += loss.item() * len(rows)
-            count += len(rows)
+            total += value * len(positions)
+            count += len(positions)
             if writer is not None:
-                writer.add_scalar("train/nll", loss.item(), step)
-                writer.add_scalar("train/bits_per_dim", loss.item() / (dim * math.log(2)), step)
+                writer.add_scalar("train/nll", value, step)
+                writer.add_scalar("train/bits_per_dim", value / (dim * math.log(2)), step)
                 writer.add_scalar("train/log_det", log_det.mean().item(), step)
         record = {"epoch": float(epoch), "train_nll": total / count}
-        metrics, z_val = _evaluate(model, x_val, config.seed)
+        metrics, z_val = _evaluate(model, batch, val_idx, config.seed)
         record.update(metrics, seconds=time.perf_counter() - began)
         if not math.isfinite(record["val_nll"]):
             raise BertflowError(f"non-finite validation NLL after epoch {epoch} (step {step})")
@@ -244,17 +310,77 @@ def fit(
 
 
 @torch.no_grad()
-def _evaluate(model: nn.Module, x: Tensor, seed: int) -> tuple[dict[str, float], Tensor]:
+def _evaluate(model: nn.Module, batch: Callable[[Tensor], Tensor], indices: Tensor,
+              seed: int) -> tuple[dict[str, float], Tensor]:
+    """Held-out NLL and log-det over `indices`, a block at a time, and the latents of the first
+    `_SAMPLE` of them (for the isotropy measures and the histogram)."""
     model.eval()
-    z, log_det = model(x)
-    nll = -(standard_normal_log_prob(z) + log_det).mean().item()
+    nll = log_det_sum = 0.0
+    sample = []
+    for block in torch.split(indices, _EVAL_ROWS):
+        x = batch(block)
+        z, log_det = model(x)
+        nll -= (standard_normal_log_prob(z) + log_det).double().sum().item()
+        log_det_sum += log_det.double().sum().item()
+        if len(sample) * _EVAL_ROWS < _SAMPLE:
+            sample.append(z)
+    n = len(indices)
+    z = torch.cat(sample)[:_SAMPLE]
     metrics = {
-        "val_nll": nll,
-        "val_bits_per_dim": nll / (x.shape[1] * math.log(2)),
-        "val_log_det": log_det.mean().item(),
+        "val_nll": nll / n,
+        "val_bits_per_dim": nll / n / (z.shape[1] * math.log(2)),
+        "val_log_det": log_det_sum / n,
         "val_cosine": mean_pair_cosine(z, seed=seed),
     }
     return metrics, z
+
+
+@dataclass
+class Moments:
+    """Per-column count, mean and sum of squared deviations of a table, and the sha256 of the
+    float32 rows that were read."""
+
+    count: int
+    mean: np.ndarray
+    squares: np.ndarray
+    sha256: str
+
+    @property
+    def std(self) -> np.ndarray:
+        """The unbiased standard deviation (as `torch.std`)."""
+        return np.sqrt(self.squares / max(self.count - 1, 1))
+
+
+def moments(rows: Rows, chosen: np.ndarray | None = None, what: str = "the rows") -> Moments:
+    """`Moments` of `rows` (only those where the boolean mask `chosen` is set), read a block
+    at a time and merged in float64 (Chan, Golub & LeVeque's update); a NaN or an infinity is
+    an error naming its row."""
+    count, mean, squares = 0, np.zeros(rows.shape[1]), np.zeros(rows.shape[1])
+    digest = hashlib.sha256()
+    for start in range(0, rows.shape[0], _EVAL_ROWS):
+        block = np.ascontiguousarray(rows.read(start, start + _EVAL_ROWS), dtype=np.float32)
+        check_finite(block, what, offset=start)
+        digest.update(block.tobytes())
+        if chosen is not None:
+            block = block[chosen[start : start + len(block)]]
+        if not len(block):
+            continue
+        block = block.astype(np.float64)
+        block_mean = block.mean(0)
+        delta, total = block_mean - mean, count + len(block)
+        mean = mean + delta * len(block) / total
+        squares = squares + ((block - block_mean) ** 2).sum(0) + delta**2 * count * len(
+            block) / total
+        count = total
+    return Moments(count, mean, squares, digest.hexdigest())
+
+
+def _spread(rows: Rows, indices: Tensor) -> float:
+    """The RMS distance of the rows at `indices` from their mean."""
+    chosen = np.zeros(rows.shape[0], dtype=bool)
+    chosen[indices.numpy()] = True
+    m = moments(rows, chosen)
+    return float(np.sqrt((m.squares / m.count).mean()))
 
 
 def _log_epoch(writer: SummaryWriter, z: Tensor, record: dict[str, float], step: int) -> None:

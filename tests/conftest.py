@@ -99,3 +99,15 @@ def fit_tiny_head(encoder, pooling: str, seed: int = 0):
     return FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=32,
                         flow=FlowConfig(levels=2, depth=2, linear="lu"),
                         train=TrainConfig(epochs=2, seed=seed))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_cache(tmp_path_factory):
+    """Commands that default to the user's embedding cache use a throwaway one in tests."""
+    old = os.environ.get("BERTFLOW_CACHE")
+    os.environ["BERTFLOW_CACHE"] = str(tmp_path_factory.mktemp("bertflow-cache"))
+    yield
+    if old is None:
+        os.environ.pop("BERTFLOW_CACHE", None)
+    else:
+        os.environ["BERTFLOW_CACHE"] = old

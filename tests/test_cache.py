@@ -3,14 +3,15 @@ import json
 import numpy as np
 import pytest
 
-from bertflow.cache import EmbeddingCache, corpus_sha256
+from bertflow.cache import EmbeddingCache
+from bertflow.corpus import corpus_sha256
 from bertflow.files import meta_path
 
 from .conftest import SENTENCES
 
 
 class Counting:
-    """Wraps an encoder and counts calls to `encode`."""
+    """Wraps an encoder and records the poolings of each chunk it encodes."""
 
     def __init__(self, encoder):
         self.inner, self.calls = encoder, []
@@ -18,9 +19,9 @@ class Counting:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def encode(self, sentences, pooling, *args, **kwargs):
-        self.calls.append(list(pooling))
-        return self.inner.encode(sentences, pooling, *args, **kwargs)
+    def encode_chunk(self, sentences, poolings, *args, **kwargs):
+        self.calls.append(list(poolings))
+        return self.inner.encode_chunk(sentences, poolings, *args, **kwargs)
 
 
 @pytest.fixture

@@ -221,6 +221,10 @@ def test_fit_refuses_to_overwrite_a_folder_that_is_not_a_head(
     [
         (["--batch-size", "0"], "batch size must be at least 1"),
         (["--max-length", "1"], "max_length must be an integer of at least 2"),
+        (["--device", "cuda"], "device cuda asked for, but this torch"),
+        (["--device", "cuda:1"], "device cuda:1 asked for, but this torch"),
+        (["--device", "gpu"], "unknown device 'gpu'"),
+        (["--dtype", "float16", "--device", "cpu"], "float16 is not supported on the CPU"),
     ],
 )
 def test_bad_encoding_options(tmp_path, capsys, corpus_file, tiny_encoder_dir, args, message):
@@ -288,3 +292,49 @@ def test_sidecar_encoder_must_match_a_given_encoder(
     record = json.loads(meta.read_text())
     meta.write_text(json.dumps({**record, "max_length": "abc"}))
     assert_refused(capsys, ["fit", emb, "--out", head], "is malformed: max_length", head)
+
+
+@pytest.mark.parametrize("command", ["encode", "fit", "transform", "eval", "diagnose", "index",
+                                     "search"])
+def test_every_encoding_command_takes_device_and_dtype(command):
+    from bertflow.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    options = {o for action in commands[command]._actions for o in action.option_strings}
+    assert {"--device", "--dtype"} <= options
+
+
+def test_encode_fills_the_cache_that_fit_and_index_read(tmp_path, capsys, corpus_file,
+                                                        tiny_encoder_dir, monkeypatch):
+    from bertflow.encoder import Encoder
+
+    chunks = []
+    real = Encoder.encode_chunk
+    monkeypatch.setattr(Encoder, "encode_chunk", lambda self, sentences, *a, **k: (
+        chunks.append(len(sentences)) or real(self, sentences, *a, **k)))
+    cache, emb = tmp_path / "cache", tmp_path / "emb.npy"
+    common = ["--encoder", tiny_encoder_dir, "--pooling", "cls", "--cache", cache]
+    code, out, err = run(capsys, "encode", corpus_file, "--out", emb, *common, "--dtype",
+                         "bfloat16")
+    assert code == 0, err
+    assert chunks == [120] and "bfloat16" in out
+    assert json.loads((tmp_path / "emb.meta.json").read_text())["precision"] == "bfloat16"
+    code, out, err = run(capsys, "fit", corpus_file, "--out", tmp_path / "h", *common,
+                         "--dtype", "bfloat16", *FAST)
+    assert code == 0, err
+    code, out, err = run(capsys, "index", corpus_file, "--out", tmp_path / "i", *common,
+                         "--dtype", "bfloat16")
+    assert code == 0, err
+    assert chunks == [120]  # encoded once
+    [cached] = cache.glob("cls-*.npy")
+    assert cached.stat().st_ino == emb.stat().st_ino  # a link, not a copy
+    code, out, err = run(capsys, "fit", corpus_file, "--out", tmp_path / "h32", *common, *FAST)
+    assert code == 0, err
+    assert chunks == [120, 120]  # float32 embeddings are not the bfloat16 ones
+    [float32] = set(cache.glob("cls-*.npy")) - {cached}
+    again = tmp_path / "again.npy"
+    code, out, err = run(capsys, "encode", corpus_file, "--out", again, *common)
+    assert code == 0 and "from the cache" in out
+    assert chunks == [120, 120]
+    assert again.read_bytes() == float32.read_bytes()
+    assert json.loads((tmp_path / "again.meta.json").read_text())["precision"] == "float32"

@@ -230,3 +230,41 @@ def test_log_prob_of_arrays_is_checked_and_matches_tensors(head):
         head.log_prob(np.zeros((2, 7), np.float32))
     with pytest.raises(BertflowError, match="inf values"):
         head.log_prob(np.full((1, 12), np.inf, np.float32))
+
+
+def test_a_file_is_fit_a_block_at_a_time_to_the_in_memory_head(tmp_path, monkeypatch):
+    """Fitting from an EmbeddingFile reads minibatches from disk and never the whole array,
+    and gives the head an in-memory fit gives, bit for bit (noise included)."""
+    from bertflow.embeddings import EmbeddingFile
+
+    x = np.random.default_rng(5).normal(size=(500, 12)).astype(np.float32) * 3 - 2
+    x[:, 4] = 7.0  # a dead feature
+    np.save(tmp_path / "x.npy", x)
+    file = EmbeddingFile(tmp_path / "x.npy")
+    sizes = []
+
+    def counted(method):
+        def read(self, *args):
+            rows = method(self, *args)
+            sizes.append(len(rows))
+            return rows
+        return read
+
+    monkeypatch.setattr(EmbeddingFile, "read", counted(EmbeddingFile.read))
+    monkeypatch.setattr(EmbeddingFile, "take", counted(EmbeddingFile.take))
+    monkeypatch.setattr(EmbeddingFile, "load", lambda self: pytest.fail("loaded whole"))
+    train = TrainConfig(epochs=3, seed=2, noise=0.01, batch_size=32, init_size=100)
+    flow = FlowConfig(levels=2, depth=2, linear="lu")
+    streamed = FlowHead.fit(file, flow=flow, train=train)
+    in_memory = FlowHead.fit(x, flow=flow, train=train)
+    for key, value in in_memory.state_dict().items():
+        assert torch.equal(streamed.state_dict()[key], value), key
+    assert streamed.training_info == in_memory.training_info
+    assert streamed.history.epochs[-1]["val_nll"] == in_memory.history.epochs[-1]["val_nll"]
+    # whole-table reads: the statistics pass (and the noise scale); the rest are minibatches,
+    # the ActNorm initialisation and the held-out rows
+    assert sorted(sizes)[-3:] == [100, 500, 500]
+    np.testing.assert_allclose(streamed.standardize.mean, x.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(streamed.standardize.std[[0, 1, 2, 3, 5]],
+                               x.std(0, ddof=1)[[0, 1, 2, 3, 5]], rtol=1e-5)
+    assert streamed.standardize.std[4] == 1.0

@@ -1,0 +1,550 @@
+"""Embeddings on disk: a float32 `.npy` beside a `.meta.json` sidecar, written chunk by chunk
+(resumably, by one process or several) and read back a few rows at a time.
+
+While a file is being written its rows go into `EMB.npy.partial`, preallocated at its final
+size, and each process records how far it got in `EMB.npy.progress-R-of-N.json` after every
+chunk. A run that stops for any reason (an error, kill -9, a full disk) is continued by the
+same request with `resume=True`, and the finished file is bit for bit the one an uninterrupted
+run writes. When every row is in, the partial file is renamed onto `EMB.npy`, and only then
+is the sidecar written, with the file's sha256, so a reader can tell a sidecar that does not
+belong to the array beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from . import distributed
+from .corpus import Corpus
+from .encoder import (
+    CHUNK_SIZE,
+    DTYPES,
+    Encoder,
+    EncoderId,
+    check_batch_size,
+    check_max_length,
+    check_pooling,
+)
+from .errors import BertflowError, first_line
+from .files import check_finite, meta_path, read_json, write_json
+
+__all__ = [
+    "FORMAT",
+    "EmbeddingFile",
+    "PeerError",
+    "check_destination",
+    "embeddings_meta",
+    "load_embeddings",
+    "read_meta",
+    "write_embeddings",
+]
+
+FORMAT = "bertflow-embeddings"
+FORMAT_VERSION = 2
+PROGRESS = "bertflow-embeddings-progress"
+_READ_ROWS = 16384
+
+
+class PeerError(BertflowError):
+    """Another process of the same torchrun job failed; it reports the error itself."""
+
+
+def embeddings_meta(encoder: EncoderId, pooling: str, max_length: int, corpus: str, count: int,
+                    dim: int, precision: str = "float32") -> dict[str, Any]:
+    """The record that identifies a set of embeddings: who made them, how, and from what."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "encoder": encoder.to_dict(),
+        "pooling": pooling,
+        "max_length": max_length,
+        "precision": precision,
+        "corpus_sha256": corpus,
+        "count": count,
+        "dim": dim,
+        "dtype": "float32",
+    }
+
+
+def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
+    """The sidecar of `npy` if it has one, checked to be an embeddings record (version 1
+    records, from before `precision` and `sha256`, read as float32 and unchecked)."""
+    path = meta_path(npy)
+    if not path.exists():
+        return None
+    meta = read_json(path)
+    if meta.get("format") != FORMAT:
+        raise BertflowError(f"{path} is not a bertflow embeddings record")
+    missing = {"encoder", "pooling", "max_length", "count", "dim"} - meta.keys()
+    if missing:
+        raise BertflowError(f"{path} lacks {', '.join(sorted(missing))}")
+    meta.setdefault("precision", "float32")
+    try:
+        EncoderId.from_dict(meta["encoder"])
+        check_pooling(meta["pooling"])
+        check_max_length(meta["max_length"])
+        if not all(isinstance(meta[k], int) and meta[k] > 0 for k in ("count", "dim")):
+            raise BertflowError("count and dim must be positive integers")
+        if meta["precision"] not in DTYPES:
+            raise BertflowError(f"unknown precision {meta['precision']!r}")
+    except BertflowError as e:
+        raise BertflowError(f"{path} is malformed: {e}") from None
+    return meta
+
+
+class EmbeddingFile:
+    """A 2-D float `.npy` file read by rows (`read`, `take`, `chunks`) into float32 arrays,
+    with positioned reads rather than a mapping of the whole file, so that memory stays
+    bounded however large the file; `meta` is its sidecar, or None.
+
+    Opening checks the header, the shape and the file's size; `verify` reads every row once
+    to check that all are finite and that the sidecar's checksum is this file's.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise BertflowError(f"no such file: {self.path}")
+        self._file = open(self.path, "rb")  # noqa: SIM115 - held for the object's lifetime
+        try:
+            self.shape, self.dtype, self.offset, self.fortran = _header(self._file, self.path)
+        except BaseException:
+            self._file.close()
+            raise
+        self.meta = read_meta(self.path)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.shape[1]
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> EmbeddingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._file.close()
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows `start` to `stop` as a new float32 array."""
+        start, stop = max(0, start), min(stop, len(self))
+        if self.fortran:
+            return np.array(self._mapped()[start:stop], dtype=np.float32)
+        out = np.empty((max(0, stop - start), self.dim), dtype=self.dtype)
+        self._read_into(out, start)
+        return out.astype(np.float32, copy=False)
+
+    def take(self, rows: np.ndarray | Sequence[int]) -> np.ndarray:
+        """The rows at `rows`, in that order, as a new float32 array."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.fortran:
+            return np.array(self._mapped()[rows], dtype=np.float32)
+        out = np.empty((len(rows), self.dim), dtype=self.dtype)
+        for j, row in enumerate(rows):
+            self._read_into(out[j : j + 1], int(row))
+        return out.astype(np.float32, copy=False)
+
+    def chunks(self, rows: int = _READ_ROWS) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, float32 rows) over the whole file, `rows` at a time."""
+        for start in range(0, len(self), rows):
+            yield start, self.read(start, start + rows)
+
+    def verify(self) -> EmbeddingFile:
+        """Check that every value is finite and, when the sidecar records one, the checksum."""
+        digest = hashlib.sha256()
+        self._file.seek(0)
+        digest.update(self._file.read(self.offset))
+        for start, block in self._raw_chunks():
+            digest.update(block.tobytes())
+            check_finite(block, str(self.path), offset=start)
+        expected = (self.meta or {}).get("sha256")
+        if expected is not None and digest.hexdigest() != expected:
+            raise BertflowError(
+                f"{meta_path(self.path)} does not describe {self.path} (checksum differs): "
+                "one of the two was replaced or altered; encode again"
+            )
+        if self.meta is not None and (self.meta["count"], self.meta["dim"]) != self.shape:
+            raise BertflowError(f"{self.path} has shape {self.shape} but its sidecar says "
+                                f"({self.meta['count']}, {self.meta['dim']})")
+        return self
+
+    def load(self) -> np.ndarray:
+        """The whole array, memory-mapped read-only."""
+        return self._mapped()
+
+    def _raw_chunks(self) -> Iterator[tuple[int, np.ndarray]]:
+        for start in range(0, len(self), _READ_ROWS):
+            stop = min(start + _READ_ROWS, len(self))
+            if self.fortran:
+                yield start, np.ascontiguousarray(self._mapped()[start:stop])
+                continue
+            block = np.empty((stop - start, self.dim), dtype=self.dtype)
+            self._read_into(block, start)
+            yield start, block
+
+    def _read_into(self, out: np.ndarray, start: int) -> None:
+        view = memoryview(out).cast("B")
+        position = self.offset + start * self.dim * self.dtype.itemsize
+        while len(view):
+            got = os.preadv(self._file.fileno(), [view], position)
+            if got <= 0:
+                raise BertflowError(f"{self.path} ended early (it is truncated or was replaced)")
+            view, position = view[got:], position + got
+
+    def _mapped(self) -> np.ndarray:
+        return np.load(self.path, mmap_mode="r", allow_pickle=False)
+
+
+def load_embeddings(path: str | os.PathLike) -> np.ndarray:
+    """A 2-D float array from a `.npy` file, checked (shape, finiteness, the sidecar's
+    checksum) and memory-mapped."""
+    with EmbeddingFile(path) as file:
+        return file.verify().load()
+
+
+def _header(f: Any, path: Path) -> tuple[tuple[int, int], np.dtype, int, bool]:
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except (ValueError, OSError, EOFError, SyntaxError) as e:
+        raise BertflowError(f"{path} is not a readable .npy array ({first_line(e)})") from None
+    if dtype.hasobject:
+        raise BertflowError(f"{path} is not a readable .npy array (it holds Python objects)")
+    if len(shape) != 2:
+        raise BertflowError(f"{path} has shape {shape}; expected (sentences, dim)")
+    if shape[0] == 0 or shape[1] == 0:
+        raise BertflowError(f"{path} is empty (shape {shape})")
+    if not np.issubdtype(dtype, np.floating):
+        raise BertflowError(f"{path} has dtype {dtype}; expected floating-point embeddings")
+    offset = f.tell()
+    expected = offset + shape[0] * shape[1] * dtype.itemsize
+    size = os.fstat(f.fileno()).st_size
+    if size < expected:
+        raise BertflowError(f"{path} is truncated: {size} bytes where its header needs "
+                            f"{expected}")
+    return (int(shape[0]), int(shape[1])), dtype, offset, bool(fortran)
+
+
+def write_embeddings(
+    targets: Mapping[str, str | os.PathLike],
+    corpus: Corpus,
+    encoder: Encoder,
+    max_length: int = 128,
+    batch_size: int = 32,
+    *,
+    resume: bool = False,
+    wait: bool = False,
+    progress: bool | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Encode `corpus` once with every pooling in `targets` (pooling → `.npy` path) and write
+    each pooling's embeddings to its path, returning the sidecars written.
+
+    With `resume`, a run that stopped continues from its progress records (which must belong
+    to this very request), and a target already complete is left as it is. `wait` waits for
+    another process writing the same target instead of refusing. Under torchrun every rank
+    calls this: rank 0 prepares and finishes the files, and each rank encodes its own
+    contiguous share of the chunks into them.
+    """
+    rank, world = distributed.rank(), distributed.world_size()
+    check_max_length(max_length)
+    check_batch_size(batch_size)
+    outputs = {p: _Output(Path(path), embeddings_meta(
+        encoder.id, check_pooling(p), max_length, corpus.sha256, len(corpus), encoder.dim,
+        encoder.precision), {"chunk_size": CHUNK_SIZE, "batch_size": batch_size, "world": world})
+        for p, path in targets.items()}
+    with contextlib.ExitStack() as locks:
+        error = None
+        if rank == 0:
+            try:
+                for output in outputs.values():
+                    locks.enter_context(output.lock(wait))
+                    output.prepare(resume)
+            except BertflowError as e:
+                error = str(e)
+        error = distributed.broadcast_error(error)
+        if error is not None:
+            raise BertflowError(error) if rank == 0 else PeerError(error)
+        pending = {p: o for p, o in outputs.items() if o.record_path(rank).exists()}
+        _encode_share(pending, corpus, encoder, max_length, batch_size, rank, world, progress)
+        distributed.barrier()
+        if rank == 0:
+            for output in pending.values():
+                output.finish()
+        distributed.barrier()
+    return {p: o.meta for p, o in outputs.items()}
+
+
+def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encoder,
+                  max_length: int, batch_size: int, rank: int, world: int,
+                  progress: bool | None) -> None:
+    start, stop = _share(len(corpus), rank, world, CHUNK_SIZE)
+    done = min((o.done(rank) for o in outputs.values()), default=stop)
+    if done >= stop:
+        return
+    show = len(corpus) >= 2000 if progress is None else progress
+    label = f"encoding (rank {rank})" if world > 1 else "encoding"
+    files = {p: open(o.partial, "r+b") for p, o in outputs.items()}  # noqa: SIM115
+    offsets = {p: _header(files[p], o.partial)[2] for p, o in outputs.items()}
+    try:
+        with tqdm(total=stop - start, initial=done - start, desc=label, unit="sent",
+                  disable=not show or rank != 0) as bar:
+            for chunk in corpus.chunks(done, stop, CHUNK_SIZE):
+                vectors = encoder.encode_chunk(chunk, list(outputs), max_length, batch_size)
+                for p, output in outputs.items():
+                    output.write(files[p], offsets[p], done, vectors[p])
+                done += len(chunk)
+                for output in outputs.values():
+                    output.record(rank, done)
+                bar.update(len(chunk))
+    finally:
+        for f in files.values():
+            f.close()
+
+
+def check_destination(path: str | os.PathLike) -> Path:
+    """`path` if embeddings may be written there: a `.npy` path that is free or holds bertflow
+    embeddings (with their sidecar). Anything else is left alone."""
+    path = Path(path)
+    if path.suffix != ".npy":
+        raise BertflowError(f"{path} must end in .npy")
+    if path.is_dir():
+        raise BertflowError(f"{path} is a folder")
+    if path.exists():
+        try:
+            ours = read_meta(path) is not None
+        except BertflowError:
+            ours = False
+        if not ours:
+            raise BertflowError(f"{path} exists and is not bertflow embeddings (no "
+                                f"{meta_path(path).name}); not replacing it")
+    return path
+
+
+def _share(count: int, rank: int, world: int, chunk: int) -> tuple[int, int]:
+    """Rank `rank`'s contiguous run of whole chunks, as rows [start, stop)."""
+    chunks = -(-count // chunk)
+    first, last = chunks * rank // world, chunks * (rank + 1) // world
+    return min(first * chunk, count), min(last * chunk, count)
+
+
+class _Output:
+    """One `.npy` being written: its partial file, progress records and lock."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], layout: dict[str, int]):
+        if path.suffix != ".npy" or path.is_dir():
+            check_destination(path)
+        self.path, self.meta, self.layout = path, meta, layout
+        self.partial = path.with_name(path.name + ".partial")
+
+    def record_path(self, rank: int) -> Path:
+        return self.path.with_name(
+            f"{self.path.name}.progress-{rank}-of-{self.layout['world']}.json")
+
+    def records(self) -> list[Path]:
+        return sorted(self.path.parent.glob(f"{self.path.name}.progress-*.json"))
+
+    @contextlib.contextmanager
+    def lock(self, wait: bool) -> Iterator[None]:
+        """Hold `.EMB.npy.lock` exclusively; another holder means another writer."""
+        lock = self.path.with_name(f".{self.path.name}.lock")
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            f = open(lock, "a+b")  # noqa: SIM115
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                f.close()
+                raise BertflowError(
+                    f"another process is writing {self.path}; wait for it to finish") from None
+            try:
+                same = os.stat(lock).st_ino == os.fstat(f.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            f.close()  # the holder removed it as we waited: lock the new one
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+            f.close()
+
+    def prepare(self, resume: bool) -> None:
+        """Make the partial file and the records for a run (rank 0, under the lock)."""
+        records = self.records()
+        for litter in self.path.parent.glob(f".{self.path.name}.progress-*.json.*.tmp"):
+            litter.unlink()  # left by a kill during a record's atomic write
+        if resume and records:
+            self._check_records(records)
+            if self.partial.exists() and self._fits(self.partial):
+                return
+            if not self.partial.exists() and self._fits(self.path) and all(
+                    read_json(r)["done"] == read_json(r)["rows"][1] for r in records):
+                return  # every row was in and moved into place: only the sidecar is missing
+        if self.partial.exists() and not records:
+            raise BertflowError(f"{self.partial} exists but was not left by bertflow; "
+                                "remove it or choose another output")
+        if not records and resume and self._complete():
+            return
+        check_destination(self.path)
+        for record in records:
+            self._check_record(record, strict=False)
+            record.unlink()
+        count, dim = self.meta["count"], self.meta["dim"]
+        for rank in range(self.layout["world"]):
+            start, _ = _share(count, rank, self.layout["world"], self.layout["chunk_size"])
+            write_json(self.record_path(rank), {**self._record(rank), "done": start})
+        size = count * dim * 4
+        try:
+            with open(self.partial, "wb") as f:
+                np.lib.format.write_array_header_1_0(f, {
+                    "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
+                    "fortran_order": False, "shape": (count, dim)})
+                size += f.tell()
+                os.posix_fallocate(f.fileno(), 0, size)
+        except OSError as e:
+            self.partial.unlink(missing_ok=True)
+            for record in self.records():
+                record.unlink()
+            raise _disk_error(e, f"preparing {self.partial} ({size / 2**20:.0f} MiB)") from None
+
+    def done(self, rank: int) -> int:
+        return int(read_json(self.record_path(rank))["done"])
+
+    def write(self, f: Any, offset: int, start: int, rows: np.ndarray) -> None:
+        data = np.ascontiguousarray(rows, dtype=np.float32)
+        position = offset + start * self.meta["dim"] * 4
+        try:
+            view = memoryview(data).cast("B")
+            while len(view):
+                written = os.pwrite(f.fileno(), view, position)
+                view, position = view[written:], position + written
+            os.fsync(f.fileno())
+        except OSError as e:
+            raise _disk_error(e, f"writing {self.partial}") from None
+
+    def record(self, rank: int, done: int) -> None:
+        try:
+            write_json(self.record_path(rank), {**self._record(rank), "done": done})
+        except OSError as e:
+            raise _disk_error(e, f"writing {self.record_path(rank)}") from None
+
+    def finish(self) -> None:
+        """Check every share is done, move the data into place, then write the sidecar."""
+        records = self.records()
+        self._check_records(records)
+        for record in records:
+            value = read_json(record)
+            if value["done"] != value["rows"][1]:
+                raise BertflowError(f"{record} is unfinished: rows {value['done']} to "
+                                    f"{value['rows'][1]} were never written")
+        if self.partial.exists():
+            os.replace(self.partial, self.path)
+        digest = hashlib.sha256()
+        with open(self.path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+        try:
+            write_json(meta_path(self.path), {**self.meta, "sha256": digest.hexdigest()})
+        except OSError as e:
+            raise _disk_error(e, f"writing {meta_path(self.path)}") from None
+        for record in records:
+            record.unlink()
+
+    def _record(self, rank: int) -> dict[str, Any]:
+        return {"format": PROGRESS, "request": self.meta, "layout": self.layout,
+                "rows": list(_share(self.meta["count"], rank, self.layout["world"],
+                                    self.layout["chunk_size"]))}
+
+    def _check_records(self, records: list[Path]) -> None:
+        names = {self.record_path(r).name for r in range(self.layout["world"])}
+        for record in records:
+            self._check_record(record, strict=True)
+        if {r.name for r in records} != names:
+            found = ", ".join(r.name for r in records)
+            raise BertflowError(
+                f"{self.path}'s progress records ({found}) are not those of a "
+                f"{self.layout['world']}-process run; resume with as many processes as the "
+                "run had, or start afresh without --resume")
+
+    def _check_record(self, record: Path, strict: bool) -> None:
+        try:
+            value = read_json(record)
+        except BertflowError:
+            value = {}
+        if value.get("format") != PROGRESS:
+            raise BertflowError(f"{record} is not a bertflow progress record; not touching it")
+        if not strict:
+            return
+        request, layout = value.get("request", {}), value.get("layout", {})
+        for key in ("corpus_sha256", "count", "encoder", "pooling", "max_length",
+                    "precision", "dim"):
+            if request.get(key) != self.meta[key]:
+                raise BertflowError(
+                    f"{record} belongs to another run ({key} {_show(request.get(key))}, not "
+                    f"{_show(self.meta[key])}); start afresh without --resume")
+        for key in ("chunk_size", "batch_size", "world"):
+            if layout.get(key) != self.layout[key]:
+                raise BertflowError(
+                    f"{record} was written with {key} {layout.get(key)}, not "
+                    f"{self.layout[key]}; resume with the same settings, or start afresh")
+
+    def _complete(self) -> bool:
+        try:
+            meta = read_meta(self.path)
+            if meta is None or any(meta.get(k) != v for k, v in self.meta.items()
+                                   if k != "format_version"):
+                return False
+            EmbeddingFile(self.path).verify()
+        except BertflowError:
+            return False
+        return True
+
+    def _fits(self, path: Path) -> bool:
+        """Whether `path` is a float32 C-order `.npy` of this output's full shape."""
+        if not path.is_file():
+            return False
+        try:
+            with open(path, "rb") as f:
+                shape, dtype, _, fortran = _header(f, path)
+        except BertflowError:
+            return False
+        return shape == (self.meta["count"], self.meta["dim"]) and dtype == np.float32 and (
+            not fortran)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict) and "name" in value:
+        return str(value["name"])
+    text = str(value)
+    return text[:12] + "…" if len(text) > 16 else text
+
+
+def _disk_error(error: OSError, doing: str) -> BertflowError:
+    if error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        reason = "no space left on the device" if error.errno != errno.EFBIG else "file too large"
+        return BertflowError(f"{reason} while {doing}")
+    return BertflowError(f"{error.strerror or error} while {doing}")
