@@ -227,7 +227,7 @@ def fit(
         bad_epochs, best_model = state.bad_epochs, state.best_model
     net = model
     if world > 1:
-        net = nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+        net = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
 
     for epoch in range(start + 1, config.epochs + 1):
         if config.patience and bad_epochs >= config.patience:

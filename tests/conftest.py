@@ -29,7 +29,8 @@ def data_dir() -> Path:
     return Path(os.environ.get("BERTFLOW_DATA", REPO.parent / "shared" / "data"))
 
 
-def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int = 0) -> Path:
+def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int = 0,
+                      heads: int = 2) -> Path:
     """Save a randomly initialised tiny BERT and its tokenizer to `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     vocab = folder / "vocab.txt"
@@ -39,7 +40,7 @@ def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int
         vocab_size=len(WORDS) + 5,
         hidden_size=hidden,
         num_hidden_layers=layers,
-        num_attention_heads=2,
+        num_attention_heads=heads,
         intermediate_size=2 * hidden,
         max_position_embeddings=64,
     )

@@ -1,0 +1,123 @@
+"""encode, fit and index across 2 processes started by PyTorch's own launcher (torchrun),
+on the CPU with gloo, against the same commands in one process."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertflow import FlowHead
+
+from .conftest import WORDS, make_tiny_encoder
+
+# Chunks of 16 sentences so that a few hundred make many; a crash can be injected on one rank.
+SCRIPT = """
+import os, sys
+import bertflow.embeddings, bertflow.encoder
+bertflow.encoder.CHUNK_SIZE = bertflow.embeddings.CHUNK_SIZE = 16
+crash = os.environ.get("CRASH_RANK_AFTER")
+if crash and os.environ.get("RANK") == crash.split(":")[0]:
+    real, calls = bertflow.encoder.Encoder.encode_chunk, []
+    def encode_chunk(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > int(crash.split(":")[1]):
+            os._exit(9)
+        return real(self, *args, **kwargs)
+    bertflow.encoder.Encoder.encode_chunk = encode_chunk
+from bertflow.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distributed")
+    (root / "run.py").write_text(SCRIPT)
+    # head dimension 16: PyTorch's CPU attention rounds differently with the thread count
+    # for head dimension 8, and torchrun gives each process one thread
+    make_tiny_encoder(root / "encoder", hidden=32, heads=2)
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(300)]
+    (root / "corpus.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def bertflow(root, *args, processes=1, env=None, check=True):
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                 str(processes), "--master_port", str(29500 + random.randrange(1000))]
+                if processes > 1 else [sys.executable])
+    result = subprocess.run([*launcher, str(root / "run.py"), *map(str, args)],
+                            capture_output=True, text=True, cwd=root,
+                            env={**os.environ, **(env or {})})
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def encode(root, out, *extra, **kwargs):
+    return bertflow(root, "encode", "corpus.txt", "--out", out, "--encoder", "encoder",
+                    "--pooling", "first_last", "--cache", root / "cache", "--batch-size", "4",
+                    *extra, **kwargs)
+
+
+def test_two_processes_encode_the_same_file_bit_for_bit(setup):
+    encode(setup, "one.npy", "--no-cache")
+    encode(setup, "two.npy", "--no-cache", processes=2)
+    assert (setup / "two.npy").read_bytes() == (setup / "one.npy").read_bytes()
+    one, two = (json.loads((setup / f"{n}.meta.json").read_text()) for n in ("one", "two"))
+    assert one == two
+    assert not list(setup.glob("two.npy.*")) and not list(setup.glob(".two.npy*"))
+
+
+def test_a_rank_that_dies_is_resumed_by_the_same_launch(setup):
+    died = encode(setup, "resumed.npy", "--no-cache", processes=2,
+                  env={"CRASH_RANK_AFTER": "1:3"}, check=False)
+    assert died.returncode != 0
+    records = sorted(p.name for p in setup.glob("resumed.npy.progress-*"))
+    assert records == ["resumed.npy.progress-0-of-2.json", "resumed.npy.progress-1-of-2.json"]
+    # rank 1's share starts at chunk 9 of 19; it wrote 3 chunks before it died
+    assert json.loads((setup / records[1]).read_text())["done"] == 9 * 16 + 3 * 16
+
+    other = encode(setup, "resumed.npy", "--no-cache", "--resume", check=False)
+    assert other.returncode == 1
+    [line] = other.stderr.strip().splitlines()
+    assert "progress-0-of-2.json was written with world 2, not 1" in line
+
+    encode(setup, "resumed.npy", "--no-cache", "--resume", processes=2)
+    assert (setup / "resumed.npy").read_bytes() == (setup / "one.npy").read_bytes()
+    assert not list(setup.glob("resumed.npy.*"))
+
+
+def test_fit_with_ddp_matches_one_process_and_writes_the_head_once(setup):
+    common = ["--encoder", "encoder", "--cache", setup / "cache", "--pooling", "mean",
+              "--epochs", "2", "--batch-size", "32", "--levels", "2", "--quiet"]
+    bertflow(setup, "fit", "corpus.txt", "--out", "head-one", *common)
+    result = bertflow(setup, "fit", "corpus.txt", "--out", "head-two", *common, processes=2)
+    assert result.stdout.count("wrote head-two") == 1
+    one, two = FlowHead.load(setup / "head-one"), FlowHead.load(setup / "head-two")
+    x = np.load(next((setup / "cache").glob("mean-*.npy")))
+    z_one, z_two = one.transform(x), two.transform(x)
+    # the same minibatches; only the order of float sums differs (DDP's gradient all-reduce)
+    assert np.abs(z_one - z_two).max() < 1e-3
+    assert one.training_info["val_nll"] == pytest.approx(two.training_info["val_nll"], abs=1e-3)
+    assert one.training_info["corpus"] == two.training_info["corpus"]
+
+
+def test_index_encodes_across_processes_and_builds_one_index(setup):
+    bertflow(setup, "index", "corpus.txt", "--out", "index-one", "--encoder", "encoder",
+             "--pooling", "cls", "--cache", setup / "cache-one")
+    bertflow(setup, "index", "corpus.txt", "--out", "index-two", "--encoder", "encoder",
+             "--pooling", "cls", "--cache", setup / "cache-two", processes=2)
+    for name in ("index.faiss", "items.json"):
+        two, one = (setup / "index-two" / name), (setup / "index-one" / name)
+        assert two.read_bytes() == one.read_bytes()
+
+
+def test_commands_that_do_not_split_are_refused_under_torchrun(setup):
+    result = bertflow(setup, "info", "head-one", processes=2, check=False)
+    assert result.returncode != 0
+    assert "bertflow: error: [rank 0] bertflow info runs in one process" in result.stderr
