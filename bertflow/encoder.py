@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
+import itertools
 import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -260,15 +261,12 @@ class Encoder:
         the step that `encode` and the streaming writer repeat."""
         check_max_length(max_length)
         check_batch_size(batch_size)
-        tokens = self.tokenize(sentences, max_length)
-        order = np.argsort([-len(ids) for ids in tokens["input_ids"]], kind="stable")
-        keys = [k for k in (*_MODEL_INPUTS, "special_tokens_mask") if k in tokens]
+        tokens = _Tokens(self, sentences, max_length)
+        order = np.argsort(-tokens.lengths, kind="stable")
         out = {p: torch.empty(len(sentences), self.dim, device=self.device) for p in poolings}
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            batch = self.tokenizer.pad({k: [tokens[k][i] for i in rows] for k in keys},
-                                       return_tensors="pt")
-            batch = {k: self._to_device(v) for k, v in batch.items()}
+            batch = {k: self._to_device(v) for k, v in tokens.padded(rows).items()}
             hidden, words = self.states(batch, poolings)
             index = torch.from_numpy(rows).to(self.device)
             for p in poolings:
@@ -324,6 +322,42 @@ class Encoder:
         if self.device.type != "cuda":
             return tensor
         return tensor.pin_memory().to(self.device, non_blocking=True)
+
+
+class _Tokens:
+    """A chunk's token fields, tokenised a slice at a time and kept as flat int32 arrays (a
+    tokenizer's own output for thousands of sentences takes tens of MB), padded per batch."""
+
+    def __init__(self, encoder: Encoder, sentences: Sequence[str], max_length: int,
+                 slice_size: int = 512):
+        parts: dict[str, list[np.ndarray]] = {}
+        lengths = []
+        for start in range(0, len(sentences), slice_size):
+            tokens = encoder.tokenize(sentences[start : start + slice_size], max_length)
+            lengths += [len(ids) for ids in tokens["input_ids"]]
+            for key in ("input_ids", "token_type_ids", "special_tokens_mask"):
+                if key in tokens:
+                    parts.setdefault(key, []).append(
+                        np.fromiter(itertools.chain.from_iterable(tokens[key]), np.int32))
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+        self.fields = {key: np.concatenate(values) for key, values in parts.items()}
+        pad_id = encoder.tokenizer.pad_token_id
+        self.pads = {"input_ids": 0 if pad_id is None else pad_id, "token_type_ids": 0,
+                     "special_tokens_mask": 1}
+
+    def padded(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """The rows' fields right-padded to the longest of them, with their attention mask."""
+        lengths = self.lengths[rows]
+        width = int(lengths.max())
+        batch = {key: np.full((len(rows), width), self.pads[key], dtype=np.int64)
+                 for key in self.fields}
+        for j, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+            start = self.starts[row]
+            for key, values in self.fields.items():
+                batch[key][j, :length] = values[start : start + length]
+        batch["attention_mask"] = (np.arange(width) < lengths[:, None]).astype(np.int64)
+        return {key: torch.from_numpy(value) for key, value in batch.items()}
 
 
 def load_encoder(
