@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import importlib.resources
 import itertools
@@ -253,12 +255,20 @@ class Encoder:
                 bar.update(len(chunk))
         return out[pooling] if isinstance(pooling, str) else out
 
-    @torch.inference_mode()
     def encode_chunk(
         self, sentences: Sequence[str], poolings: Sequence[str], max_length: int, batch_size: int
     ) -> dict[str, np.ndarray]:
         """Embed one chunk of sentences with each of `poolings` (float32 arrays, input order):
-        the step that `encode` and the streaming writer repeat."""
+        the step that `encode` and the streaming writer repeat. The chunk's working memory is
+        handed back to the system before the next one, so memory stays flat over a corpus."""
+        out = self._encode_chunk(sentences, poolings, max_length, batch_size)
+        _release_free_memory()
+        return out
+
+    @torch.inference_mode()
+    def _encode_chunk(
+        self, sentences: Sequence[str], poolings: Sequence[str], max_length: int, batch_size: int
+    ) -> dict[str, np.ndarray]:
         check_max_length(max_length)
         check_batch_size(batch_size)
         tokens = _Tokens(self, sentences, max_length)
@@ -345,11 +355,16 @@ class _Tokens:
         pad_id = encoder.tokenizer.pad_token_id
         self.pads = {"input_ids": 0 if pad_id is None else pad_id, "token_type_ids": 0,
                      "special_tokens_mask": 1}
+        limits = (encoder.max_tokens, getattr(encoder.model.config, "max_position_embeddings",
+                                              None))
+        self.limit = min((n for n in limits if isinstance(n, int) and n > 0), default=None)
 
     def padded(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
-        """The rows' fields right-padded to the longest of them, with their attention mask."""
+        """The rows' fields right-padded to the longest of them, rounded up by `_padded_width`
+        within the model's positions, with their attention mask."""
         lengths = self.lengths[rows]
-        width = int(lengths.max())
+        longest = int(lengths.max())
+        width = max(longest, min(_padded_width(longest), self.limit or longest))
         batch = {key: np.full((len(rows), width), self.pads[key], dtype=np.int64)
                  for key in self.fields}
         for j, (row, length) in enumerate(zip(rows, lengths, strict=True)):
@@ -358,6 +373,32 @@ class _Tokens:
                 batch[key][j, :length] = values[start : start + length]
         batch["attention_mask"] = (np.arange(width) < lengths[:, None]).astype(np.int64)
         return {key: torch.from_numpy(value) for key, value in batch.items()}
+
+
+def _padded_width(longest: int) -> int:
+    """`longest` rounded up to an eighth of its power of two (at most 12.5% more padding): a few
+    dozen batch shapes instead of one per length keep the CPU allocator from fragmenting, so
+    memory does not creep up over a long corpus. Masked padding leaves the embeddings alone."""
+    step = max(1, (1 << (longest.bit_length() - 1)) // 8)
+    return -(-longest // step) * step
+
+
+def _release_free_memory() -> None:
+    """Return the C allocator's free pages to the system (glibc's `malloc_trim`; elsewhere a
+    no-op). Tensors of varying shapes otherwise leave freed memory stranded in the heap."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc_with_trim() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc_with_trim()
 
 
 def load_encoder(

@@ -29,8 +29,9 @@ def pair_cosines(x: np.ndarray | torch.Tensor, pairs: int = 10000, seed: int = 0
     g = torch.Generator().manual_seed(seed)
     i = torch.randint(n, (pairs,), generator=g)
     j = (i + torch.randint(1, n, (pairs,), generator=g)) % n
-    u = torch.nn.functional.normalize(x.detach().cpu().double(), dim=1)
-    return (u[i] * u[j]).sum(1).numpy()
+    x = x.detach().cpu()
+    u, v = (torch.nn.functional.normalize(x[k].double(), dim=1) for k in (i, j))
+    return (u * v).sum(1).numpy()
 
 
 def mean_pair_cosine(x: np.ndarray | torch.Tensor, pairs: int = 10000, seed: int = 0) -> float:

@@ -24,7 +24,8 @@ from .isotropy import mean_pair_cosine
 __all__ = ["ArrayRows", "History", "Moments", "Rows", "TrainConfig", "TrainState", "as_rows",
            "fit", "moments", "split_indices"]
 
-_EVAL_ROWS = 8192  # rows per forward pass when evaluating
+_READ_ROWS = 8192  # rows per block when streaming statistics
+_EVAL_ROWS = 1024  # rows per forward pass when evaluating (its activations are the peak memory)
 _SAMPLE = 16384  # held-out latents kept for the isotropy measures
 
 
@@ -164,8 +165,9 @@ def as_rows(x: np.ndarray | Tensor | Rows) -> Rows:
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """A seeded split of `range(n)` into (train, validation) indices."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    """A seeded split of `range(n)` into (train, validation) indices (int32 below 2**31 rows:
+    4 bytes a row is all that grows with the corpus)."""
+    order = _permutation(n, torch.Generator().manual_seed(seed))
     n_val = min(n - 2, max(1, round(n * val_fraction))) if val_fraction > 0 else 0
     if n - n_val < 2:
         raise BertflowError(f"need at least 2 training rows, got {n} in all")
@@ -235,12 +237,12 @@ def fit(
         began = time.perf_counter()
         model.train()
         g = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(train_idx), generator=g)
-        batches = torch.split(order, config.batch_size)
+        order = _permutation(len(train_idx), g)
         total, count = 0.0, 0
-        bar = tqdm(batches, desc=f"epoch {epoch}", unit="batch",
+        bar = tqdm(range(0, len(order), config.batch_size), desc=f"epoch {epoch}", unit="batch",
                    disable=not progress or rank != 0, leave=False)
-        for positions in bar:
+        for first in bar:
+            positions = order[first : first + config.batch_size]
             indices = train_idx[positions]
             noise = jitter * torch.randn((len(indices), dim), generator=g) if jitter else None
             if world > 1:
@@ -316,16 +318,17 @@ def _evaluate(model: nn.Module, batch: Callable[[Tensor], Tensor], indices: Tens
     `_SAMPLE` of them (for the isotropy measures and the histogram)."""
     model.eval()
     nll = log_det_sum = 0.0
-    sample = []
-    for block in torch.split(indices, _EVAL_ROWS):
-        x = batch(block)
-        z, log_det = model(x)
+    n = len(indices)
+    z_sample = None
+    for start in range(0, n, _EVAL_ROWS):
+        z, log_det = model(batch(indices[start : start + _EVAL_ROWS]))
         nll -= (standard_normal_log_prob(z) + log_det).double().sum().item()
         log_det_sum += log_det.double().sum().item()
-        if len(sample) * _EVAL_ROWS < _SAMPLE:
-            sample.append(z)
-    n = len(indices)
-    z = torch.cat(sample)[:_SAMPLE]
+        if z_sample is None:
+            z_sample = z.new_empty(min(n, _SAMPLE), z.shape[1])
+        if start < len(z_sample):
+            z_sample[start : start + len(z)] = z[: len(z_sample) - start]
+    z = z_sample
     metrics = {
         "val_nll": nll / n,
         "val_bits_per_dim": nll / n / (z.shape[1] * math.log(2)),
@@ -357,8 +360,8 @@ def moments(rows: Rows, chosen: np.ndarray | None = None, what: str = "the rows"
     an error naming its row."""
     count, mean, squares = 0, np.zeros(rows.shape[1]), np.zeros(rows.shape[1])
     digest = hashlib.sha256()
-    for start in range(0, rows.shape[0], _EVAL_ROWS):
-        block = np.ascontiguousarray(rows.read(start, start + _EVAL_ROWS), dtype=np.float32)
+    for start in range(0, rows.shape[0], _READ_ROWS):
+        block = np.ascontiguousarray(rows.read(start, start + _READ_ROWS), dtype=np.float32)
         check_finite(block, what, offset=start)
         digest.update(block.tobytes())
         if chosen is not None:
@@ -388,6 +391,12 @@ def _log_epoch(writer: SummaryWriter, z: Tensor, record: dict[str, float], step:
         writer.add_scalar(f"val/{key.removeprefix('val_')}", record[key], step)
     writer.add_scalar("cosine/latent", record["val_cosine"], step)
     writer.add_histogram("latent/z", z, step)
+
+
+def _permutation(n: int, generator: torch.Generator) -> Tensor:
+    """A random permutation of `range(n)`, the same as `torch.randperm`'s in int64."""
+    return torch.randperm(n, generator=generator,
+                          dtype=torch.int32 if n < 2**31 else torch.int64)
 
 
 def _learning_rate(config: TrainConfig, step: int, total_steps: int) -> float:

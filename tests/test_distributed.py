@@ -121,3 +121,52 @@ def test_commands_that_do_not_split_are_refused_under_torchrun(setup):
     result = bertflow(setup, "info", "head-one", processes=2, check=False)
     assert result.returncode != 0
     assert "bertflow: error: [rank 0] bertflow info runs in one process" in result.stderr
+
+
+def test_two_machines_meet_at_a_rendezvous_endpoint(setup):
+    """Two launchers, as on two machines (`--nnodes 2 --node_rank`, one endpoint), write the
+    same file as one process."""
+    port = str(30500 + random.randrange(1000))
+    launchers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank",
+             str(node), "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+             f"127.0.0.1:{port}", "--rdzv_id", "bertflow-test", str(setup / "run.py"),
+             "encode", "corpus.txt", "--out", "nodes.npy", "--encoder", "encoder",
+             "--pooling", "first_last", "--batch-size", "4", "--no-cache"],
+            cwd=setup, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in (0, 1)
+    ]
+    for launcher in launchers:
+        _, err = launcher.communicate(timeout=600)
+        assert launcher.returncode == 0, err[-3000:]
+    if not (setup / "one.npy").exists():
+        encode(setup, "one.npy", "--no-cache")
+    assert (setup / "nodes.npy").read_bytes() == (setup / "one.npy").read_bytes()
+
+
+def test_each_process_takes_its_own_gpu_and_nccl(monkeypatch):
+    """The CUDA branch of joining a torchrun job, checked on the CPU with CUDA stood in for."""
+    import torch
+
+    from bertflow import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert distributed.local_device(torch.device("cuda")) == torch.device("cuda", 3)
+    assert distributed.local_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert distributed.local_device(torch.device("cpu")) == torch.device("cpu")
+
+    joined, chosen = [], []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda backend, timeout: joined.append(backend))
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    distributed.init(torch.device("cuda", 3))
+    distributed.init(torch.device("cpu"))
+    assert joined == ["nccl", "gloo"] and chosen == [torch.device("cuda", 3)]
+
+    monkeypatch.setenv("WORLD_SIZE", "1")  # not launched: cuda stays as asked, nothing joined
+    assert distributed.local_device(torch.device("cuda")) == torch.device("cuda")
+    distributed.init(torch.device("cuda"))
+    assert joined == ["nccl", "gloo"]

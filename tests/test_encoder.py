@@ -212,3 +212,29 @@ def test_other_architectures_use_their_own_forward(distil_encoder_dir, pooling):
                                                                                   pooling)
     assert low.dtype == np.float32
     assert (unit(low) * unit(got)).sum(1).min() > 0.99
+
+
+def test_batches_are_padded_to_few_widths_within_the_models_positions(tiny_encoder_dir, tmp_path):
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from bertflow.encoder import _padded_width, _Tokens
+
+    assert [_padded_width(n) for n in (1, 8, 9, 17, 33, 65, 100, 129)] == [
+        1, 8, 9, 18, 36, 72, 104, 144]
+    assert all(n <= _padded_width(n) <= n * 1.125 for n in range(1, 600))
+
+    # 17 positions: a 17-token sentence would round up to 18, past the last position
+    tokenizer = BertTokenizerFast.from_pretrained(str(tiny_encoder_dir))
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=17)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    short = load_encoder(tmp_path)
+    long_sentence = " ".join(["the dog runs in the park"] * 5)  # 30 words, truncated to 17
+    tokens = _Tokens(short, [long_sentence, "a man"], max_length=128)
+    assert tokens.padded(np.array([0, 1]))["input_ids"].shape == (2, 17)
+    assert tokens.padded(np.array([1]))["input_ids"].shape == (1, 4)
+    got = short.encode([long_sentence, "a man"], "mean")
+    alone = short.encode(["a man"], "mean", batch_size=1)
+    np.testing.assert_allclose(got[1], alone[0], atol=1e-6)
