@@ -1,0 +1,164 @@
+"""Peak memory and time of `bertflow encode` and `bertflow fit` as the corpus grows.
+
+Corpora of 10k, 100k and 1M sentences are recombined from the Wikipedia sample of the data
+folder (each sentence joins the first half of one sample sentence to the second half of
+another, seeded). Each command runs in a fresh process whose peak resident set size (file
+pages it maps included) is read from the kernel when it exits. Two encoders: a small random
+BERT built here (all-MiniLM-L6-v2's tokenizer, 2 layers of width 128), run at every size,
+which is what the 1M-versus-10k comparison uses; and all-MiniLM-L6-v2 itself at 10k and 100k,
+for real timings. `fit` trains the default flow (one epoch) from the `.npy` that `encode`
+wrote. Writes experiments/results/bench_memory-<device>.md and, with --json, the numbers.
+
+    python experiments/bench_memory.py [--data ../shared/data] [--work DIR] [--json FILE]
+        [--sizes 10000 100000 1000000] [--real-sizes 10000 100000] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a "
+                        "temporary one, removed at the end)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--real-sizes", type=int, nargs="*", default=[10_000, 100_000])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
+    args = parser.parse_args()
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-memory-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        results = run(args, work)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    text = report(results)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"bench_memory-{results['device_type']}.md").write_text(text)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def run(args: argparse.Namespace, work: Path) -> dict:
+    from bertflow.encoder import resolve_device
+
+    device = resolve_device(args.device)
+    small = make_small_encoder(work / "small-bert")
+    rows: list[dict] = []
+    for size in sorted(set(args.sizes) | set(args.real_sizes)):
+        corpus = make_corpus(args.data, size, work / f"corpus-{size}.txt")
+        encoders = [("small random BERT (2 × 128)", small)] if size in args.sizes else []
+        if size in args.real_sizes:
+            encoders.append(("all-MiniLM-L6-v2", None))
+        for name, folder in encoders:
+            tag = "small" if folder else "minilm"
+            emb = work / f"{tag}-{size}.npy"
+            encoder = ["--encoder", str(folder)] if folder else []
+            encode = measure(["encode", str(corpus), "--out", str(emb), "--no-cache",
+                              "--device", str(device), *encoder])
+            fit = measure(["fit", str(emb), "--out", str(work / f"head-{tag}-{size}"),
+                           "--quiet"])
+            rows.append({"encoder": name, "sentences": size, "encode": encode, "fit": fit,
+                         "dim": json.loads(emb.with_suffix(".meta.json").read_text())["dim"]})
+            print(json.dumps(rows[-1]), flush=True)
+            emb.unlink()
+    small_rows = {r["sentences"]: r for r in rows if r["encoder"].startswith("small")}
+    lo, hi = min(small_rows), max(small_rows)
+    return {
+        "device_type": device.type,
+        "cpu_threads": os.cpu_count(),
+        "rows": rows,
+        "rss_mb": {command: {str(size): r[command]["rss_mb"] for size, r in small_rows.items()}
+                   for command in ("encode", "fit")},
+        "rss_ratio": {command: small_rows[hi][command]["rss_mb"] / small_rows[lo][command][
+            "rss_mb"] for command in ("encode", "fit")},
+        "ratio_sizes": [lo, hi],
+    }
+
+
+def measure(arguments: list[str]) -> dict:
+    """Run `python -m bertflow ARGS` in a fresh process: seconds and peak RSS in MiB."""
+    began = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "bertflow", *arguments],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - began
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"bertflow {' '.join(arguments)} failed:\n"
+                         f"{process.stderr.read().decode()[-2000:]}")
+    process.stderr.close()
+    return {"seconds": seconds, "rss_mb": usage.ru_maxrss / 1024}
+
+
+def make_corpus(data: Path, size: int, path: Path) -> Path:
+    from bertflow.files import read_sentences
+
+    sample = read_sentences(data / "unlabeled" / "wiki-sample.txt")
+    halves = [s.split() for s in sample]
+    rng = random.Random(size)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(size):
+            a, b = rng.choice(halves), rng.choice(halves)
+            words = a[: max(1, len(a) // 2)] + b[len(b) // 2 :]
+            f.write(" ".join(words) + "\n")
+    return path
+
+
+def make_small_encoder(folder: Path) -> Path:
+    """A randomly initialised 2-layer BERT of width 128 with all-MiniLM-L6-v2's tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from bertflow.encoder import default_encoder_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_encoder_path()))
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=512)
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def report(results: dict) -> str:
+    lo, hi = results["ratio_sizes"]
+    lines = [
+        f"# Memory and time of encode and fit ({results['device_type']}, "
+        f"{results['cpu_threads']} CPU threads)\n",
+        "Made by `python experiments/bench_memory.py`. Peak RSS of each command in its own "
+        "process (file pages it maps included); `fit` trains the default flow for one epoch "
+        "from the `.npy` that `encode` wrote.\n",
+        "| encoder | sentences | encode s | encode sentences/s | encode peak RSS MiB | "
+        "fit s | fit peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results["rows"]:
+        e, f = r["encode"], r["fit"]
+        lines.append(f"| {r['encoder']} ({r['dim']}-d) | {r['sentences']:,} | "
+                     f"{e['seconds']:.0f} | {r['sentences'] / e['seconds']:,.0f} | "
+                     f"{e['rss_mb']:.0f} | {f['seconds']:.0f} | {f['rss_mb']:.0f} |")
+    ratio = results["rss_ratio"]
+    lines.append(f"\nPeak RSS at {hi:,} over {lo:,} sentences (small BERT): encode "
+                 f"{ratio['encode']:.3f}, fit {ratio['fit']:.3f}.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
