@@ -67,7 +67,7 @@ class EmbeddingCache:
     def meta(self, corpus: Corpus, encoder: Encoder, pooling: str,
              max_length: int = 128) -> dict[str, Any]:
         return embeddings_meta(encoder.id, pooling, max_length, corpus.sha256, len(corpus),
-                               encoder.dim, encoder.precision)
+                               encoder.width(pooling), encoder.precision)
 
     def path_for(self, sentences: Sequence[str], encoder: Encoder, pooling: str,
                  max_length: int = 128) -> Path:
@@ -179,7 +179,7 @@ def encode_to(
     Resumable and runnable under torchrun like `write_embeddings`."""
     check_batch_size(batch_size)
     meta = embeddings_meta(encoder.id, check_pooling(pooling), check_max_length(max_length),
-                           corpus.sha256, len(corpus), encoder.dim, encoder.precision)
+                           corpus.sha256, len(corpus), encoder.width(pooling), encoder.precision)
     path = check_destination(path)
     if cache is not None and cache.get(meta) is not None:
         if distributed.is_main():

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -16,6 +19,7 @@ from . import distributed
 from .embeddings import PeerError
 from .encoder import DEFAULT_BATCH_SIZE, DEFAULT_POOLING, DTYPES, POOLINGS
 from .errors import BertflowError, first_line
+from .files import same_file
 from .methods import METHODS
 from .sts import TASKS
 
@@ -32,6 +36,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bertflow", description=__doc__)
     parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a failure (or set BERTFLOW_DEBUG=1)")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = commands.add_parser("encode", help="embed a corpus (one sentence per line) into .npy")
@@ -51,9 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     _encoder_options(p, pooling_default=None, batch_flag="--encode-batch-size")
     p.add_argument("--cache", type=Path, default=None, help="embedding cache folder")
     g = _flow_options(p)
-    g.add_argument("--logdir", type=Path, default=None, help="write TensorBoard logs here")
-    g.add_argument("--checkpoint", type=Path, default=None, help="training state, saved each epoch")
-    g.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    g.add_argument("--logdir", type=Path, default=None,
+                   help="write TensorBoard logs to a new subfolder TIME-seedN of this folder "
+                        "(removed if the fit fails and cannot be resumed; a run resumed from "
+                        "--checkpoint continues the subfolder the checkpoint names)")
+    g.add_argument("--checkpoint", type=Path, default=None,
+                   help="training state, saved each epoch; a file of its own: never an input "
+                        "or output of the run, nor an existing file other than a checkpoint "
+                        "of this same run")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint (which must be of the same settings and "
+                        "data)")
     g.add_argument("--quiet", action="store_true")
     p.set_defaults(run=_fit)
 
@@ -62,9 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--sentences", type=Path, help="text file, one sentence per line")
     source.add_argument("--embeddings", type=Path, help=".npy of embeddings")
-    p.add_argument("--out", type=Path, required=True, help="OUT.npy")
+    p.add_argument("--out", type=Path, required=True, help="OUT.npy (+ OUT.meta.json)")
     p.add_argument("--encoder", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
-    p.add_argument("--batch-size", dest="encode_batch_size", type=int,
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="how --embeddings without a sidecar were pooled (checked against the "
+                   "head)")
+    p.add_argument("--batch-size", dest="encode_batch_size", type=_positive,
                    default=DEFAULT_BATCH_SIZE)
     _device_options(p)
     p.set_defaults(run=_transform)
@@ -77,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fit-on", default=None,
                    help="'target' (each task's own sentences, no scores; the default) or a "
                         "text file of sentences")
-    p.add_argument("--k", type=int, default=256, help="components kept by whitening-k")
-    p.add_argument("--d", type=int, default=1, help="directions removed by abtt")
+    p.add_argument("--k", type=_positive, default=256, help="components kept by whitening-k")
+    p.add_argument("--d", type=_natural, default=1, help="directions removed by abtt")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
     p.add_argument("--json", type=Path, required=True, help="write the rows here")
     _encoder_options(p, pooling_default=None, batch_flag="--encode-batch-size")
@@ -117,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _encoder_options(p, pooling_default=None, batch_flag="--encode-batch-size")
     p.add_argument("--kind", choices=("flat", "hnsw"), default="flat",
                    help="exact inner product (default) or an HNSW graph")
-    p.add_argument("--dims", type=int, default=None,
+    p.add_argument("--dims", type=_positive, default=None,
                    help="keep this many principal components (smaller index)")
     p.add_argument("--cache", type=Path, default=None, help="embedding cache folder")
     p.set_defaults(run=_index, max_length=None)  # default: the head's, else 128
@@ -127,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     queries = p.add_mutually_exclusive_group(required=True)
     queries.add_argument("--query", action="append", help="a query; repeat for several")
     queries.add_argument("--queries", type=Path, help="text file, one query per line")
-    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--k", type=_positive, default=10)
     p.add_argument("--encoder", default=None, help="encoder folder (default: all-MiniLM-L6-v2)")
     _device_options(p)
     p.add_argument("--json", action="store_true", help="print JSON lines")
@@ -142,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("BERTFLOW_DEBUG", "") not in ("", "0")
     where = ""
     try:
         if distributed.launched():
@@ -150,19 +168,34 @@ def main(argv: list[str] | None = None) -> int:
         args.run(args)
     except PeerError:
         return 1  # the process that failed says why
-    except BertflowError as e:
-        print(f"bertflow: error: {where}{e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        name = f": {e.filename}" if e.filename else ""
-        print(f"bertflow: error: {where}{e.strerror or e}{name}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("bertflow: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # every failure ends in one line, unless asked for the traceback
+        if debug:
+            raise
+        print(f"bertflow: error: {where}{_one_line(e)}", file=sys.stderr)
+        return 1
     finally:
         distributed.leave()
     return 0
+
+
+def _one_line(error: Exception) -> str:
+    """What a failure says in one line: bertflow's own message, a file error with its file,
+    or anything else with its kind and a pointer to --debug."""
+    if isinstance(error, BertflowError):
+        return str(error)
+    from .files import disk_error
+
+    full = disk_error(error, getattr(error, "filename", None) or "a file")
+    if full is not None:
+        return str(full)
+    if isinstance(error, OSError):
+        name = f": {error.filename}" if error.filename else ""
+        return f"{error.strerror or first_line(error)}{name}"
+    return (f"unexpected {type(error).__name__}: {first_line(error)} (run with --debug for "
+            "the traceback)")
 
 
 def _join_processes(args: argparse.Namespace) -> None:
@@ -187,8 +220,8 @@ def _encoder_options(
         "--pooling", choices=POOLINGS, default=pooling_default,
         help=f"default: {pooling_default or 'from the embeddings, else ' + DEFAULT_POOLING}",
     )
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument(batch_flag, dest="encode_batch_size", type=int,
+    p.add_argument("--max-length", type=_max_length, default=128)
+    p.add_argument(batch_flag, dest="encode_batch_size", type=_positive,
                    default=DEFAULT_BATCH_SIZE,
                    help="sentences per encoder batch")
     _device_options(p)
@@ -203,21 +236,75 @@ def _device_options(p: argparse.ArgumentParser) -> None:
 
 def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g = p.add_argument_group("flow")
-    g.add_argument("--levels", type=int, default=3)
-    g.add_argument("--depth", type=int, default=3)
+    g.add_argument("--levels", type=_positive, default=3)
+    g.add_argument("--depth", type=_positive, default=3)
     g.add_argument("--coupling", choices=("additive", "affine"), default="additive")
-    g.add_argument("--hidden", type=int, default=32, help="conditioner width")
+    g.add_argument("--hidden", type=_positive, default=32, help="conditioner width")
     g.add_argument("--linear", choices=("reverse", "lu"), default="reverse",
                    help="mixing layer: fixed reversal (as released) or learned LU")
     g.add_argument("--no-standardize", action="store_true", help="feed raw embeddings to the flow")
     g = p.add_argument_group("training")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--epochs", type=int, default=None)
-    g.add_argument("--batch-size", type=int, default=None)
-    g.add_argument("--lr", type=float, default=None)
-    g.add_argument("--val-fraction", type=float, default=None)
-    g.add_argument("--patience", type=int, default=None, help="0 disables early stopping")
+    g.add_argument("--seed", type=_seed, default=0)
+    g.add_argument("--epochs", type=_positive, default=None)
+    g.add_argument("--batch-size", type=_positive, default=None)
+    g.add_argument("--lr", type=_positive_float, default=None)
+    g.add_argument("--val-fraction", type=_fraction, default=None, help="in [0, 1)")
+    g.add_argument("--patience", type=_natural, default=None, help="0 disables early stopping")
     return g
+
+
+# Types of the numeric options: a bad value is argparse's one-line usage error (exit 2), given
+# before any work, whatever else the command would do first.
+
+def _integer(text: str, low: int, high: int | None = None) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low or (high is not None and value >= high):
+        bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
+        raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    return _integer(text, 1)
+
+
+def _natural(text: str) -> int:
+    return _integer(text, 0)
+
+
+def _max_length(text: str) -> int:
+    return _integer(text, 2)
+
+
+def _seed(text: str) -> int:
+    return _integer(text, 0, 2**32)
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _finite(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _finite(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
 
 
 def _flow_configs(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -245,20 +332,34 @@ def _encode(args: argparse.Namespace) -> None:
     encoded = encode_to(args.out, corpus, encoder, args.pooling, args.max_length,
                         args.encode_batch_size, cache=cache, resume=args.resume)
     if distributed.is_main():
-        print(f"wrote {args.out}: {len(corpus)} × {encoder.dim} ({encoder.id.name}, "
-              f"{args.pooling}, {encoder.precision}{'' if encoded else ', from the cache'})")
+        print(f"wrote {args.out}: {len(corpus)} × {encoder.width(args.pooling)} "
+              f"({encoder.id.name}, {args.pooling}, {encoder.precision}"
+              f"{'' if encoded else ', from the cache'})")
 
 
 def _fit(args: argparse.Namespace) -> None:
     from .head import FlowHead, check_destination
+    from .train import read_checkpoint
 
     if args.checkpoint is not None and args.checkpoint.is_dir():
         raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
     if args.resume and args.checkpoint is None:
         raise BertflowError("--resume needs --checkpoint FILE")
+    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
+        raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
     flow, train = _flow_configs(args)
     check_destination(args.out)
+    saved = None
+    if args.checkpoint is not None:
+        _check_checkpoint_path(args.checkpoint, _fit_paths(args))
+        saved = read_checkpoint(args.checkpoint)
+        if saved is None and args.checkpoint.exists():
+            raise BertflowError(f"{args.checkpoint} is not a bertflow training checkpoint"
+                                + ("" if args.resume else "; not overwriting it"))
     x, origin = _training_embeddings(args)
+    if args.checkpoint is not None and isinstance(getattr(x, "path", None), Path):
+        _check_checkpoint_path(args.checkpoint, [("the embeddings file", x.path, False),
+                                                 ("its sidecar", _meta_path(x.path), False)])
     run = {
         "flow": flow.to_dict(),
         "train": train.to_dict(),
@@ -268,14 +369,24 @@ def _fit(args: argparse.Namespace) -> None:
         "max_length": origin["max_length"],
         "data": origin["data"],
     }
-    state = None
+    if saved is not None and saved.run != run:
+        raise BertflowError(f"{args.checkpoint} was written by a run with other settings or data"
+                            + ("" if args.resume else "; not overwriting it"))
+    state = saved.state if saved is not None and args.resume else None
     main = distributed.is_main()
-    if args.resume and args.checkpoint.exists():
-        state = _load_checkpoint(args.checkpoint, run)
-    elif args.resume and not args.quiet and main:
-        print(f"no checkpoint at {args.checkpoint} yet: starting afresh", file=sys.stderr)
+    if main and not args.quiet and state is None and (saved is not None or args.resume):
+        print(f"{args.checkpoint} holds an earlier state of this run: starting afresh "
+              "(--resume continues it)" if saved is not None else
+              f"no checkpoint at {args.checkpoint} yet: starting afresh", file=sys.stderr)
+
+    logs, made = None, []  # this run's log folder, and the folders made for it
+    recorded = saved.logs if saved is not None and state is not None else None
+    if args.logdir is not None and main:
+        logs, made = _log_folder(args.logdir, train.seed, recorded)
+    written = False  # whether a checkpoint of this run names `logs`
 
     def on_epoch_end(s: Any) -> None:
+        nonlocal written
         if not main:
             return
         if not args.quiet:
@@ -287,71 +398,128 @@ def _fit(args: argparse.Namespace) -> None:
                 file=sys.stderr,
             )
         if args.checkpoint is not None:
-            import torch
+            s.save(args.checkpoint, run, logs=logs.name if logs is not None else recorded)
+            written = True
 
-            from .files import atomic_file
-
-            with atomic_file(args.checkpoint) as tmp:
-                torch.save({"run": run, "state": s.to_dict()}, tmp)
-
-    new_logdir = args.logdir is not None and not args.logdir.exists()
-    fitted = False
+    done = False  # the head fitted and saved
     writer = None
-    if args.logdir is not None and main:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(args.logdir))
     try:
-        head = FlowHead.fit(
-            x,
-            encoder=origin["encoder"],
-            pooling=origin["pooling"],
-            max_length=origin["max_length"],
-            flow=flow,
-            train=train,
-            standardize=not args.no_standardize,
-            corpus=origin["corpus"],
-            writer=writer,
-            state=state,
-            on_epoch_end=on_epoch_end,
-            progress=not args.quiet,
-        )
-        fitted = True
-    except (RuntimeError, KeyError, TypeError, ValueError) as e:
-        if state is None or isinstance(e, BertflowError):
-            raise
-        raise BertflowError(f"{args.checkpoint} does not fit this run ({first_line(e)})") from None
+        if logs is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(logs))
+        try:
+            head = FlowHead.fit(
+                x,
+                encoder=origin["encoder"],
+                pooling=origin["pooling"],
+                max_length=origin["max_length"],
+                flow=flow,
+                train=train,
+                standardize=not args.no_standardize,
+                corpus=origin["corpus"],
+                writer=writer,
+                state=state,
+                on_epoch_end=on_epoch_end,
+                progress=not args.quiet,
+            )
+        except (RuntimeError, KeyError, TypeError, ValueError) as e:
+            if state is None or isinstance(e, BertflowError):
+                raise
+            raise BertflowError(
+                f"{args.checkpoint} does not fit this run ({first_line(e)})") from None
+        if main:
+            head.save(args.out)
+        done = True
     finally:
         if writer is not None:
             writer.close()
-        if new_logdir and not fitted and args.checkpoint is None and main:  # nothing to resume
-            shutil.rmtree(args.logdir, ignore_errors=True)
+        resumable = written or (logs is not None and state is not None and logs.name == recorded)
+        if logs is not None and not done and not resumable:  # leave --logdir as it was
+            _remove_made(logs, made)
     if not main:
         return
-    head.save(args.out)
     info = head.training_info
     print(
         f"wrote {args.out}: best epoch {info['best_epoch']} of {info['epochs_run']}, "
         f"val NLL {info['val_nll']:.3f} nats ({info['val_bits_per_dim']:.4f} bits/dim)"
     )
+    if logs is not None:
+        print(f"TensorBoard logs in {logs}")
 
 
-def _load_checkpoint(path: Path, run: dict[str, Any]) -> Any:
-    import pickle
+def _fit_paths(args: argparse.Namespace) -> list[tuple[str, Path, bool]]:
+    """What `fit` reads and writes besides its checkpoint: (what, path, whether a folder)."""
+    from .cache import EmbeddingCache
 
-    import torch
+    paths = [("the input", args.input, False), ("the --out folder", args.out, True)]
+    if args.input.suffix == ".npy":
+        paths.append(("the input's sidecar", _meta_path(args.input), False))
+    else:
+        paths.append(("the embedding cache", EmbeddingCache(args.cache).root, True))
+    if args.logdir is not None:
+        paths.append(("the --logdir folder", args.logdir, True))
+    if args.encoder is not None and Path(args.encoder).is_dir():
+        paths.append(("the encoder folder", Path(args.encoder), True))
+    return paths
 
-    from .train import TrainState
 
-    try:
-        saved = torch.load(path, weights_only=True)
-        state = TrainState.from_dict(saved["state"])
-        same = saved["run"] == run
-    except (pickle.UnpicklingError, RuntimeError, EOFError, KeyError, TypeError, AttributeError):
-        raise BertflowError(f"{path} is not a bertflow training checkpoint") from None
-    if not same:
-        raise BertflowError(f"{path} was written by a run with other settings or data")
-    return state
+def _check_checkpoint_path(checkpoint: Path, paths: list[tuple[str, Path, bool]]) -> None:
+    """Refuse a --checkpoint that is one of `paths`, inside one that is a folder, or above one
+    (compared resolved, and by inode where both exist: symbolic and hard links), or a link."""
+    for what, path, folder in paths:
+        if same_file(checkpoint, path):
+            raise BertflowError(f"--checkpoint {checkpoint} is {what}; give it a path of its own")
+        inside = folder and path.resolve() in checkpoint.resolve().parents
+        if inside or checkpoint.resolve() in path.resolve().parents:
+            where = "inside" if inside else "a folder above"
+            raise BertflowError(f"--checkpoint {checkpoint} is {where} {what} {path}; "
+                                "give it a path of its own")
+    if checkpoint.is_symlink():
+        raise BertflowError(f"--checkpoint {checkpoint} is a symbolic link; give the path it "
+                            "points to")
+
+
+def _meta_path(npy: Path) -> Path:
+    from .files import meta_path
+
+    return meta_path(npy)
+
+
+def _log_folder(logdir: Path, seed: int, recorded: str | None) -> tuple[Path, list[Path]]:
+    """This run's TensorBoard folder inside `logdir`: `recorded`, the one named by the
+    checkpoint a run resumes, else a new TIME-seedN; and the folders made for it, innermost
+    first (the run's folder, then any missing parents, `logdir` included)."""
+    made = [p for p in (logdir, *logdir.parents) if not p.exists()]
+    if recorded and recorded == Path(recorded).name and recorded not in (".", ".."):
+        folder = logdir / recorded
+        if not folder.exists():
+            made.insert(0, folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder, made
+    logdir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        folder = logdir / f"{stamp}-seed{seed}{f'-{n}' if n > 1 else ''}"
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder, [folder, *made]
+    raise AssertionError("unreachable")
+
+
+def _remove_made(folder: Path, made: list[Path]) -> None:
+    """Undo `_log_folder`: remove `folder` with its logs if this run made it, then the parents
+    made for it while they are empty. Nothing else is touched."""
+    for path in made:
+        if path == folder:
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        try:
+            path.rmdir()
+        except OSError:
+            return
 
 
 def _training_embeddings(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -359,9 +527,8 @@ def _training_embeddings(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]
     pooling, max length, data."""
     from .cache import EmbeddingCache
     from .corpus import Corpus
-    from .embeddings import EmbeddingFile
-    from .encoder import EncoderId, check_max_length, load_encoder
-    from .files import sha256_file
+    from .embeddings import open_embeddings
+    from .encoder import check_max_length, load_encoder
 
     check_max_length(args.max_length)
     if args.input.suffix != ".npy":
@@ -375,65 +542,37 @@ def _training_embeddings(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]
                    "data": corpus.sha256,
                    "corpus": {"sha256": corpus.sha256, "file": args.input.name}}
 
-    x = EmbeddingFile(args.input).verify()
-    meta = x.meta
     given = load_encoder(args.encoder, "cpu") if args.encoder else None
-    if meta is None:
-        if args.pooling is None:
-            raise BertflowError(
-                f"{args.input} has no .meta.json sidecar; pass --pooling (and --encoder) "
-                "to say how it was made"
-            )
-        if given is not None and given.dim != x.shape[1]:
-            raise BertflowError(
-                f"{args.input} holds {x.shape[1]}-d embeddings, "
-                f"but encoder {given.id} makes {given.dim}-d ones"
-            )
-        digest = sha256_file(args.input)
-        return x, {"encoder": given.id if given else None, "pooling": args.pooling,
-                   "max_length": args.max_length, "data": digest,
-                   "corpus": {"npy_sha256": digest}}
-    encoder = EncoderId.from_dict(meta["encoder"])
-    if given is not None and given.id.fingerprint != encoder.fingerprint:
-        raise BertflowError(
-            f"{args.input} was made by encoder {encoder}, not by --encoder {given.id}"
-        )
-    if args.pooling is not None and args.pooling != meta["pooling"]:
-        raise BertflowError(
-            f"{args.input} holds {meta['pooling']} pooling, "
-            f"but --pooling {args.pooling} was given"
-        )
-    digest = str(meta.get("corpus_sha256"))
-    return x, {"encoder": encoder, "pooling": meta["pooling"], "max_length": meta["max_length"],
-               "data": digest, "corpus": {"sha256": digest}}
+    return open_embeddings(args.input, pooling=args.pooling, encoder=given,
+                           max_length=args.max_length)
 
 
 def _transform(args: argparse.Namespace) -> None:
-    from .embeddings import load_embeddings, read_meta
-    from .encoder import EncoderId
-    from .files import atomic_file, read_sentences
+    from .embeddings import check_output, open_embeddings, write_transformed
+    from .files import read_sentences, sha256_file
     from .head import FlowHead
 
-    _check_npy_out(args.out)
+    inputs = [args.sentences or args.embeddings, *sorted(args.head.glob("*"))]
+    check_output(args.out, inputs)
     head = FlowHead.load(args.head)
     if args.sentences is not None:
         z = head.encode(read_sentences(args.sentences), _load_encoder(args),
                         args.encode_batch_size)
+        source = {"sentences_sha256": sha256_file(args.sentences)}
     else:
-        x = load_embeddings(args.embeddings)
-        meta = read_meta(args.embeddings)
-        if meta is not None:
-            head.check(x.shape[1], EncoderId.from_dict(meta["encoder"]), meta["pooling"])
-        z = head.transform(x)
-    with atomic_file(args.out) as tmp, open(tmp, "wb") as f:
-        np.save(f, z)
+        given = _load_encoder(args) if args.encoder else None
+        x, origin = open_embeddings(args.embeddings, pooling=args.pooling, encoder=given)
+        head.check(x.dim, origin["encoder"], origin["pooling"])
+        z = head.transform(x.load())
+        source = origin["corpus"]
+    write_transformed(args.out, z, head.describe(), source)
     print(f"wrote {args.out}: {z.shape[0]} × {z.shape[1]}")
 
 
 def _eval(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
     from .encoder import check_max_length
-    from .evaluate import evaluate, format_table
+    from .evaluate import evaluate, format_table, undefined_notes
     from .files import read_sentences, write_json
     from .head import FlowHead
     from .methods import Fitted, make_method
@@ -451,7 +590,7 @@ def _eval(args: argparse.Namespace) -> None:
     encoder = _load_encoder(args)
     if args.head is not None:
         head = FlowHead.load(args.head)
-        head.check(dim=encoder.dim, encoder=encoder.id)
+        head.check(dim=encoder.width(head.pooling or DEFAULT_POOLING), encoder=encoder.id)
         if args.pooling is not None:
             head.check(pooling=args.pooling)
         pooling, max_length = head.pooling or DEFAULT_POOLING, head.max_length or args.max_length
@@ -487,6 +626,8 @@ def _eval(args: argparse.Namespace) -> None:
     for aggregation in ("all", "wmean"):
         print(f"Spearman × 100 ({aggregation}):")
         print(format_table(rows, aggregation))
+    for note in undefined_notes(rows):
+        print(note)
     if missing:
         print(f"missing from {args.data}: {', '.join(missing)}")
 
@@ -506,7 +647,8 @@ def _diagnose(args: argparse.Namespace) -> None:
     encoder = _load_encoder(args)
     head = FlowHead.load(args.head) if args.head else None
     if head is not None:
-        head.check(dim=encoder.dim, encoder=encoder.id, pooling=args.pooling)
+        head.check(dim=encoder.width(head.pooling or args.pooling or DEFAULT_POOLING),
+                   encoder=encoder.id, pooling=args.pooling)
     pooling = (head.pooling if head else None) or args.pooling or DEFAULT_POOLING
     max_length = (head.max_length if head else None) or args.max_length
     cache = EmbeddingCache(args.cache)
@@ -632,13 +774,6 @@ def _nats(training: dict[str, Any]) -> str:
     if not isinstance(nll, (int, float)) or not isinstance(bits, (int, float)):
         return "unknown"
     return f"{nll:.3f} nats ({bits:.4f} bits/dim)"
-
-
-def _check_npy_out(path: Path) -> None:
-    if path.suffix != ".npy":
-        raise BertflowError(f"--out {path} must end in .npy")
-    if path.is_dir():
-        raise BertflowError(f"--out {path} is a folder")
 
 
 def _load_encoder(args: argparse.Namespace) -> Any:

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .encoder import Encoder
-from .errors import BertflowError
-from .files import atomic_directory
+from .folders import check_destination, write_folder
 from .isotropy import effective_rank, mean_pair_cosine, pair_cosines, singular_values
 
 __all__ = ["PLOTS", "plot_all", "token_frequencies"]
@@ -33,9 +32,7 @@ def plot_all(
 ) -> list[Path]:
     """Write the four PNGs of `PLOTS` into folder `out`, replaced as a whole; a folder that
     holds anything else is refused."""
-    out = Path(out)
-    if out.is_dir() and any(p.name not in PLOTS for p in out.iterdir()):
-        raise BertflowError(f"{out} holds other files than plots; not replacing it")
+    out = check_destination(out, _KIND, _legacy_files)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -47,11 +44,22 @@ def plot_all(
         "token_norms.png": _token_norms(plt, encoder, corpus),
         "projection.png": _projection(plt, before, after, title, after_label),
     }
-    with atomic_directory(out) as tmp:
+    def fill(tmp: Path) -> None:
         for name, figure in figures.items():
             figure.savefig(tmp / name, dpi=110, bbox_inches="tight")
             plt.close(figure)
+
+    write_folder(out, _KIND, fill, legacy=_legacy_files)
     return [Path(out) / name for name in PLOTS]
+
+
+_KIND = "bertflow-plots"
+
+
+def _legacy_files(folder: Path) -> set[str] | None:
+    """Plots written before manifests: a folder of these PNGs and nothing else."""
+    present = {p.name for p in folder.iterdir()}
+    return set(PLOTS) if present <= set(PLOTS) else None
 
 
 def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:

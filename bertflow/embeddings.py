@@ -36,22 +36,35 @@ from .encoder import (
     check_pooling,
 )
 from .errors import BertflowError, first_line
-from .files import check_finite, meta_path, read_json, write_json
+from .files import (
+    atomic_file,
+    check_finite,
+    meta_path,
+    read_json,
+    refuse_link,
+    same_file,
+    sha256_file,
+    write_json,
+)
 
 __all__ = [
     "FORMAT",
     "EmbeddingFile",
     "PeerError",
     "check_destination",
+    "check_output",
     "embeddings_meta",
     "load_embeddings",
+    "open_embeddings",
     "read_meta",
     "write_embeddings",
+    "write_transformed",
 ]
 
 FORMAT = "bertflow-embeddings"
 FORMAT_VERSION = 2
 PROGRESS = "bertflow-embeddings-progress"
+TRANSFORMED = "bertflow-transformed"
 _READ_ROWS = 16384
 
 
@@ -78,11 +91,15 @@ def embeddings_meta(encoder: EncoderId, pooling: str, max_length: int, corpus: s
 
 def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
     """The sidecar of `npy` if it has one, checked to be an embeddings record (version 1
-    records, from before `precision` and `sha256`, read as float32 and unchecked)."""
+    records, from before `precision` and `sha256`, read as float32 and unchecked). Vectors a
+    head transformed are refused: they are not embeddings an encoder made."""
     path = meta_path(npy)
     if not path.exists():
         return None
     meta = read_json(path)
+    if meta.get("format") == TRANSFORMED:
+        raise BertflowError(f"{npy} holds vectors transformed by a flow head, not embeddings "
+                            "from an encoder; give the embeddings they were made from")
     if meta.get("format") != FORMAT:
         raise BertflowError(f"{path} is not a bertflow embeddings record")
     missing = {"encoder", "pooling", "max_length", "count", "dim"} - meta.keys()
@@ -213,6 +230,86 @@ class EmbeddingFile:
         return np.load(self.path, mmap_mode="r", allow_pickle=False)
 
 
+def open_embeddings(path: str | os.PathLike, *, pooling: str | None = None,
+                    encoder: Encoder | None = None,
+                    max_length: int | None = None) -> tuple[EmbeddingFile, dict[str, Any]]:
+    """An embeddings file to fit or transform, verified, and where it came from: its encoder
+    (an `EncoderId`, or None when unknown), pooling, max length and data digest.
+
+    The sidecar says how the file was made, and a `pooling` or `encoder` given besides must
+    agree with it. A file without a sidecar needs `pooling` (the caller's word for how it was
+    made) and is checked against `encoder`'s width when one is given."""
+    file = EmbeddingFile(path).verify()
+    meta = file.meta
+    if meta is None:
+        if pooling is None:
+            raise BertflowError(f"{path} has no {meta_path(path).name} sidecar; pass --pooling "
+                                "(and --encoder) to say how it was made")
+        check_pooling(pooling)
+        if encoder is not None and encoder.width(pooling) != file.dim:
+            raise BertflowError(f"{path} holds {file.dim}-d embeddings, but encoder "
+                                f"{encoder.id} makes {encoder.width(pooling)}-d ones")
+        digest = sha256_file(path)
+        return file, {"encoder": encoder.id if encoder else None, "pooling": pooling,
+                      "max_length": max_length, "data": digest,
+                      "corpus": {"npy_sha256": digest}}
+    made_by = EncoderId.from_dict(meta["encoder"])
+    if encoder is not None and encoder.id.fingerprint != made_by.fingerprint:
+        raise BertflowError(f"{path} was made by encoder {made_by}, not by --encoder "
+                            f"{encoder.id}")
+    if pooling is not None and pooling != meta["pooling"]:
+        raise BertflowError(f"{path} holds {meta['pooling']} pooling, but --pooling {pooling} "
+                            "was given")
+    digest = str(meta.get("corpus_sha256"))
+    return file, {"encoder": made_by, "pooling": meta["pooling"],
+                  "max_length": meta["max_length"], "data": digest,
+                  "corpus": {"sha256": digest}}
+
+
+def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, Any],
+                      source: dict[str, Any]) -> dict[str, Any]:
+    """Write vectors a head transformed to `path` (a `.npy`) and then their sidecar, which
+    says so (format `bertflow-transformed`, with the head's encoder and pooling and the
+    source's digest), so that they are never taken for raw embeddings; both atomically."""
+    path = Path(path)
+    z = np.ascontiguousarray(z, dtype=np.float32)
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, z)
+        digest = sha256_file(tmp)
+    meta = {"format": TRANSFORMED, "format_version": 1, "head": head, "source": source,
+            "count": int(z.shape[0]), "dim": int(z.shape[1]), "dtype": "float32",
+            "sha256": digest}
+    write_json(meta_path(path), meta)
+    return meta
+
+
+def check_output(path: str | os.PathLike, inputs: Sequence[str | os.PathLike] = ()) -> Path:
+    """`path` if a `.npy` output may be written there: not one of `inputs` (nor their
+    sidecars), and free or holding a bertflow output with its sidecar (embeddings or
+    transformed vectors). Anything else is the user's and is left alone."""
+    path = Path(path)
+    if path.suffix != ".npy":
+        raise BertflowError(f"--out {path} must end in .npy")
+    if path.is_dir():
+        raise BertflowError(f"--out {path} is a folder")
+    refuse_link(path)
+    for given in inputs:
+        for a, b in ((path, Path(given)), (meta_path(path), meta_path(given))):
+            if same_file(a, b):
+                raise BertflowError(f"--out {path} is an input of this command; write "
+                                    "elsewhere")
+    if path.exists():
+        try:
+            record = read_json(meta_path(path)).get("format")
+        except BertflowError:
+            record = None
+        if record not in (FORMAT, TRANSFORMED):
+            raise BertflowError(f"{path} exists and is not a bertflow output (no "
+                                f"{meta_path(path).name}); not replacing it")
+    return path
+
+
 def load_embeddings(path: str | os.PathLike) -> np.ndarray:
     """A 2-D float array from a `.npy` file, checked (shape, finiteness, the sidecar's
     checksum) and memory-mapped."""
@@ -272,7 +369,7 @@ def write_embeddings(
     check_max_length(max_length)
     check_batch_size(batch_size)
     outputs = {p: _Output(Path(path), embeddings_meta(
-        encoder.id, check_pooling(p), max_length, corpus.sha256, len(corpus), encoder.dim,
+        encoder.id, check_pooling(p), max_length, corpus.sha256, len(corpus), encoder.width(p),
         encoder.precision), {"chunk_size": CHUNK_SIZE, "batch_size": batch_size, "world": world})
         for p, path in targets.items()}
     with contextlib.ExitStack() as locks:

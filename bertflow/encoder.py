@@ -189,6 +189,12 @@ class Encoder:
     It runs on `device` (``"auto"``: CUDA when present) with the transformer in `dtype`
     (float32, bfloat16 or float16); embeddings always come out in float32, and the identity
     (the fingerprint of the float32 weights) does not depend on either.
+
+    Its embeddings have two widths where the model's input word embeddings are narrower than
+    its hidden states (ELECTRA, ALBERT: 128 against 256 or 768): `dim` is the hidden width, that
+    of the contextual poolings (cls, mean, first_last, last2), and `embedding_dim` the word
+    embeddings' width, that of ``static``. `width(pooling)` gives the one a pooling has; code
+    that knows its pooling should ask it rather than `dim`.
     """
 
     def __init__(self, model: Any, tokenizer: Any, name: str,
@@ -205,7 +211,19 @@ class Encoder:
 
     @property
     def dim(self) -> int:
+        """The width of the hidden states $h^{(l)}$: that of every pooling but ``static``."""
+        hidden = getattr(self.model.config, "hidden_size", None)
+        return int(hidden) if isinstance(hidden, int) else self.embedding_dim
+
+    @property
+    def embedding_dim(self) -> int:
+        """The width of the input word embeddings: that of ``static`` pooling."""
         return int(self.model.get_input_embeddings().embedding_dim)
+
+    def width(self, pooling: str) -> int:
+        """The width of the embeddings that `pooling` makes: `embedding_dim` for ``static``,
+        `dim` (the hidden width) for the others."""
+        return self.embedding_dim if check_pooling(pooling) == "static" else self.dim
 
     @property
     def num_layers(self) -> int:
@@ -244,7 +262,7 @@ class Encoder:
         poolings = _poolings(pooling)
         if isinstance(sentences, str) or not len(sentences):
             raise BertflowError("expected a non-empty list of sentences")
-        out = {p: np.empty((len(sentences), self.dim), dtype=np.float32) for p in poolings}
+        out = {p: np.empty((len(sentences), self.width(p)), dtype=np.float32) for p in poolings}
         show = len(sentences) >= 2000 if progress is None else progress
         with tqdm(total=len(sentences), desc="encoding", unit="sent", disable=not show) as bar:
             for start in range(0, len(sentences), CHUNK_SIZE):
@@ -273,7 +291,8 @@ class Encoder:
         check_batch_size(batch_size)
         tokens = _Tokens(self, sentences, max_length)
         order = np.argsort(-tokens.lengths, kind="stable")
-        out = {p: torch.empty(len(sentences), self.dim, device=self.device) for p in poolings}
+        out = {p: torch.empty(len(sentences), self.width(p), device=self.device)
+               for p in poolings}
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             batch = {k: self._to_device(v) for k, v in tokens.padded(rows).items()}
@@ -420,7 +439,7 @@ def load_encoder(
         source, name = default_encoder_path(), DEFAULT_ENCODER_NAME
     else:
         source = Path(name_or_path)
-        if source.is_dir() and source.resolve() == default_encoder_path().resolve():
+        if source.is_dir() and _is_default_folder(source):
             name = DEFAULT_ENCODER_NAME
         elif source.is_dir():
             name = source.resolve().name
@@ -431,12 +450,21 @@ def load_encoder(
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
         model = transformers.AutoModel.from_pretrained(str(source))
-    except (OSError, ValueError, KeyError) as e:
+    except Exception as e:  # a truncated or pickled weights file fails deep in the loaders
         where = "folder" if Path(str(source)).is_dir() else "hub id (no such local folder)"
         raise BertflowError(
-            f"cannot load encoder {name_or_path} as a {where}: {first_line(e)}"
+            f"cannot load encoder {name_or_path} as a {where}: {type(e).__name__}: "
+            f"{first_line(e)}"
         ) from None
     return Encoder(model, tokenizer, name, device, dtype)
+
+
+def _is_default_folder(folder: Path) -> bool:
+    """Whether `folder` is the installed default encoder's (False when none is installed)."""
+    try:
+        return folder.resolve() == default_encoder_path().resolve()
+    except BertflowError:
+        return False
 
 
 def encode(

@@ -13,7 +13,7 @@ from .isotropy import isotropy_measures
 from .methods import Method
 from .sts import TASKS, Task, score
 
-__all__ = ["AGGREGATIONS", "evaluate", "summarise"]
+__all__ = ["AGGREGATIONS", "evaluate", "format_table", "summarise", "undefined_notes"]
 
 AGGREGATIONS = ("all", "wmean")
 Embed = Callable[[Sequence[str]], np.ndarray]
@@ -33,7 +33,9 @@ def evaluate(
     fresh, unfitted method. `fit_on` is ``"target"`` (each task's own sentences, without
     scores), a list of sentences to fit once, or None for a method that is already fit.
     `labels` (encoder, pooling, method, fit_on) are copied into every row. No gold score is
-    ever used to fit.
+    ever used to fit. A task whose Spearman is undefined (constant gold scores or constant
+    predicted similarities) gets ``spearman`` None and the reason under ``undefined``, and is
+    left out of the average; no row holds a NaN.
     """
     shared = None
     if fit_on is None:
@@ -54,8 +56,11 @@ def evaluate(
         vectors = method.transform(embed(sentences))
         scores = score(task.test, sentences, vectors)
         measures = isotropy_measures(vectors)
-        rows += [{**labels, "task": name, "aggregation": a, "spearman": scores[a], **measures}
-                 for a in AGGREGATIONS]
+        for a in AGGREGATIONS:
+            row = {**labels, "task": name, "aggregation": a, "spearman": scores[a], **measures}
+            if scores[a] is None:
+                row["undefined"] = scores["undefined"][a]
+            rows.append(row)
     return rows + summarise(rows, labels)
 
 
@@ -77,7 +82,8 @@ def summarise(rows: list[dict[str, Any]], labels: dict[str, Any]) -> list[dict[s
 
 
 def format_table(rows: list[dict[str, Any]], aggregation: str = "all") -> str:
-    """A markdown table: one line per (pooling, method, fit data), one column per task."""
+    """A markdown table: one line per (pooling, method, fit data), one column per task; a task
+    whose Spearman is undefined shows ``n/a`` (`undefined_notes` says why)."""
     keys = list(dict.fromkeys((r["encoder"], r["pooling"], r["method"], r["fit_on"])
                               for r in rows))
     lines = ["| encoder | pooling | method | fit on | " + " | ".join([*TASKS, "avg"]) + " |",
@@ -90,10 +96,18 @@ def format_table(rows: list[dict[str, Any]], aggregation: str = "all") -> str:
     return "\n".join(lines)
 
 
+def undefined_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per task whose Spearman is undefined, with the reason, per aggregation."""
+    return [f"n/a: {r['task']} ({r['aggregation']}): Spearman undefined, {r['undefined']}"
+            for r in rows if r.get("undefined")]
+
+
 def _cell(row: dict[str, Any] | None) -> str:
     if row is None:
         return ""
     if row.get("missing"):
         return "missing"
+    if row.get("undefined"):
+        return "n/a"
     value = row["spearman"]
     return "" if value is None or math.isnan(value) else f"{value:.2f}"

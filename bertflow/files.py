@@ -8,9 +8,11 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,16 @@ __all__ = [
     "atomic_directory",
     "atomic_file",
     "check_finite",
+    "disk_error",
     "iter_sentences",
     "meta_path",
     "read_json",
     "read_sentences",
+    "refuse_link",
+    "remove_stale_temporaries",
+    "same_file",
     "sha256_file",
+    "split_lines",
     "write_json",
 ]
 
@@ -42,13 +49,14 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
 def iter_sentences(path: str | os.PathLike, start: int = 0) -> Iterator[str]:
     """The sentences of a UTF-8 text file, one per line, read lazily from sentence `start` on.
 
-    A leading byte-order mark and the `\\r` of CRLF endings are dropped; a blank line or a
-    byte that is not UTF-8 is an error naming its line. Lines before `start` are checked too.
+    A line ends in `\\n`, `\\r\\n` or a lone `\\r` (universal newlines, as in `split_lines`);
+    a leading byte-order mark is dropped; a blank line or a byte that is not UTF-8 is an error
+    naming its line. Lines before `start` are checked too.
     """
     path = Path(path)
     _check_file(path)
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(_raw_lines(f), start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -56,12 +64,40 @@ def iter_sentences(path: str | os.PathLike, start: int = 0) -> Iterator[str]:
                     f"{path} is not UTF-8 text (bad byte on line {number})") from None
             if number == 1:
                 line = line.removeprefix("\ufeff")
-            line = line.removesuffix("\n").removesuffix("\r")
             if not line.strip():
                 raise BertflowError(f"{path} line {number} is blank: expected one sentence "
                                     "per line")
             if number > start:
                 yield line
+
+
+_NEWLINE = re.compile(rb"\r\n|\r|\n")
+_BLOCK_SIZE = 1 << 20
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of `text` without their endings: `\\n`, `\\r\\n` or a lone `\\r` (unlike
+    `str.splitlines`, no other character ends a line); the last line's ending is optional."""
+    lines = re.split(r"\r\n|\r|\n", text)
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _raw_lines(f: Any) -> Iterator[bytes]:
+    """The lines of binary file `f` cut as `split_lines` cuts text, read `_BLOCK_SIZE` bytes at
+    a time. Cutting bytes is safe: no UTF-8 multibyte sequence holds a `\\r` or `\\n` byte."""
+    tail = b""
+    for block in iter(lambda: f.read(_BLOCK_SIZE), b""):
+        data = tail + block
+        # a block may end between the two bytes of a \r\n: keep a last \r for the next one
+        end = len(data) - data.endswith(b"\r")
+        *lines, tail = _NEWLINE.split(data[:end])
+        tail += data[end:]
+        yield from lines
+    if tail:
+        lines = _NEWLINE.split(tail)
+        yield from lines[:-1] if lines[-1] == b"" else lines
 
 
 def check_finite(array: np.ndarray, what: str, chunk: int = 65536, offset: int = 0) -> None:
@@ -109,13 +145,20 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 @contextlib.contextmanager
 def atomic_file(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+
+    A symbolic link at `path` is refused rather than replaced; a full disk is one line naming
+    `path`; temporary files left by killed processes of this machine are removed."""
+    path = Path(path)
+    refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    remove_stale_temporaries(path)
+    fd, name = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
-        yield tmp
+        with _disk_errors(path):
+            yield tmp
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
@@ -123,34 +166,129 @@ def atomic_file(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike,
+                     recheck: Callable[[Path], object] | None = None) -> Iterator[Path]:
     """Yield an empty temporary folder; on success it replaces `path` in one step.
 
     On Linux the swap is a single `renameat2(RENAME_EXCHANGE)`, so a process killed at any
-    moment leaves either the old folder or the new one at `path`, never neither.
+    moment leaves either the old folder or the new one at `path`, never neither. If another
+    process creates `path` meanwhile, `recheck(path)` decides whether it may be replaced (the
+    last writer wins). A full disk is one line naming `path`; temporary folders left by killed
+    processes of this machine are removed.
     """
     path = Path(path)
+    refuse_link(path)
     if path.exists() and not path.is_dir():
         raise BertflowError(f"{path} exists and is not a folder")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    remove_stale_temporaries(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent))
     try:
-        yield tmp
+        with _disk_errors(path):
+            yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
-        _replace_directory(tmp, path)
+        _replace_directory(tmp, path, recheck)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _replace_directory(new: Path, target: Path) -> None:
+def _replace_directory(new: Path, target: Path,
+                       recheck: Callable[[Path], object] | None) -> None:
     if not target.exists():
-        os.rename(new, target)
-    elif not _exchange(new, target):
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=target.parent))
+        try:
+            os.rename(new, target)
+            return
+        except OSError as e:  # another process made `target` since it was checked
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+    if recheck is not None:  # what is there now may not be what was checked at the start
+        recheck(target)
+    if not _exchange(new, target):
+        old = Path(tempfile.mkdtemp(prefix=_temporary_prefix(target), suffix=".old",
+                                    dir=target.parent))
         os.rename(target, old / target.name)
         os.rename(new, target)
         shutil.rmtree(old, ignore_errors=True)
     # after an exchange `new` holds the old folder; the caller removes it
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether `a` and `b` name one file: the same inode where both exist (a hard or symbolic
+    link included), else the same resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def refuse_link(path: Path) -> None:
+    """Refuse to write over a symbolic link (replacing it would not write where it points)."""
+    if path.is_symlink():
+        raise BertflowError(f"{path} is a symbolic link; give the path it points to")
+
+
+def disk_error(error: BaseException, path: str | os.PathLike) -> BertflowError | None:
+    """A one-line error for a write to `path` that failed for want of space, or None when
+    `error` is something else. Some writers (FAISS, tokenizers) report it only in words."""
+    code = getattr(error, "errno", None)
+    text = str(error)
+    if code == errno.EFBIG or "File too large" in text or "os error 27" in text:
+        return BertflowError(f"file too large (a file size limit) while writing {path}")
+    if (code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text
+            or "os error 28" in text or "Disk quota" in text
+            or ("fwrite" in text and "written" in text)):
+        return BertflowError(f"no space left on the device while writing {path}")
+    return None
+
+
+@contextlib.contextmanager
+def _disk_errors(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except BertflowError:
+        raise
+    except Exception as e:
+        error = disk_error(e, path)
+        if error is None:
+            raise
+        raise error from None
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporary files and folders that writes of `path` by processes of this
+    machine that no longer run (killed, say) left beside it; nothing else is touched."""
+    name, host = re.escape(path.name), re.escape(_HOST)
+    pattern = re.compile(rf"\.{name}\.(\d+)@{host}\.[a-z0-9_]{{8}}\.")
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}@{_HOST}."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -183,19 +321,3 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
-
-
-def check_replaceable(path: str | os.PathLike, config: str, fmt: str, what: str) -> Path:
-    """`path` if a folder of kind `what` may be written there: absent, empty, or already one
-    (its `config` JSON names format `fmt`). Anything else is left alone."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise BertflowError(f"{path} exists and is not a folder")
-    if path.is_dir() and any(path.iterdir()):
-        try:
-            ours = read_json(path / config).get("format") == fmt
-        except BertflowError:
-            ours = False
-        if not ours:
-            raise BertflowError(f"{path} is a non-empty folder but not {what}; not replacing it")
-    return path

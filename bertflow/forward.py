@@ -14,10 +14,18 @@ __all__ = ["FusedBert", "supports_fused"]
 
 def supports_fused(model: nn.Module) -> bool:
     """Whether `model` is a BERT-architecture encoder that `FusedBert` computes exactly: post-LN
-    layers with separate query/key/value projections and absolute position embeddings."""
+    layers with separate query/key/value projections and absolute position embeddings, fed
+    the embedding output as it is. Not ELECTRA with embeddings narrower than its hidden states
+    (an `embeddings_project` layer comes between them), nor ALBERT (one layer group shared
+    across depth, under `encoder.albert_layer_groups`): those run the model's own forward."""
     config = getattr(model, "config", None)
     layers = getattr(getattr(model, "encoder", None), "layer", None)
     if config is None or layers is None or not hasattr(model, "embeddings"):
+        return False
+    if hasattr(model, "embeddings_project"):
+        return False
+    words = getattr(model.get_input_embeddings(), "embedding_dim", None)
+    if words is None or words != getattr(config, "hidden_size", None):
         return False
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         return False

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
 from . import __version__
@@ -23,22 +24,18 @@ from .encoder import (
     load_encoder,
 )
 from .errors import BertflowError, first_line
-from .files import (
-    atomic_directory,
-    check_finite,
-    check_replaceable,
-    read_json,
-    sha256_file,
-    write_json,
-)
+from .files import check_finite, read_json, sha256_file, write_json
 from .flow import FlowConfig, Glow, Standardize, standard_normal_log_prob
+from .folders import check_destination as check_folder
+from .folders import legacy_files, verify_folder, write_folder, write_manifest
 from .train import Rows, SummaryWriter, TrainConfig, TrainState, as_rows, fit, moments
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination"]
 
 FORMAT = "bertflow-head"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a manifest.json covers config.json too; 1 (no manifest) still loads
 _CONFIG, _WEIGHTS = "config.json", "model.safetensors"
+_legacy_files = legacy_files(_CONFIG, FORMAT, {_CONFIG, _WEIGHTS})  # format-1 heads
 
 
 class FlowHead(nn.Module):
@@ -138,6 +135,12 @@ class FlowHead(nn.Module):
         for start in range(0, array.shape[0], batch_size):
             block = torch.from_numpy(np.array(array[start : start + batch_size], np.float32))
             out[start : start + batch_size] = self(block)[0].numpy()
+        bad = ~np.isfinite(out).all(axis=1)
+        if bad.any():
+            raise BertflowError(
+                f"the head maps {int(bad.sum())} of {len(out)} embeddings to NaN or inf "
+                f"(first: row {int(np.argmax(bad))}): they lie far outside the data it was fit on"
+            )
         return out
 
     def _checked(self, x: np.ndarray | Tensor) -> np.ndarray:
@@ -163,7 +166,7 @@ class FlowHead(nn.Module):
             raise BertflowError("this head does not record its pooling; encode, then transform")
         if not isinstance(encoder, Encoder):
             encoder = load_encoder(encoder)
-        self.check(dim=encoder.dim, encoder=encoder.id)
+        self.check(dim=encoder.width(self.pooling), encoder=encoder.id)
         x = encoder.encode(sentences, self.pooling, self.max_length or 128, batch_size, progress)
         assert isinstance(x, np.ndarray)
         return self.transform(x)
@@ -192,6 +195,7 @@ class FlowHead(nn.Module):
         if len(data.shape) != 2 or data.shape[0] < 3:
             raise BertflowError(f"need (rows ≥ 3, dim) embeddings to fit, got {data.shape}")
         stats = moments(data, what="the training embeddings")
+        stats.check_varies("the training embeddings")
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train.seed)
             glow = Glow(data.shape[1], flow)
@@ -220,6 +224,13 @@ class FlowHead(nn.Module):
         }
         return head
 
+    def describe(self) -> dict[str, Any]:
+        """Who this head is, for the records of what it produced: its encoder, pooling,
+        dimension, max length and training corpus."""
+        return {"encoder": self.encoder.to_dict() if self.encoder else None,
+                "pooling": self.pooling, "dim": self.dim, "max_length": self.max_length,
+                "corpus": self.training_info.get("corpus")}
+
     def config(self) -> dict[str, Any]:
         """The JSON description saved beside the weights."""
         return {
@@ -238,35 +249,46 @@ class FlowHead(nn.Module):
         }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the head to folder `path` atomically: a crash leaves the old head intact."""
-        path = check_destination(path)
-        with atomic_directory(path) as tmp:
-            self.write(tmp)
-        return path
+        """Write the head to folder `path` atomically: a crash leaves the old head intact. An
+        existing `path` is replaced only if it is a head and holds nothing else."""
+        return write_folder(path, FORMAT, self.write, legacy=_legacy_files)
 
     def write(self, folder: Path) -> None:
-        """Write `config.json` and `model.safetensors` into an existing folder (not atomic
-        by itself: `save` calls it on a fresh folder that it then swaps in)."""
+        """Write `config.json`, `model.safetensors` and their manifest into an existing folder
+        (not atomic by itself: `save` calls it on a fresh folder that it then swaps in)."""
+        self.check_finite()
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(folder / _WEIGHTS), metadata={"format": FORMAT})
+        data = save(tensors, metadata={"format": FORMAT})
+        with open(folder / _WEIGHTS, "wb") as f:
+            f.write(data)
         config = self.config()
         config["weights"] = {"file": _WEIGHTS, "sha256": sha256_file(folder / _WEIGHTS)}
         write_json(folder / _CONFIG, config)
+        write_manifest(folder, FORMAT)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FlowHead:
-        """Rebuild a head from `config.json` and `model.safetensors`; nothing is unpickled."""
+        """Rebuild a head from `config.json` and `model.safetensors`; nothing is unpickled.
+
+        Every file is checked against the folder's manifest (heads of format 1 have none: their
+        weights are checked against the config), the config against the weights file's header
+        before anything is built, and the weights for finite values and a usable
+        standardisation."""
         path = Path(path)
         if not path.is_dir():
             raise BertflowError(f"no flow head folder at {path}")
+        manifest = verify_folder(path, FORMAT)
         config = read_json(path / _CONFIG)
         if config.get("format") != FORMAT:
             raise BertflowError(f"{path / _CONFIG} is not a bertflow head config")
-        if config.get("format_version") != FORMAT_VERSION:
+        version = config.get("format_version")
+        if version not in (1, FORMAT_VERSION):
             raise BertflowError(
-                f"{path} has head format version {config.get('format_version')}; "
-                f"this bertflow reads version {FORMAT_VERSION}"
+                f"{path} has head format version {version}; "
+                f"this bertflow reads versions 1 to {FORMAT_VERSION}"
             )
+        if version != 1 and manifest is None:
+            raise BertflowError(f"{path} has no manifest.json: the head is incomplete or altered")
         try:
             weights = config["weights"]
             file = path / str(weights["file"])
@@ -291,6 +313,7 @@ class FlowHead(nn.Module):
             raise BertflowError(
                 f"{file} does not match the checksum in its config: altered or truncated"
             )
+        _check_weights_header(file, dim, flow, standardized)
         try:
             tensors = load_file(str(file))
         except Exception as e:
@@ -311,9 +334,18 @@ class FlowHead(nn.Module):
         except RuntimeError as e:
             detail = str(e).strip().splitlines()[1:2] or [first_line(e)]
             raise BertflowError(f"{file} does not fit its config: {detail[0].strip()}") from None
-        if not all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()):
-            raise BertflowError(f"{file} holds non-finite weights")
+        head.check_finite(f"{file}")
         return head.eval()
+
+    def check_finite(self, what: str = "the head") -> None:
+        """Refuse weights that are not finite, or a standardisation that divides by zero."""
+        for name, tensor in self.state_dict().items():
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise BertflowError(f"{what} holds non-finite weights ({name})")
+        if self.standardize is not None and not (self.standardize.std > 0).all():
+            count = int((self.standardize.std <= 0).sum())
+            raise BertflowError(f"{what} has a standardisation with {count} standard "
+                                "deviation(s) of 0: it would divide by zero")
 
     def _origin(self) -> str:
         parts = []
@@ -328,5 +360,36 @@ class FlowHead(nn.Module):
 
 
 def check_destination(path: str | os.PathLike) -> Path:
-    """`path` if a head may be written there: absent, empty, or holding a flow head."""
-    return check_replaceable(path, _CONFIG, FORMAT, "a flow head")
+    """`path` if a head may be written there: absent, empty, or a head and nothing else."""
+    return check_folder(path, FORMAT, _legacy_files)
+
+
+def _check_weights_header(file: Path, dim: int, flow: FlowConfig, standardized: bool) -> None:
+    """Check the config's dimension, number of flow steps, conditioner width and
+    standardisation against the tensors the weights file's header lists, before a flow of that
+    size is built (the full shapes are checked when the weights are loaded)."""
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            header = {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype())
+                      for name in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    except Exception as e:
+        raise BertflowError(f"{file} is not a valid safetensors file ({first_line(e)})") \
+            from None
+    shifts = [shape for name, (shape, _) in header.items() if name.endswith(".shift")]
+    widths = {shape[0] for name, (shape, _) in header.items() if name.endswith(".net.0.weight")}
+    mean = header.get("standardize.mean", ((), ""))[0]
+    problems = []
+    if len(shifts) != flow.levels * flow.depth:
+        problems.append(f"{len(shifts)} flow steps, not levels × depth = "
+                        f"{flow.levels * flow.depth}")
+    if shifts and max(shifts) != (dim,):
+        problems.append(f"{max(shifts)[0] if max(shifts) else 0}-d inputs, not {dim}-d")
+    if widths and widths != {flow.hidden}:
+        problems.append(f"conditioners of width {sorted(widths)[0]}, not {flow.hidden}")
+    if standardized != ("standardize.mean" in header) or (standardized and mean != (dim,)):
+        problems.append("another standardisation")
+    kinds = sorted({dtype for _, dtype in header.values()} - {"F32", "I64", "BOOL"})
+    if kinds:
+        problems.append(f"tensors of type {', '.join(kinds)}")
+    if problems:
+        raise BertflowError(f"{file} does not fit its config: it holds {problems[0]}")

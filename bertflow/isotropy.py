@@ -49,8 +49,11 @@ def singular_values(x: np.ndarray) -> np.ndarray:
 
 def effective_rank(x: np.ndarray) -> float:
     r"""$\exp H(p)$ with $p_i = \sigma_i / \sum_j \sigma_j$ over the centred embeddings'
-    singular values (Roy & Vetterli, 2007): the number of directions the data really uses."""
+    singular values (Roy & Vetterli, 2007): the number of directions the data really uses;
+    NaN when every row is the same."""
     s = singular_values(x)
+    if not s.sum() > 0:
+        return math.nan
     p = s / s.sum()
     p = p[p > 0]
     return float(np.exp(-(p * np.log(p)).sum()))

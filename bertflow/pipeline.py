@@ -32,7 +32,8 @@ from .encoder import (
     pool,
 )
 from .errors import BertflowError, first_line
-from .files import atomic_directory, read_json
+from .files import read_json
+from .folders import verify_folder, write_folder
 from .head import FlowHead
 
 try:
@@ -100,7 +101,7 @@ class EncoderModule(InputModule):
         return features
 
     def get_embedding_dimension(self) -> int:
-        return self.encoder.dim
+        return self.encoder.width(self.pooling) if self.pooling else self.encoder.dim
 
     def save(self, output_path: str, *args: Any, safe_serialization: bool = True,
              **kwargs: Any) -> None:
@@ -168,7 +169,8 @@ class HeadModule(Module):
         encoder = next((m for m in model if isinstance(m, EncoderModule)), None)
         pooling = next((m for m in model if isinstance(m, PoolingModule)), None)
         self.head.check(
-            dim=encoder.encoder.dim if encoder else None,
+            dim=encoder.encoder.width(pooling.pooling if pooling else self.head.pooling
+                                      or DEFAULT_POOLING) if encoder else None,
             encoder=encoder.encoder.id if encoder else None,
             pooling=pooling.pooling if pooling else None,
         )
@@ -209,22 +211,21 @@ def build_pipeline(
     return SentenceTransformer(modules=modules, device="cpu")  # HeadModule checks the head
 
 
+PIPELINE = "bertflow-pipeline"
+
+
 def save_pipeline(model: SentenceTransformer, path: str | os.PathLike) -> Path:
-    """Save a pipeline to folder `path` atomically (a new folder, then one rename)."""
-    path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        if not (path / "modules.json").is_file():
-            raise BertflowError(f"{path} exists and is not a sentence-transformers folder; "
-                                "not replacing it")
-    with atomic_directory(path) as tmp:
-        model.save(str(tmp))
-    return path
+    """Save a pipeline to folder `path` atomically (a new folder, then one rename), with a
+    manifest of its files. An existing `path` is replaced only if it is a pipeline saved so
+    and holds nothing else: never another sentence-transformers model."""
+    return write_folder(path, PIPELINE, lambda tmp: model.save(str(tmp)))
 
 
 def load_pipeline(path: str | os.PathLike, device: str = "cpu") -> SentenceTransformer:
     """Rebuild a saved pipeline without `trust_remote_code`: bertflow's own module classes are
     resolved here, sentence-transformers' through its package, and any other class is refused."""
     path = Path(path)
+    verify_folder(path, PIPELINE)  # a pipeline saved by `save_pipeline`; others have no manifest
     try:
         entries = json.loads((path / "modules.json").read_text(encoding="utf-8"))
         refs = [(str(e["type"]), str(e.get("path", ""))) for e in entries]

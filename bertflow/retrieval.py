@@ -30,14 +30,8 @@ from .encoder import (
     load_encoder,
 )
 from .errors import BertflowError, first_line
-from .files import (
-    atomic_directory,
-    check_finite,
-    check_replaceable,
-    read_json,
-    sha256_file,
-    write_json,
-)
+from .files import check_finite, read_json, sha256_file, write_json
+from .folders import check_destination, legacy_files, verify_folder, write_folder
 from .head import FlowHead
 from .sts import Pairs
 
@@ -53,6 +47,9 @@ __all__ = [
 KINDS = ("flat", "hnsw")
 FORMAT = "bertflow-index"
 _INDEX, _ITEMS, _CONFIG, _HEAD = "index.faiss", "items.json", "config.json", "head"
+FORMAT_VERSION = 2  # 2: a manifest.json covers every file; 1 (no manifest) still loads
+_legacy_files = legacy_files(_CONFIG, FORMAT, {_CONFIG, _INDEX, _ITEMS, f"{_HEAD}/config.json",
+                                               f"{_HEAD}/model.safetensors"})  # format 1
 
 
 def _faiss() -> Any:
@@ -129,7 +126,7 @@ class Index:
             index.add(z)
         except RuntimeError as e:
             raise BertflowError(f"FAISS could not build the index ({first_line(e)})") from None
-        config = {"format": FORMAT, "format_version": 1,
+        config = {"format": FORMAT, "format_version": FORMAT_VERSION,
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
                   "max_length": max_length, "kind": kind, "dim": dim, "dims": out,
                   "count": len(items), "head": head is not None}
@@ -150,7 +147,8 @@ class Index:
         if head is not None:
             pooling = pooling or head.pooling
             max_length = head.max_length or max_length
-            head.check(dim=encoder.dim, encoder=encoder.id, pooling=pooling)
+            head.check(dim=encoder.width(pooling or DEFAULT_POOLING), encoder=encoder.id,
+                       pooling=pooling)
         pooling = check_pooling(pooling or DEFAULT_POOLING)
         if cache is None:
             x = encoder.encode(sentences, pooling, max_length, batch_size)
@@ -194,16 +192,18 @@ class Index:
     def save(self, path: str | os.PathLike) -> Path:
         """Write the index folder atomically; the config records the sha256 of each file."""
         faiss = _faiss()
-        path = check_index_destination(path)
-        with atomic_directory(path) as tmp:
+
+        def fill(tmp: Path) -> None:
             faiss.write_index(self.faiss_index, str(tmp / _INDEX))
             write_json(tmp / _ITEMS, {"items": self.items})
             if self.head is not None:
                 (tmp / _HEAD).mkdir()
                 self.head.write(tmp / _HEAD)
             files = {name: sha256_file(tmp / name) for name in (_INDEX, _ITEMS)}
-            write_json(tmp / _CONFIG, {**self.config, "sha256": files})
-        return path
+            write_json(tmp / _CONFIG, {**self.config, "format_version": FORMAT_VERSION,
+                                       "sha256": files})
+
+        return write_folder(path, FORMAT, fill, legacy=_legacy_files)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Index:
@@ -213,9 +213,14 @@ class Index:
         path = Path(path)
         if not (path / _INDEX).is_file():
             raise BertflowError(f"no index at {path} (no {_INDEX})")
+        manifest = verify_folder(path, FORMAT)
         config = read_json(path / _CONFIG)
-        if config.get("format") != FORMAT or config.get("format_version") != 1:
-            raise BertflowError(f"{path / _CONFIG} is not a version-1 bertflow index config")
+        if config.get("format") != FORMAT or config.get("format_version") not in (1, 2):
+            raise BertflowError(f"{path / _CONFIG} is not a bertflow index config of version "
+                                f"1 to {FORMAT_VERSION}")
+        if config["format_version"] != 1 and manifest is None:
+            raise BertflowError(f"{path} has no manifest.json: the index is incomplete or "
+                                "altered")
         try:
             dim, dims, count = (int(config[k]) for k in ("dim", "dims", "count"))
             encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
@@ -255,8 +260,8 @@ class Index:
 
 
 def check_index_destination(path: str | os.PathLike) -> Path:
-    """`path` if an index may be written there: absent, empty, or holding a bertflow index."""
-    return check_replaceable(path, _CONFIG, FORMAT, "an index")
+    """`path` if an index may be written there: absent, empty, or an index and nothing else."""
+    return check_destination(path, FORMAT, _legacy_files)
 
 
 @dataclass(frozen=True)

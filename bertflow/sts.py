@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy.stats import spearmanr
 
 from .errors import BertflowError
+from .files import split_lines
 
 __all__ = [
     "STS_SUBSETS",
@@ -26,6 +29,7 @@ __all__ = [
     "read_stsb",
     "score",
     "spearman",
+    "undefined",
 ]
 
 TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
@@ -87,6 +91,7 @@ def read_stsb(folder: str | os.PathLike, split: str) -> Pairs:
         except (IndexError, ValueError):
             raise BertflowError(f"{path} line {number} is malformed: expected a score "
                                 "in column 5 and sentences in columns 6 and 7") from None
+        _check_gold(score, fields[4], path, number)
         first.append(a)
         second.append(b)
         gold.append(score)
@@ -113,6 +118,7 @@ def read_sick(folder: str | os.PathLike, split: str) -> Pairs:
             score, a, b = float(fields[score_col]), fields[a_col], fields[b_col]
         except (IndexError, ValueError):
             raise BertflowError(f"{path} line {number} is malformed") from None
+        _check_gold(score, fields[score_col], path, number)
         first.append(a)
         second.append(b)
         gold.append(score)
@@ -138,10 +144,11 @@ def read_sts_subset(folder: str | os.PathLike, subset: str) -> Pairs:
             raise BertflowError(f"{inputs} line {number} is malformed: expected 2 tab-separated "
                                 f"sentences, found {len(fields)} fields")
         try:
-            gold.append(float(value))
+            score = float(value)
         except ValueError:
             raise BertflowError(f"{scores} line {number} is malformed: {value[:40]!r} "
                                 "is not a score") from None
+        gold.append(_check_gold(score, value, scores, number))
         first.append(fields[0])
         second.append(fields[1])
     return _pairs(f"{folder.name} {subset}", scores, first, second, gold)
@@ -187,24 +194,48 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def spearman(predicted: np.ndarray, gold: np.ndarray) -> float:
-    """Spearman's rank correlation × 100."""
+    """Spearman's rank correlation × 100; NaN where it is undefined (see `undefined`)."""
+    if undefined(predicted, gold) is not None:
+        return math.nan
     return float(spearmanr(predicted, gold).statistic) * 100
 
 
-def pair_spearman(pairs: Pairs, sentences: Sequence[str], vectors: np.ndarray) -> float:
+def undefined(predicted: np.ndarray, gold: np.ndarray) -> str | None:
+    r"""Why Spearman's correlation of `predicted` and `gold` is undefined, or None when it is
+    defined. $\rho = \mathrm{cov}(r_p, r_g) / (\sigma_{r_p} \sigma_{r_g})$ divides by the
+    spread of each side's ranks, which is 0 when that side is constant (or has one value)."""
+    predicted, gold = np.asarray(predicted, dtype=np.float64), np.asarray(gold, np.float64)
+    if not np.isfinite(gold).all():
+        return "non-finite gold scores"
+    if not np.isfinite(predicted).all():
+        return "non-finite predicted similarities"
+    if len(gold) < 2 or np.all(gold == gold[0]):
+        return "constant gold scores"
+    if np.all(predicted == predicted[0]):
+        return "constant predicted similarities"
+    return None
+
+
+def pair_spearman(pairs: Pairs, sentences: Sequence[str], vectors: np.ndarray) -> float | None:
     """Spearman × 100 between gold scores and the cosine of each pair's vectors, where
-    `vectors[i]` embeds `sentences[i]` and every sentence of `pairs` is among them."""
+    `vectors[i]` embeds `sentences[i]` and every sentence of `pairs` is among them; None where
+    it is undefined (constant gold scores or similarities)."""
     return score((pairs,), sentences, vectors)["all"]
 
 
 def score(
     subsets: Sequence[Pairs], sentences: Sequence[str], vectors: np.ndarray
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Spearman × 100 of cosine against gold, aggregated two ways over the subsets:
     ``all`` pools every pair (SimCSE and later work); ``wmean`` averages the per-subset
-    correlations weighted by subset size (the BERT-flow and BERT-whitening papers)."""
+    correlations weighted by subset size (the BERT-flow and BERT-whitening papers).
+
+    An aggregation whose correlation is undefined (constant gold scores or constant predicted
+    similarities, pooled for ``all``, in any one subset for ``wmean``) is None, and
+    ``undefined`` maps it to the reason; the result holds no NaN.
+    """
     row = {s: i for i, s in enumerate(sentences)}
-    predicted, golds, per_subset, sizes = [], [], [], []
+    predicted, golds, per_subset, sizes, reasons = [], [], [], [], []
     for pairs in subsets:
         try:
             a = vectors[[row[s] for s in pairs.first]]
@@ -216,10 +247,23 @@ def score(
         golds.append(pairs.gold)
         per_subset.append(spearman(similarity, pairs.gold))
         sizes.append(len(pairs))
+        reason = undefined(similarity, pairs.gold)
+        if reason is not None:
+            reasons.append(f"{reason} in {pairs.name}")
+    predicted_all, gold_all = np.concatenate(predicted), np.concatenate(golds)
+    why = {"all": undefined(predicted_all, gold_all), "wmean": "; ".join(reasons) or None}
     return {
-        "all": spearman(np.concatenate(predicted), np.concatenate(golds)),
-        "wmean": float(np.average(per_subset, weights=sizes)),
+        "all": None if why["all"] else spearman(predicted_all, gold_all),
+        "wmean": None if why["wmean"] else float(np.average(per_subset, weights=sizes)),
+        "undefined": {k: v for k, v in why.items() if v is not None},
     }
+
+
+def _check_gold(score: float, text: str, path: Path, number: int) -> float:
+    if not math.isfinite(score):
+        raise BertflowError(f"{path} line {number}: gold score {text.strip()[:40]!r} is not a "
+                            "finite number")
+    return score
 
 
 def _pairs(name: str, path: Path, first: list, second: list, gold: list) -> Pairs:
@@ -229,17 +273,16 @@ def _pairs(name: str, path: Path, first: list, second: list, gold: list) -> Pair
 
 
 def _lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, ended by `\\n`, `\\r\\n` or a lone `\\r`."""
     if not path.is_file():
         raise BertflowError(f"no such file: {path}")
+    data = path.read_bytes()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        line = len(split_lines(data[: e.start].decode("utf-8") + "."))
         raise BertflowError(f"{path} is not UTF-8 text (bad byte on line {line})") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    return split_lines(text)
 
 
 def _tab_lines(path: Path, allow_empty: bool = False) -> list[tuple[int, list[str]]]:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import io
 import math
+import os
+import pickle
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -17,12 +22,16 @@ from tqdm.auto import tqdm
 
 from . import distributed
 from .errors import BertflowError
-from .files import check_finite
+from .files import atomic_file, check_finite
 from .flow import standard_normal_log_prob
 from .isotropy import mean_pair_cosine
 
-__all__ = ["ArrayRows", "History", "Moments", "Rows", "TrainConfig", "TrainState", "as_rows",
-           "fit", "moments", "split_indices"]
+__all__ = ["CHECKPOINT_FORMAT", "ArrayRows", "Checkpoint", "History", "Moments", "Rows",
+           "TrainConfig", "TrainState", "as_rows", "fit", "moments", "read_checkpoint",
+           "split_indices"]
+
+CHECKPOINT_FORMAT = "bertflow-train-state"
+CHECKPOINT_VERSION = 1
 
 _READ_ROWS = 8192  # rows per block when streaming statistics
 _EVAL_ROWS = 1024  # rows per forward pass when evaluating (its activations are the peak memory)
@@ -83,7 +92,10 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> TrainConfig:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in value.items() if k in names})
+        unknown = set(value) - names
+        if unknown:
+            raise BertflowError(f"unknown training config keys: {', '.join(sorted(unknown))}")
+        return cls(**value)
 
 
 @dataclass
@@ -132,6 +144,71 @@ class TrainState:
         value = dict(value)
         value["history"] = History(**value["history"])
         return cls(**value)
+
+    def save(self, path: str | os.PathLike, run: dict[str, Any], logs: str | None = None) -> None:
+        """Write this state to `path` atomically as a training checkpoint, with `run` (the
+        settings and data it belongs to, compared on resume) and `logs` (the name of the run's
+        log folder, if any). A full disk is a one-line `BertflowError`."""
+        path = Path(path)
+        buffer = io.BytesIO()
+        torch.save({"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,
+                    "run": run, "logs": logs, "state": self.to_dict()}, buffer)
+        with atomic_file(path) as tmp, open(tmp, "wb") as f:  # a full disk: one line
+            f.write(buffer.getbuffer())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, run: dict[str, Any] | None = None) -> TrainState:
+        """The state saved at `path` by `save`; with `run`, refuse one saved for another."""
+        checkpoint = read_checkpoint(path)
+        if checkpoint is None:
+            raise BertflowError(f"{path} is not a bertflow training checkpoint")
+        if run is not None and checkpoint.run != run:
+            raise BertflowError(f"{path} was written by a run with other settings or data")
+        return checkpoint.state
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What `TrainState.save` writes: the state, the run it belongs to, its log folder name."""
+
+    state: TrainState
+    run: dict[str, Any]
+    logs: str | None = None
+
+
+def read_checkpoint(path: str | os.PathLike) -> Checkpoint | None:
+    """The training checkpoint at `path`; None when there is no file there, or a file that is
+    not one. Only a zip archive holding a pickle (torch's format) is read, and that with
+    `torch.load(weights_only=True)`: tensors and plain containers, never code."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:  # an unreadable file is an OSError, not "not a checkpoint"
+        if not zipfile.is_zipfile(f):
+            return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+            if len(pickles) != 1:
+                return None
+            header = archive.read(pickles[0])  # the pickle alone: tensors are other members
+        if CHECKPOINT_FORMAT.encode() not in header and b"bad_epochs" not in header:
+            return None  # someone else's torch file: not worth loading
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(saved, dict) or not isinstance(saved.get("run"), dict):
+            return None
+        if saved.get("format") != CHECKPOINT_FORMAT and set(saved) != {"run", "state"}:
+            return None  # neither this format nor the unmarked one written before it
+        logs, version = saved.get("logs"), saved.get("format_version", CHECKPOINT_VERSION)
+        if version == CHECKPOINT_VERSION:
+            state = TrainState.from_dict(saved["state"])
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError,
+            KeyError, IndexError, TypeError, AttributeError):
+        return None
+    if version != CHECKPOINT_VERSION:
+        raise BertflowError(f"{path} is a bertflow training checkpoint of format version "
+                            f"{version}; this bertflow reads version {CHECKPOINT_VERSION}")
+    return Checkpoint(state, saved["run"], logs if isinstance(logs, str) else None)
 
 
 class Rows(Protocol):
@@ -352,6 +429,21 @@ class Moments:
     def std(self) -> np.ndarray:
         """The unbiased standard deviation (as `torch.std`)."""
         return np.sqrt(self.squares / max(self.count - 1, 1))
+
+    @property
+    def constant(self) -> np.ndarray:
+        """Which columns hold the same value in every row: a spread below 1e-9 of the mean's
+        size, far under float32's resolution, is the rounding of the streamed mean."""
+        return np.sqrt(self.squares / max(self.count, 1)) <= 1e-9 * np.abs(self.mean)
+
+    def check_varies(self, what: str = "the rows") -> None:
+        """Refuse a table whose rows are all the same: no density can be fit to it."""
+        constant = self.constant
+        if constant.all():
+            raise BertflowError(
+                f"{what} are constant: every row is the same (all {len(constant)} features are "
+                "constant, e.g. one sentence repeated), there is nothing to fit"
+            )
 
 
 def moments(rows: Rows, chosen: np.ndarray | None = None, what: str = "the rows") -> Moments:

@@ -65,7 +65,7 @@ def main() -> None:
         relevant = relevant_pairs(task.test[0])
         for pooling in POOLINGS:
             fit_x, x = embed(task.unlabeled, pooling), embed(items, pooling)
-            for label, method in _methods(pooling, tuned, encoder.dim):
+            for label, method in _methods(pooling, tuned, encoder.width(pooling)):
                 z = method.fit(fit_x).transform(x)
                 scores = retrieval_scores(Index.from_embeddings(z, items), z, relevant)
                 rows.append({"part": "retrieval", "task": name, "pooling": pooling,

@@ -53,8 +53,9 @@ def main() -> None:
         corpora = [generic, *(s for t in tasks.values() for s in (t.unlabeled, t.sentences()))]
         for sentences in corpora:  # one forward pass per corpus for all poolings
             cache.encode(sentences, encoder, list(POOLINGS))
-        k, d = encoder.dim // 3, max(1, encoder.dim // 100)
         for pooling in POOLINGS:
+            width = encoder.width(pooling)  # static: the word embeddings' width
+            k, d = width // 3, max(1, width // 100)
             def embed(sentences, pooling=pooling, encoder=encoder):
                 return np.asarray(cache.encode(sentences, encoder, pooling))
 

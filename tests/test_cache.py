@@ -78,6 +78,11 @@ def test_a_tampered_cache_entry_is_encoded_again(tmp_path, counting):
     np.save(path, np.zeros((3, 16), np.float32))  # wrong shape under a good sidecar
     cache.encode(SENTENCES, counting, "cls")
     assert len(counting.calls) == 3
+    rows = np.load(path)
+    rows[: len(rows) // 2] = 0  # half the rows zeroed: same size, other checksum
+    np.save(path, rows)
+    np.testing.assert_allclose(cache.encode(SENTENCES, counting, "cls"), good, atol=1e-6)
+    assert len(counting.calls) == 4
 
 
 def test_corpus_hash_equals_the_file_hash(tmp_path):

@@ -132,12 +132,18 @@ def test_bad_embeddings(tmp_path, capsys, fitted):
     out = tmp_path / "z.npy"
     np.save(tmp_path / "wide.npy", np.zeros((5, 24), np.float32))
     assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", tmp_path / "wide.npy",
-                            "--out", out], "expects 16-d embeddings", out)
+                            "--out", out], "no wide.meta.json sidecar; pass --pooling", out)
+    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", tmp_path / "wide.npy",
+                            "--pooling", "cls", "--out", out], "expects 16-d embeddings", out)
+    np.save(tmp_path / "narrow.npy", np.ones((5, 16), np.float32))
+    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings",
+                            tmp_path / "narrow.npy", "--pooling", "mean", "--out", out],
+                   "fit on cls pooling", out)
     nan = np.ones((5, 16), np.float32)
     nan[3, 1] = np.nan
     np.save(tmp_path / "nan.npy", nan)
     assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", tmp_path / "nan.npy",
-                            "--out", out], "NaN values (first in row 3)", out)
+                            "--pooling", "cls", "--out", out], "NaN values (first in row 3)", out)
     head = tmp_path / "head2"
     assert_refused(capsys, ["fit", tmp_path / "nan.npy", "--out", head, "--pooling", "cls"],
                    "NaN", head)
@@ -219,8 +225,6 @@ def test_fit_refuses_to_overwrite_a_folder_that_is_not_a_head(
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--batch-size", "0"], "batch size must be at least 1"),
-        (["--max-length", "1"], "max_length must be an integer of at least 2"),
         (["--device", "cuda"], "device cuda asked for, but this torch"),
         (["--device", "cuda:1"], "device cuda:1 asked for, but this torch"),
         (["--device", "gpu"], "unknown device 'gpu'"),
@@ -236,9 +240,6 @@ def test_bad_encoding_options(tmp_path, capsys, corpus_file, tiny_encoder_dir, a
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--patience", "-1"], "patience must be at least 0"),
-        (["--seed", "99999999999999999"], "seed must be in"),
-        (["--epochs", "0"], "epochs must be at least 1"),
         (["--levels", "9"], "use fewer levels"),
     ],
 )
@@ -338,3 +339,28 @@ def test_encode_fills_the_cache_that_fit_and_index_read(tmp_path, capsys, corpus
     assert chunks == [120, 120]
     assert again.read_bytes() == float32.read_bytes()
     assert json.loads((tmp_path / "again.meta.json").read_text())["precision"] == "float32"
+
+
+def test_an_unexpected_failure_is_one_line_unless_debugging(capsys, monkeypatch, tmp_path):
+    import bertflow.cli
+
+    def broken(args):
+        raise RuntimeError("something deep\nwith a second line")
+
+    parser = bertflow.cli.build_parser
+
+    def patched():
+        p = parser()
+        p._subparsers._group_actions[0].choices["info"].set_defaults(run=broken)
+        return p
+
+    monkeypatch.setattr(bertflow.cli, "build_parser", patched)
+    code, out, err = run(capsys, "info", tmp_path)
+    assert code == 1 and err.strip().splitlines() == [
+        "bertflow: error: unexpected RuntimeError: something deep (run with --debug for the "
+        "traceback)"]
+    with pytest.raises(RuntimeError, match="something deep"):
+        main(["--debug", "info", str(tmp_path)])
+    monkeypatch.setenv("BERTFLOW_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="something deep"):
+        main(["info", str(tmp_path)])

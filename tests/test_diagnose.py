@@ -14,7 +14,7 @@ def test_diagnose_writes_four_valid_pngs(tmp_path, capsys, corpus_file, tiny_enc
                  "--quiet"])
     printed = capsys.readouterr().out
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == sorted(PLOTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*PLOTS, "manifest.json"])
     for name in PLOTS:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -40,7 +40,7 @@ def test_diagnose_with_a_head_and_refusals(tmp_path, capsys, corpus_file, tiny_e
     assert not (tmp_path / "p2").exists()
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "thesis.tex").write_text("keep")
-    with pytest.raises(BertflowError, match="holds other files than plots"):
+    with pytest.raises(BertflowError, match="not a folder of bertflow plots"):
         x = np.random.default_rng(0).normal(size=(50, 16))
         plot_all(x, x, tmp_path / "mine", encoder=None, corpus=[], title="t")
 

@@ -238,3 +238,39 @@ def test_batches_are_padded_to_few_widths_within_the_models_positions(tiny_encod
     got = short.encode([long_sentence, "a man"], "mean")
     alone = short.encode(["a man"], "mean", batch_size=1)
     np.testing.assert_allclose(got[1], alone[0], atol=1e-6)
+
+
+def test_loading_a_folder_does_not_need_the_default_encoder_package(tiny_encoder_dir,
+                                                                    monkeypatch):
+    import bertflow.encoder
+
+    monkeypatch.setattr(bertflow.encoder, "_DEFAULT_PACKAGE", "no_such_encoder_package")
+    with pytest.raises(BertflowError, match="default encoder package is not installed"):
+        default_encoder_path()
+    encoder = load_encoder(tiny_encoder_dir, device="cpu")
+    assert encoder.id.name == tiny_encoder_dir.name
+    with pytest.raises(BertflowError, match="default encoder package is not installed"):
+        load_encoder(None, device="cpu")
+
+
+def test_a_damaged_or_pickled_encoder_folder_is_one_error(tiny_encoder_dir, tmp_path):
+    import pickle
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_encoder_dir, truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(BertflowError, match="cannot load encoder .*truncated as a folder"):
+        load_encoder(truncated)
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_encoder_dir, pickled)
+    (pickled / "model.safetensors").unlink()
+    with open(pickled / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"weights": Payload()}, f)
+    with pytest.raises(BertflowError, match="cannot load encoder .*pickled as a folder"):
+        load_encoder(pickled)

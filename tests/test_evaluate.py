@@ -129,3 +129,61 @@ def test_eval_refusals(data, tmp_path, capsys, tiny_encoder_dir, other_encoder_d
         assert not out.exists()
     with pytest.raises(BertflowError):
         load_tasks(tmp_path / "nowhere")
+
+
+def _flatten_gold(path, score="2.5"):
+    """Give every pair of an STS-B split the same gold score."""
+    lines = [line.split("\t") for line in path.read_text().splitlines()]
+    path.write_text("\n".join("\t".join([*f[:4], score, *f[5:]]) for f in lines) + "\n")
+
+
+def test_undefined_spearman_rows_are_null_with_a_reason_and_shown_as_na(data, tiny_encoder):
+    _flatten_gold(data / "STSBenchmark" / "sts-test.csv")
+    tasks, missing = load_tasks(data)
+    labels = {"encoder": "tiny", "pooling": "mean", "method": "raw", "fit_on": "target"}
+
+    def embed(sentences):
+        return tiny_encoder.encode(list(sentences), "mean")
+
+    rows = evaluate(tasks, missing, embed, lambda: make_method("raw"), "target", labels)
+    json.dumps(rows, allow_nan=False)
+    by = {(r["task"], r["aggregation"]): r for r in rows}
+    for aggregation in ("all", "wmean"):
+        row = by["STS-B", aggregation]
+        assert row["spearman"] is None and "constant gold scores" in row["undefined"]
+        assert by["avg", aggregation]["tasks"] == ["STS14", "SICK-R"]
+    assert "| tiny | mean | raw | target | missing | missing | " in format_table(rows)
+    assert "| n/a |" in format_table(rows) and "| n/a |" in format_table(rows, "wmean")
+
+    def constant(sentences):
+        return np.ones((len(sentences), 4), dtype=np.float32)
+
+    rows = evaluate(tasks, missing, constant, lambda: make_method("raw"), "target", labels)
+    json.dumps(rows, allow_nan=False)
+    for row in rows:
+        if row["task"] in ("STS14", "SICK-R"):  # STS-B's gold is constant too, said first
+            assert row["spearman"] is None and "constant predicted" in row["undefined"], row
+    assert not any(r["task"] == "avg" for r in rows)
+
+
+def test_eval_command_with_constant_or_non_finite_gold(data, tmp_path, capsys, tiny_encoder_dir):
+    out = tmp_path / "rows.json"
+    args = ["eval", "--data", str(data), "--method", "raw", "--pooling", "mean", "--encoder",
+            str(tiny_encoder_dir), "--json", str(out), "--cache", str(tmp_path / "cache"),
+            "--quiet", "--tasks", "STS-B", "SICK-R"]
+    _flatten_gold(data / "STSBenchmark" / "sts-test.csv")
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"bare {c}"))
+    stsb = [r for r in rows if r["task"] == "STS-B"]
+    assert [r["spearman"] for r in stsb] == [None, None]
+    assert "n/a" in printed and "constant gold scores" in printed
+
+    out.unlink()
+    for bad in ("nan", "inf"):
+        _flatten_gold(data / "STSBenchmark" / "sts-dev.csv", bad)
+        assert main(args) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert f"sts-dev.csv line 1: gold score '{bad}' is not a finite number" in err
+        assert not out.exists()

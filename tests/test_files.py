@@ -85,3 +85,52 @@ def test_atomic_directory_swaps_or_leaves_old(tmp_path):
         (tmp / "b").write_text("3")
     assert [p.name for p in target.iterdir()] == ["b"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"])
+def test_every_line_ending_splits_sentences(tmp_path, ending):
+    from bertflow.corpus import Corpus
+    from bertflow.files import iter_sentences
+
+    path = tmp_path / "c.txt"
+    for final in (ending, b""):
+        path.write_bytes(b"\xef\xbb\xbfa" + ending + b"b \xc3\xbc" + ending + b"c" + final)
+        assert read_sentences(path) == ["a", "b ü", "c"]
+        assert list(iter_sentences(path, start=1)) == ["b ü", "c"]
+    lf = tmp_path / "lf.txt"
+    lf.write_bytes(b"a\nb \xc3\xbc\nc\n")
+    assert Corpus.from_file(path).sha256 == Corpus.from_file(lf).sha256
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"a\r\rb\r", "line 2 is blank"),
+        (b"a\r\r\nb\n", "line 2 is blank"),
+        (b"a\rb\r\xff\rc", "bad byte on line 3"),
+        (b"a\r\nb\n\rc", "line 3 is blank"),
+    ],
+)
+def test_cr_endings_keep_line_numbers_in_errors(tmp_path, content, message):
+    path = tmp_path / "c.txt"
+    path.write_bytes(content)
+    with pytest.raises(BertflowError, match=message):
+        read_sentences(path)
+
+
+def test_iter_sentences_stays_lazy_over_cr_lines_across_blocks(tmp_path, monkeypatch):
+    import io
+
+    import bertflow.files
+    from bertflow.files import iter_sentences
+
+    monkeypatch.setattr(bertflow.files, "_BLOCK_SIZE", 3)  # a CRLF split across blocks
+    path = tmp_path / "c.txt"
+    lines = [f"sentence {i}" for i in range(50)]
+    path.write_bytes("\r\n".join(lines).encode() + b"\r\n")
+    assert list(iter_sentences(path)) == lines
+    path.write_bytes("\r".join(lines).encode())
+    assert list(iter_sentences(path, start=48)) == lines[48:]
+    f = io.BytesIO(path.read_bytes())
+    assert next(bertflow.files._raw_lines(f)) == b"sentence 0"
+    assert f.tell() < 20  # a CR-only file is read a block at a time, not whole

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bertflow import BertflowError, EncoderId, FlowConfig, FlowHead, TrainConfig
+from bertflow.folders import write_manifest
 
 from .conftest import REPO, SENTENCES
 
@@ -39,7 +40,7 @@ def test_save_load_round_trip_gives_identical_outputs(head, tmp_path):
 def test_config_describes_the_head(head, tmp_path):
     head.save(tmp_path / "head")
     config = json.loads((tmp_path / "head" / "config.json").read_text())
-    assert config["format"] == "bertflow-head" and config["format_version"] == 1
+    assert config["format"] == "bertflow-head" and config["format_version"] == 2
     assert config["dim"] == 12
     assert config["encoder"] == {"name": "tiny", "fingerprint": "0123456789abcdef"}
     assert config["pooling"] == "cls" and config["max_length"] == 64
@@ -52,7 +53,7 @@ def test_config_describes_the_head(head, tmp_path):
     assert training["seed"] == 3 and training["best_epoch"] >= 1
     assert np.isfinite(training["val_nll"])
     assert sorted(p.name for p in (tmp_path / "head").iterdir()) == [
-        "config.json", "model.safetensors"
+        "config.json", "manifest.json", "model.safetensors"
     ]
 
 
@@ -111,26 +112,32 @@ def test_altered_weights_are_refused(head, tmp_path, how):
         FlowHead.load(tmp_path / "head")
 
 
+def rewrite(folder, name, text):
+    """Edit a file of a head and re-sign the manifest, to reach the checks behind it."""
+    (folder / name).write_text(text)
+    write_manifest(folder, "bertflow-head")
+
+
 def test_malformed_configs_are_refused(head, tmp_path):
     folder = tmp_path / "head"
     head.save(folder)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
-    config_path.write_text("{not json")
+    rewrite(folder, "config.json", "{not json")
     with pytest.raises(BertflowError, match="not valid JSON"):
         FlowHead.load(folder)
-    config_path.write_text(json.dumps({**config, "format_version": 99}))
+    rewrite(folder, "config.json", json.dumps({**config, "format_version": 99}))
     with pytest.raises(BertflowError, match="format version 99"):
         FlowHead.load(folder)
-    config_path.write_text(json.dumps({**config, "dim": 13}))
-    with pytest.raises(BertflowError, match="does not fit its config: size mismatch"):
+    rewrite(folder, "config.json", json.dumps({**config, "dim": 13}))
+    with pytest.raises(BertflowError, match="does not fit its config: it holds 12-d inputs"):
         FlowHead.load(folder)
     for field, value in [("weights", "model.safetensors"), ("weights", {"file": 3}),
                          ("weights", {"file": "../../x", "sha256": "0"}), ("training", [1]),
                          ("flow", {"levels": "many"}), ("flow", {"hidden": 32.5}),
                          ("dim", None), ("encoder", "bert"), ("max_length", "abc"),
                          ("pooling", "max")]:
-        config_path.write_text(json.dumps({**config, field: value}))
+        rewrite(folder, "config.json", json.dumps({**config, field: value}))
         with pytest.raises(BertflowError, match="malformed|is not"):
             FlowHead.load(folder)
     with pytest.raises(BertflowError, match="no flow head folder"):
@@ -145,7 +152,7 @@ def test_weights_that_are_not_safetensors_are_refused(head, tmp_path):
     torch.save(head.state_dict(), weights)
     config = json.loads((folder / "config.json").read_text())
     config["weights"]["sha256"] = __import__("hashlib").sha256(weights.read_bytes()).hexdigest()
-    (folder / "config.json").write_text(json.dumps(config))
+    rewrite(folder, "config.json", json.dumps(config))
     with pytest.raises(BertflowError, match="not a valid safetensors file"):
         FlowHead.load(folder)
 

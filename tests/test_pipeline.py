@@ -64,6 +64,10 @@ def test_reload_refuses_a_head_whose_pooling_was_changed(tmp_path, heads, tiny_e
     save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "st")
     pooling = tmp_path / "st" / "1_PoolingModule" / "config.json"
     pooling.write_text(json.dumps({"pooling": "mean"}))
+    with pytest.raises(BertflowError, match="PoolingModule/config.json does not match the "
+                       "checksum in manifest.json"):
+        load_pipeline(tmp_path / "st")
+    (tmp_path / "st" / "manifest.json").unlink()  # as sentence-transformers' own save leaves it
     with pytest.raises(BertflowError, match="cls pooling.*mean"):
         load_pipeline(tmp_path / "st")
 
@@ -72,6 +76,7 @@ def test_load_pipeline_refuses_foreign_classes_and_bad_folders(tmp_path, heads, 
     with pytest.raises(BertflowError, match="no modules.json"):
         load_pipeline(tmp_path)
     folder = save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "st")
+    (folder / "manifest.json").unlink()  # reach the checks behind it
     modules = json.loads((folder / "modules.json").read_text())
     modules[1]["type"] = "somewhere.else.Module"
     (folder / "modules.json").write_text(json.dumps(modules))
@@ -90,9 +95,21 @@ def test_load_pipeline_refuses_foreign_classes_and_bad_folders(tmp_path, heads, 
 def test_save_refuses_to_replace_another_folder(tmp_path, heads, tiny_encoder):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("keep")
-    with pytest.raises(BertflowError, match="not a sentence-transformers folder"):
+    with pytest.raises(BertflowError, match="not a bertflow sentence-transformers export"):
         save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "notes")
     assert (tmp_path / "notes" / "keep.txt").read_text() == "keep"
+    # another sentence-transformers model, and a pipeline of ours with a file of the user's
+    other = build_pipeline(heads["cls"], tiny_encoder)
+    other.save(str(tmp_path / "theirs"))
+    with pytest.raises(BertflowError, match="not a bertflow sentence-transformers export"):
+        save_pipeline(other, tmp_path / "theirs")
+    ours = save_pipeline(other, tmp_path / "ours")
+    save_pipeline(other, ours)  # its own files only: replaced
+    (ours / "notes.txt").write_text("mine")
+    with pytest.raises(BertflowError, match="not part of a bertflow sentence-transformers "
+                       "export: notes.txt"):
+        save_pipeline(other, ours)
+    assert (ours / "notes.txt").read_text() == "mine"
 
 
 def test_cli_export_matches_bertflow_transform(tmp_path, capsys, heads, tiny_encoder_dir):
@@ -117,6 +134,7 @@ def test_cli_export_matches_bertflow_transform(tmp_path, capsys, heads, tiny_enc
 
 def test_missing_configs_and_damaged_heads_are_refused(tmp_path, heads, tiny_encoder):
     folder = save_pipeline(build_pipeline(heads["mean"], tiny_encoder), tmp_path / "st")
+    (folder / "manifest.json").unlink()  # reach the checks behind it
     (folder / "bertflow_encoder.json").rename(tmp_path / "kept.json")
     with pytest.raises(BertflowError, match="no such file: .*bertflow_encoder.json"):
         load_pipeline(folder)

@@ -158,8 +158,12 @@ def saved(tmp_path, head, tiny_encoder, items):
 
 
 def edit_config(folder, **changes):
+    """Edit an index's config and re-sign its manifest, to reach the checks behind it."""
+    from bertflow.folders import write_manifest
+
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    write_manifest(folder, "bertflow-index")
 
 
 def test_a_tampered_index_is_refused(saved, tiny_encoder, items):
@@ -175,7 +179,7 @@ def test_a_tampered_index_is_refused(saved, tiny_encoder, items):
     edit_config(saved, head=True, max_length=None)
     with pytest.raises(BertflowError, match="malformed"):
         Index.load(saved)
-    (saved / "config.json").write_text(json.dumps(config))
+    edit_config(saved, **config)
     data = bytearray((saved / "index.faiss").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (saved / "index.faiss").write_bytes(bytes(data))
@@ -200,6 +204,9 @@ def test_save_keeps_foreign_folders_and_the_previous_index_on_failure(
     (folder / "notes.txt").write_text("keep")
     index = Index.build(items[:20], tiny_encoder, head=head)
     with pytest.raises(BertflowError, match="not an index"):
+        index.save(folder)
+    (folder / "config.json").write_text('{"format": "bertflow-index"}')  # looks like an index
+    with pytest.raises(BertflowError, match="not part of an index: notes.txt"):
         index.save(folder)
     assert (folder / "notes.txt").read_text() == "keep"
 

@@ -149,3 +149,66 @@ def test_hand_case_spearman():
 
 def test_task_names():
     assert TASKS == ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
+
+
+def test_cr_only_and_crlf_files_read_as_lf(tmp_path):
+    for ending in ("\r", "\r\n"):
+        lf, other = tmp_path / "lf" / ending.encode().hex(), tmp_path / ending.encode().hex()
+        for folder in (lf, other):
+            write_stsb(folder / "STSBenchmark")
+            write_sick(folder / "SICK")
+            write_sts_year(folder / "STS16-en-test", "STS16", empty_gold=(1, 4))
+        for path in other.rglob("*.*"):
+            path.write_bytes(path.read_bytes().replace(b"\n", ending.encode()))
+        want, got = load_tasks(lf)[0], load_tasks(other)[0]
+        assert sorted(got) == ["SICK-R", "STS-B", "STS16"]
+        for name, task in want.items():
+            assert got[name].unlabeled == task.unlabeled
+            for a, b in zip(got[name].test, task.test, strict=True):
+                assert (a.first, a.second) == (b.first, b.second)
+                np.testing.assert_array_equal(a.gold, b.gold)
+    (tmp_path / "STS.input.x.txt").write_bytes(b"a\tb\rc\td\r")
+    (tmp_path / "STS.gs.x.txt").write_bytes(b"1\r\xff\r")
+    with pytest.raises(BertflowError, match="bad byte on line 2"):
+        read_sts_subset(tmp_path, "x")
+
+
+@pytest.mark.parametrize("bad", ["nan", "NaN", "inf", "-Infinity"])
+def test_non_finite_gold_scores_are_refused_naming_file_and_line(tmp_path, bad):
+    write_stsb(tmp_path / "STSBenchmark")
+    path = tmp_path / "STSBenchmark" / "sts-dev.csv"
+    lines = path.read_text().splitlines()
+    lines[2] = "\t".join([*lines[2].split("\t")[:4], bad, "x", "y"])
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(BertflowError, match=f"sts-dev.csv line 3: gold score '{bad}' is not a "
+                                            "finite number"):
+        read_stsb(tmp_path / "STSBenchmark", "dev")
+    write_sick(tmp_path / "SICK")
+    path = tmp_path / "SICK" / "SICK_trial.txt"
+    path.write_text(path.read_text().replace("\t2.0\t", f"\t{bad}\t"))
+    with pytest.raises(BertflowError, match=f"SICK_trial.txt line 4: gold score '{bad}'"):
+        read_sick(tmp_path / "SICK", "trial")
+    (tmp_path / "STS.input.headlines.txt").write_text("a\tb\nc\td\n")
+    (tmp_path / "STS.gs.headlines.txt").write_text(f"1\n{bad}\n")
+    with pytest.raises(BertflowError, match=f"STS.gs.headlines.txt line 2: gold score '{bad}'"):
+        read_sts_subset(tmp_path, "headlines")
+
+
+def test_undefined_spearman_is_none_with_a_reason():
+    import json
+
+    sentences = ["a", "b", "c", "d"]
+    vectors = np.array([[1, 0], [1, 0.1], [0, 1], [1, 1]], dtype=float)
+    varied = Pairs("varied", ["a", "a", "a"], ["b", "c", "d"], np.array([3.0, 1.0, 2.0]))
+    constant = Pairs("flat", ["a", "b", "c"], ["b", "c", "d"], np.array([2.0, 2.0, 2.0]))
+    got = score([constant], sentences, vectors)
+    assert got["all"] is None and got["wmean"] is None
+    assert got["undefined"] == {"all": "constant gold scores",
+                                "wmean": "constant gold scores in flat"}
+    got = score([varied, constant], sentences, vectors)
+    assert got["all"] is not None and np.isfinite(got["all"])
+    assert got["wmean"] is None and got["undefined"] == {"wmean": "constant gold scores in flat"}
+    same = np.ones((4, 2))
+    got = score([varied], sentences, same)
+    assert got["all"] is None and got["undefined"]["all"] == "constant predicted similarities"
+    json.dumps(got, allow_nan=False)

@@ -1,0 +1,159 @@
+"""Artifact folders (a head, an index, a pipeline, plots): written atomically with a manifest of
+their files' sha256, checked against it when read, and replaced only when they hold nothing
+but their own files.
+
+`manifest.json` lists every file of the folder (sub-folders included) with its sha256, so an
+edited config is caught as surely as altered weights. A folder that holds anything its manifest
+does not list is the user's, and no write replaces it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import BertflowError
+from .files import atomic_directory, read_json, refuse_link, sha256_file, write_json
+
+__all__ = ["MANIFEST", "check_destination", "legacy_files", "verify_folder", "write_folder",
+           "write_manifest"]
+
+MANIFEST = "manifest.json"
+_FORMAT = "bertflow-manifest"
+_NAMES = {"bertflow-head": "a flow head", "bertflow-index": "an index",
+          "bertflow-pipeline": "a bertflow sentence-transformers export",
+          "bertflow-plots": "a folder of bertflow plots"}
+
+# What a folder written before manifests existed holds, by kind: its own files, or None if
+# `folder` is not one. Used only to decide whether such a folder may be replaced.
+Legacy = Callable[[Path], "set[str] | None"]
+
+
+def legacy_files(config: str, fmt: str, files: set[str]) -> Legacy:
+    """The `Legacy` rule of a kind whose folders, before manifests, were recognised by the
+    `format` their `config` JSON names, and held `files` (some of them may be absent)."""
+
+    def own(folder: Path) -> set[str] | None:
+        try:
+            return set(files) if read_json(folder / config).get("format") == fmt else None
+        except BertflowError:
+            return None
+
+    return own
+
+
+def write_folder(path: str | os.PathLike, kind: str, fill: Callable[[Path], Any],
+                 legacy: Legacy | None = None) -> Path:
+    """Write folder `path` of `kind` atomically: `fill(tmp)` writes the files into a new
+    folder, the manifest is added, and the folder is swapped in for `path`, which must be free,
+    empty or a folder of this kind holding only its own files (checked first, and again if
+    another process made `path` meanwhile)."""
+    path = check_destination(path, kind, legacy)
+    with atomic_directory(path, recheck=lambda p: check_destination(p, kind, legacy)) as tmp:
+        fill(tmp)
+        write_manifest(tmp, kind)
+    return path
+
+
+def write_manifest(folder: Path, kind: str) -> None:
+    """List every file under `folder` (but the manifest) with its sha256 in `manifest.json`."""
+    files = {name: sha256_file(folder / name) for name in _files(folder) if name != MANIFEST}
+    write_json(folder / MANIFEST, {"format": _FORMAT, "kind": kind, "files": files})
+
+
+def verify_folder(path: str | os.PathLike, kind: str) -> dict[str, str] | None:
+    """Check every file the manifest of `path` lists against its sha256 and return the listing,
+    or None when the folder has no manifest (written before manifests; the caller decides)."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        return None
+    manifest = read_json(path / MANIFEST)
+    files = manifest.get("files")
+    if manifest.get("format") != _FORMAT or not isinstance(files, dict):
+        raise BertflowError(f"{path / MANIFEST} is not a bertflow manifest")
+    if manifest.get("kind") != kind:
+        raise BertflowError(f"{path} is {_name(str(manifest.get('kind')))}, not {_name(kind)}")
+    for name, digest in files.items():
+        file = path / str(name)
+        if Path(name).is_absolute() or ".." in Path(name).parts or file.is_symlink():
+            raise BertflowError(f"{path / MANIFEST} lists a file outside the folder: {name}")
+        if not file.is_file():
+            raise BertflowError(f"{path} is missing {name}, which its manifest lists")
+        if sha256_file(file) != digest:
+            raise BertflowError(f"{file} does not match the checksum in {MANIFEST}: "
+                                "altered or truncated")
+    return {str(k): str(v) for k, v in files.items()}
+
+
+def check_destination(path: str | os.PathLike, kind: str, legacy: Legacy | None = None) -> Path:
+    """`path` if a folder of `kind` may be written there: absent, empty, or a folder of this
+    kind that holds only its own files. Anything else is refused, naming what is in the way."""
+    path = Path(path)
+    if path.name in ("", ".", "..") or _holds_working_folder(path):
+        raise BertflowError(f"{path} is the current folder or one of its parents; "
+                            "give a folder of its own")
+    refuse_link(path)
+    if path.exists() and not path.is_dir():
+        raise BertflowError(f"{path} exists and is not a folder")
+    present = _files(path) if path.is_dir() else set()
+    if not present:
+        return path
+    own = _own_files(path, kind, legacy)
+    other = _manifest_kind(path)
+    if own is None and other not in (None, kind):
+        raise BertflowError(f"{path} is {_name(other)}, not {_name(kind)}; not replacing it")
+    if own is None:
+        raise BertflowError(f"{path} is a non-empty folder but not {_name(kind)}; "
+                            "not replacing it")
+    foreign = sorted(present - own)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5
+                                          else "")
+        raise BertflowError(f"{path} holds files that are not part of {_name(kind)}: {shown}; "
+                            "not replacing it")
+    return path
+
+
+def _name(kind: str) -> str:
+    return _NAMES.get(kind, f"a {kind} folder")
+
+
+def _manifest_kind(path: Path) -> str | None:
+    try:
+        return str(read_json(path / MANIFEST).get("kind"))
+    except BertflowError:
+        return None
+
+
+def _own_files(path: Path, kind: str, legacy: Legacy | None) -> set[str] | None:
+    if (path / MANIFEST).is_file():
+        try:
+            manifest = read_json(path / MANIFEST)
+        except BertflowError:
+            return None
+        files = manifest.get("files")
+        if manifest.get("format") != _FORMAT or manifest.get("kind") != kind \
+                or not isinstance(files, dict):
+            return None
+        return {str(name) for name in files} | {MANIFEST}
+    return legacy(path) if legacy is not None else None
+
+
+def _files(folder: Path) -> set[str]:
+    """Every entry under `folder` that is not a folder, as paths relative to it."""
+    found = set()
+    for root, dirs, names in os.walk(folder):
+        base = Path(root).relative_to(folder)
+        found.update((base / name).as_posix() for name in names)
+        found.update((base / d).as_posix() for d in dirs if (Path(root) / d).is_symlink())
+    return found
+
+
+def _holds_working_folder(path: Path) -> bool:
+    try:
+        here, there = Path.cwd().resolve(), path.resolve()
+    except OSError:
+        return False
+    return here == there or there in here.parents

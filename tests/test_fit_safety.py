@@ -1,0 +1,350 @@
+"""`bertflow fit` leaves what it did not make alone: checkpoints, log folders, bad options,
+constant data."""
+
+import json
+import os
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from bertflow import BertflowError, FlowConfig, FlowHead, TrainConfig
+from bertflow.cli import main
+
+from .conftest import REPO
+
+SMALL = ["--epochs", "1", "--levels", "1", "--depth", "2", "--quiet"]
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused(capsys, args, message):
+    """Run a command that must fail with one line naming `message`."""
+    code, out, err = run(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0].startswith("bertflow: error: ") and message in lines[0], lines[0]
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture
+def npy(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.random.default_rng(0).normal(size=(60, 16)).astype(np.float32))
+    return path
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Any training is a test failure: the refusals come before it."""
+    import bertflow.head
+
+    def fail(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(bertflow.head.FlowHead, "fit", fail)
+
+
+# --checkpoint is never an input or an output of the run ---------------------------------------
+
+def test_checkpoint_that_is_the_input_or_an_output_is_refused_before_training(
+    tmp_path, capsys, npy, no_training
+):
+    sidecar = tmp_path / "x.meta.json"
+    (tmp_path / "out").mkdir()
+    (tmp_path / "logs").mkdir()
+    os.symlink(npy, tmp_path / "link.npy")
+    os.link(npy, tmp_path / "hard.npy")
+    before = npy.read_bytes()
+    base = ["fit", npy, "--pooling", "cls", "--out", tmp_path / "out", "--logdir",
+            tmp_path / "logs", *SMALL]
+    for checkpoint, message in [
+        (npy, "the input"),
+        (tmp_path / "link.npy", "the input"),
+        (tmp_path / "hard.npy", "the input"),
+        (tmp_path / "sub" / ".." / "x.npy", "the input"),
+        (sidecar, "sidecar"),
+        (tmp_path / "out", "folder"),
+        (tmp_path / "out" / "state.pt", "--out"),
+        (tmp_path / "new-out" / "state.pt", "--out"),
+        (tmp_path / "logs" / "state.pt", "--logdir"),
+    ]:
+        args = [*base, "--checkpoint", checkpoint]
+        if "new-out" in str(checkpoint):
+            args[args.index(tmp_path / "out")] = tmp_path / "new-out"
+        refused(capsys, args, message)
+        refused(capsys, [*args, "--resume"], message)
+    assert npy.read_bytes() == before and not sidecar.exists()
+    assert not any((tmp_path / "out").iterdir()) and not any((tmp_path / "logs").iterdir())
+
+
+def test_checkpoint_in_the_embedding_cache_or_the_encoder_is_refused(
+    tmp_path, capsys, corpus_file, tiny_encoder_dir, no_training
+):
+    cache = tmp_path / "cache"
+    base = ["fit", corpus_file, "--out", tmp_path / "h", "--encoder", tiny_encoder_dir,
+            "--cache", cache, *SMALL]
+    refused(capsys, [*base, "--checkpoint", corpus_file], "the input")
+    refused(capsys, [*base, "--checkpoint", cache / "state.pt"], "embedding cache")
+    refused(capsys, [*base, "--checkpoint", tiny_encoder_dir / "new.pt"], "encoder")
+    assert not cache.exists() or not any(cache.rglob("*.npy"))
+
+
+def test_existing_file_that_is_not_a_bertflow_checkpoint_is_not_overwritten(
+    tmp_path, capsys, npy, no_training
+):
+    text = tmp_path / "notes.txt"
+    text.write_text("precious\n")
+    archive = tmp_path / "other.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("a/data.pkl", b"not a pickle")
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.ones(3)}, foreign)
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(tmp_path / "pwned"),))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"run": {}, "state": Payload()}, evil)
+    files = [text, archive, foreign, evil, tmp_path / "empty.pt"]
+    (tmp_path / "empty.pt").write_bytes(b"")
+    before = {f: f.read_bytes() for f in files}
+    for checkpoint in files:
+        for resume in ([], ["--resume"]):
+            refused(capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
+                             "--checkpoint", checkpoint, *resume, *SMALL],
+                    "is not a bertflow training checkpoint")
+    assert {f: f.read_bytes() for f in files} == before
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "h").exists()
+
+
+def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, capsys, npy):
+    ckpt = tmp_path / "state.pt"
+    base = ["fit", npy, "--pooling", "cls", "--checkpoint", ckpt, *SMALL]
+    assert run(capsys, *base, "--out", tmp_path / "a")[0] == 0
+    before = ckpt.read_bytes()
+    refused(capsys, [*base, "--out", tmp_path / "b", "--seed", "3"], "other settings or data")
+    refused(capsys, [*base, "--out", tmp_path / "b", "--seed", "3", "--resume"],
+            "other settings or data")
+    assert ckpt.read_bytes() == before and not (tmp_path / "b").exists()
+    code, _, err = run(capsys, *base, "--out", tmp_path / "c")  # the same run starts afresh
+    assert code == 0, err
+
+
+def test_train_state_save_and_load(tmp_path):
+    from bertflow.train import TrainState, read_checkpoint
+
+    states = []
+    x = np.random.default_rng(0).normal(size=(60, 8)).astype(np.float32)
+    FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=TrainConfig(epochs=1),
+                 on_epoch_end=states.append)
+    path = tmp_path / "state.pt"
+    states[0].save(path, {"seed": 0}, logs="20260101-000000-seed0")
+    loaded = TrainState.load(path, {"seed": 0})
+    assert loaded.epoch == 1 and loaded.history.best_epoch == states[0].history.best_epoch
+    assert read_checkpoint(path).logs == "20260101-000000-seed0"
+    assert read_checkpoint(tmp_path / "absent.pt") is None
+    with pytest.raises(BertflowError, match="other settings or data"):
+        TrainState.load(path, {"seed": 1})
+    (tmp_path / "bad.pt").write_text("x")
+    with pytest.raises(BertflowError, match="is not a bertflow training checkpoint"):
+        TrainState.load(tmp_path / "bad.pt", {"seed": 0})
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_full_disk_while_writing_the_checkpoint_is_one_line(tmp_path, capsys, npy):
+    resource = pytest.importorskip("resource")
+    import signal
+
+    ckpt = tmp_path / "state.pt"
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, old_limit[1]))
+    try:
+        code, _, err = run(capsys, "fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
+                           "--checkpoint", ckpt, *SMALL)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "file too large" in err and f"while writing {ckpt}" in err
+    assert not ckpt.exists() and not (tmp_path / "h").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".state.pt")]
+
+
+# --logdir: each run in its own new subfolder; a failed run leaves the folder as it was -------
+
+def test_failed_fit_leaves_an_existing_logdir_as_it_was(tmp_path, capsys, npy, monkeypatch):
+    import bertflow.head
+
+    def diverge(*args, **kwargs):
+        kwargs["writer"].add_scalar("train/nll", 1.0, 1)
+        raise BertflowError("non-finite loss (nan) at step 3 (epoch 1)")
+
+    logdir = tmp_path / "runs"
+    (logdir / "earlier").mkdir(parents=True)
+    (logdir / "earlier" / "events.out").write_text("old")
+    before = snapshot(logdir)
+    monkeypatch.setattr(bertflow.head.FlowHead, "fit", diverge)
+    refused(capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "h", "--logdir", logdir,
+                     *SMALL], "non-finite loss")
+    assert snapshot(logdir) == before
+    # a failed run with a --checkpoint but no epoch saved cannot be resumed either
+    refused(capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "h", "--logdir", logdir,
+                     "--checkpoint", tmp_path / "state.pt", *SMALL], "non-finite loss")
+    assert snapshot(logdir) == before
+    nested = tmp_path / "new" / "deeper" / "runs"
+    refused(capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "h", "--logdir", nested,
+                     *SMALL], "non-finite loss")
+    assert not (tmp_path / "new").exists()
+
+
+def test_each_run_logs_to_its_own_subfolder_and_a_resumed_run_continues_it(
+    tmp_path, capsys, npy, monkeypatch
+):
+    logdir, ckpt = tmp_path / "runs", tmp_path / "state.pt"
+    base = ["fit", npy, "--pooling", "cls", "--logdir", logdir, "--levels", "1", "--depth", "2",
+            "--patience", "0", "--epochs", "3", "--quiet", "--seed", "4"]
+    assert run(capsys, *base, "--out", tmp_path / "a")[0] == 0
+    [first] = logdir.iterdir()
+    assert first.is_dir() and first.name.endswith("-seed4") and any(first.iterdir())
+
+    saves, real_save = [], torch.save
+
+    def interrupt_second_save(obj, f):
+        saves.append(f)
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+        real_save(obj, f)
+
+    monkeypatch.setattr(torch, "save", interrupt_second_save)
+    code, _, _ = run(capsys, *base, "--out", tmp_path / "b", "--checkpoint", ckpt)
+    monkeypatch.undo()
+    assert code == 130
+    [second] = set(logdir.iterdir()) - {first}
+    events = set(second.iterdir())
+    assert events  # kept: the checkpoint can resume it
+    code, _, err = run(capsys, *base, "--out", tmp_path / "b", "--checkpoint", ckpt, "--resume")
+    assert code == 0, err
+    assert set(logdir.iterdir()) == {first, second} and set(second.iterdir()) > events
+
+
+# constant data -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["zeros", "identical"])
+def test_constant_embeddings_are_named_as_such(kind):
+    x = np.zeros((50, 16), np.float32)
+    if kind == "identical":
+        x[:] = np.random.default_rng(0).normal(size=16).astype(np.float32) * 10
+    for standardize in (True, False):
+        with pytest.raises(BertflowError, match="constant: every row is the same"):
+            FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=TrainConfig(epochs=1),
+                         standardize=standardize)
+
+
+def test_partly_constant_embeddings_still_fit():
+    x = np.random.default_rng(0).normal(size=(80, 8)).astype(np.float32)
+    x[:, 2] = 3.0
+    x[:, 5] = 0.0
+    head = FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=TrainConfig(epochs=2))
+    assert np.isfinite(head.history.best_val_nll)
+
+
+def test_fit_on_a_constant_npy_or_a_corpus_of_one_sentence_says_so(
+    tmp_path, capsys, tiny_encoder_dir
+):
+    np.save(tmp_path / "zeros.npy", np.zeros((40, 16), np.float32))
+    refused(capsys, ["fit", tmp_path / "zeros.npy", "--pooling", "cls", "--out", tmp_path / "h",
+                     *SMALL], "the training embeddings are constant")
+    (tmp_path / "same.txt").write_text("a man plays the guitar\n" * 30)
+    refused(capsys, ["fit", tmp_path / "same.txt", "--out", tmp_path / "h", "--encoder",
+                     tiny_encoder_dir, "--cache", tmp_path / "cache", *SMALL],
+            "the training embeddings are constant")
+    assert not (tmp_path / "h").exists()
+
+
+# numeric options are checked when parsed -------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "command,option,value",
+    [
+        ("fit", "--encode-batch-size", "0"),
+        ("fit", "--max-length", "1"),
+        ("fit", "--levels", "0"),
+        ("fit", "--depth", "0"),
+        ("fit", "--hidden", "-3"),
+        ("fit", "--epochs", "0"),
+        ("fit", "--batch-size", "0"),
+        ("fit", "--lr", "0"),
+        ("fit", "--lr", "nan"),
+        ("fit", "--val-fraction", "1"),
+        ("fit", "--val-fraction", "-0.1"),
+        ("fit", "--patience", "-1"),
+        ("fit", "--seed", "-1"),
+        ("fit", "--seed", "99999999999999999"),
+        ("fit", "--epochs", "two"),
+        ("encode", "--batch-size", "0"),
+        ("encode", "--max-length", "1"),
+        ("transform", "--batch-size", "0"),
+        ("eval", "--encode-batch-size", "0"),
+        ("eval", "--k", "0"),
+        ("eval", "--d", "-1"),
+        ("eval", "--epochs", "0"),
+        ("diagnose", "--encode-batch-size", "-2"),
+        ("diagnose", "--levels", "0"),
+        ("index", "--encode-batch-size", "0"),
+        ("index", "--max-length", "0"),
+        ("index", "--dims", "0"),
+        ("search", "--k", "0"),
+    ],
+)
+def test_numeric_options_are_refused_when_parsed(tmp_path, capsys, command, option, value):
+    required = {
+        "fit": [tmp_path / "c.txt", "--out", tmp_path / "h"],
+        "encode": [tmp_path / "c.txt", "--out", tmp_path / "e.npy"],
+        "transform": ["--head", tmp_path / "h", "--embeddings", tmp_path / "e.npy", "--out",
+                      tmp_path / "z.npy"],
+        "eval": ["--data", tmp_path, "--json", tmp_path / "r.json"],
+        "diagnose": [tmp_path / "c.txt", "--out", tmp_path / "plots"],
+        "index": [tmp_path / "c.txt", "--out", tmp_path / "i"],
+        "search": ["--index", tmp_path / "i", "--query", "q"],
+    }[command]
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in [command, *required, option, value]])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"argument {option}" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_encode_batch_size_zero_is_refused_even_when_the_corpus_is_cached(
+    tmp_path, capsys, corpus_file, tiny_encoder_dir
+):
+    base = ["fit", corpus_file, "--encoder", tiny_encoder_dir, "--cache", tmp_path / "cache",
+            *SMALL]
+    assert run(capsys, *base, "--out", tmp_path / "a")[0] == 0
+    with pytest.raises(SystemExit) as exit_info:
+        run(capsys, *base, "--out", tmp_path / "b", "--encode-batch-size", "0")
+    assert exit_info.value.code == 2 and not (tmp_path / "b").exists()
+
+
+def test_config_from_dict_refuses_unknown_keys_and_reads_the_shipped_head():
+    with pytest.raises(BertflowError, match="unknown training config keys: lerning_rate"):
+        TrainConfig.from_dict({"epochs": 2, "lerning_rate": 0.1})
+    with pytest.raises(BertflowError, match="unknown flow config keys: width"):
+        FlowConfig.from_dict({"levels": 2, "width": 3})
+    config = json.loads((REPO / "checkpoints" / "minilm-first_last-wiki" / "config.json")
+                        .read_text())
+    train = TrainConfig.from_dict(config["training"]["config"])
+    assert train.to_dict() == config["training"]["config"]
+    assert FlowConfig.from_dict(config["flow"]).to_dict() == config["flow"]

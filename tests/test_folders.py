@@ -1,0 +1,339 @@
+"""Artifact folders and outputs as a hostile user meets them: foreign files, symlinks, `.`,
+edited configs, killed and racing saves, full disks, outputs equal to inputs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from bertflow import BertflowError, FlowHead
+from bertflow.cli import main
+from bertflow.folders import check_destination, verify_folder, write_folder
+
+from .conftest import REPO, fit_tiny_head
+
+FAST = ["--epochs", "1", "--levels", "2", "--depth", "2", "--quiet"]
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(capsys, *args) -> str:
+    code, out, err = run(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0].startswith("bertflow: error: ")
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def head(tiny_encoder):
+    return fit_tiny_head(tiny_encoder, "cls")
+
+
+@pytest.fixture
+def emb(tmp_path, capsys, corpus_file, tiny_encoder_dir):
+    path = tmp_path / "emb.npy"
+    code, _, err = run(capsys, "encode", corpus_file, "--out", path, "--encoder",
+                       tiny_encoder_dir, "--pooling", "cls", "--no-cache")
+    assert code == 0, err
+    return path
+
+
+def snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_fit_never_deletes_the_users_files_in_out(tmp_path, capsys, emb):
+    out = tmp_path / "h"
+    assert run(capsys, "fit", emb, "--out", out, *FAST)[0] == 0
+    (out / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    line = one_line_error(capsys, "fit", emb, "--out", out, *FAST)
+    assert "not part of a flow head: notes.txt" in line
+    assert snapshot(out) == before
+    # the embeddings being fit, inside the head folder, are an input: never deleted
+    (out / "notes.txt").unlink()
+    shutil.copy(emb, out / "emb.npy")
+    shutil.copy(emb.with_name("emb.meta.json"), out / "emb.meta.json")
+    line = one_line_error(capsys, "fit", out / "emb.npy", "--out", out, *FAST)
+    assert "emb.meta.json, emb.npy" in line and (out / "emb.npy").exists()
+    # a head and only its own files is replaced
+    (out / "emb.npy").unlink()
+    (out / "emb.meta.json").unlink()
+    assert run(capsys, "fit", emb, "--out", out, "--seed", "1", *FAST)[0] == 0
+    assert FlowHead.load(out).training_info["seed"] == 1
+
+
+def test_index_and_export_never_replace_foreign_folders(tmp_path, capsys, corpus_file,
+                                                        tiny_encoder_dir, head):
+    head.save(tmp_path / "head")
+    common = ["--head", tmp_path / "head", "--encoder", tiny_encoder_dir]
+    index = tmp_path / "idx"
+    assert run(capsys, "index", corpus_file, "--out", index, *common)[0] == 0
+    (index / "todo.md").write_text("mine")
+    assert "not part of an index: todo.md" in one_line_error(
+        capsys, "index", corpus_file, "--out", index, *common)
+    assert (index / "todo.md").read_text() == "mine"
+    # the head folder is not an index, and an index is not a head
+    assert "not an index" in one_line_error(capsys, "index", corpus_file, "--out",
+                                            tmp_path / "head", *common)
+    (index / "todo.md").unlink()
+    assert "is an index, not a flow head" in one_line_error(
+        capsys, "fit", corpus_file, "--out", index, "--encoder", tiny_encoder_dir, *FAST)
+
+    st = tmp_path / "st"
+    export = ["export", "--format", "sentence-transformers", *common]
+    assert run(capsys, *export, "--out", st)[0] == 0
+    (st / "README.md").write_text("edited by hand")  # a file of ours, altered: still ours
+    assert run(capsys, *export, "--out", st)[0] == 0
+    shutil.copytree(st, tmp_path / "theirs")
+    (tmp_path / "theirs" / "manifest.json").unlink()  # a model saved by sentence-transformers
+    before = snapshot(tmp_path / "theirs")
+    assert "not a bertflow sentence-transformers export" in one_line_error(
+        capsys, *export, "--out", tmp_path / "theirs")
+    assert snapshot(tmp_path / "theirs") == before
+
+
+@pytest.mark.parametrize("where", [".", "..", "link", "cwd"])
+def test_out_is_neither_the_working_folder_nor_a_link(tmp_path, capsys, emb, monkeypatch,
+                                                      where):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("mine")
+    (tmp_path / "real").mkdir()
+    (work / "link").symlink_to(tmp_path / "real")
+    monkeypatch.chdir(work)
+    out = {"cwd": work}.get(where, where)
+    line = one_line_error(capsys, "fit", emb, "--out", out, *FAST)
+    assert ("current folder or one of its parents" in line) == (where != "link")
+    assert ("symbolic link" in line) == (where == "link")
+    assert (work / "link").is_symlink() and (work / "keep.txt").exists()
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt", "link"]
+    assert list((tmp_path / "real").iterdir()) == []
+
+
+def test_editing_a_heads_config_is_refused(tmp_path, head):
+    folder = head.save(tmp_path / "head")
+    config = json.loads((folder / "config.json").read_text())
+    for field, value in [("pooling", "mean"), ("max_length", 512),
+                         ("encoder", {**config["encoder"], "fingerprint": "0" * 16})]:
+        (folder / "config.json").write_text(json.dumps({**config, field: value}))
+        with pytest.raises(BertflowError, match="config.json does not match the checksum"):
+            FlowHead.load(folder)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    FlowHead.load(folder)
+    (folder / "manifest.json").unlink()
+    with pytest.raises(BertflowError, match="no manifest.json"):
+        FlowHead.load(folder)
+
+
+def test_the_shipped_head_and_old_format_heads_still_load(tmp_path, head):
+    shipped = FlowHead.load(REPO / "checkpoints" / "minilm-first_last-wiki")
+    assert shipped.dim == 384 and shipped.pooling == "first_last"
+    folder = head.save(tmp_path / "old")
+    (folder / "manifest.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "format_version": 1}))
+    old = FlowHead.load(folder)
+    np.testing.assert_array_equal(old.sample(4), head.sample(4))
+    head.save(folder)  # an old head of its two files is replaced by a new one
+    assert verify_folder(folder, "bertflow-head") is not None
+
+
+def test_a_config_claiming_a_huge_dimension_is_refused_before_building(tmp_path, head):
+    folder = head.save(tmp_path / "head")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "dim": 100_000_000}))
+    from bertflow.folders import write_manifest
+
+    write_manifest(folder, "bertflow-head")
+    script = textwrap.dedent(f"""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a 5.5 GB build would fail
+        sys.path.insert(0, {str(REPO)!r})
+        from bertflow import BertflowError, FlowHead
+        try:
+            FlowHead.load({str(folder)!r})
+        except BertflowError as e:
+            print(e)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "does not fit its config: it holds 16-d inputs, not 100000000-d" in done.stdout
+
+
+def test_heads_that_would_give_nan_are_refused(tmp_path, head, capsys):
+    import torch
+    from safetensors.torch import load_file, save
+
+    from bertflow.folders import write_manifest
+
+    zero = FlowHead(head.glow, type(head.standardize)(head.standardize.mean,
+                                                      torch.zeros_like(head.standardize.std)),
+                    encoder=head.encoder, pooling=head.pooling, max_length=head.max_length)
+    with pytest.raises(BertflowError, match="standard deviation"):
+        zero.save(tmp_path / "zero")
+    assert not (tmp_path / "zero").exists()
+    folder = head.save(tmp_path / "head")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["standardize.std"][3] = 0.0
+    data = save(tensors, metadata={"format": "x"})
+    (folder / "model.safetensors").write_bytes(data)
+    config = json.loads((folder / "config.json").read_text())
+    config["weights"]["sha256"] = __import__("hashlib").sha256(data).hexdigest()
+    (folder / "config.json").write_text(json.dumps(config))
+    write_manifest(folder, "bertflow-head")
+    with pytest.raises(BertflowError, match="1 standard deviation.*of 0"):
+        FlowHead.load(folder)
+    # finite inputs far outside the data: one line, no NaN written
+    good = head.save(tmp_path / "good")
+    x = np.full((3, head.dim), 1e38, np.float32)
+    np.save(tmp_path / "huge.npy", x)
+    out = tmp_path / "z.npy"
+    line = one_line_error(capsys, "transform", "--head", good, "--embeddings",
+                          tmp_path / "huge.npy", "--pooling", "cls", "--out", out)
+    assert "to NaN or inf" in line and not out.exists()
+
+
+def test_transform_never_overwrites_its_input_and_marks_its_output(tmp_path, capsys, emb,
+                                                                   tiny_encoder_dir):
+    head = tmp_path / "h"
+    assert run(capsys, "fit", emb, "--out", head, *FAST)[0] == 0
+    before = emb.read_bytes(), emb.with_name("emb.meta.json").read_bytes()
+    assert "is an input of this command" in one_line_error(
+        capsys, "transform", "--head", head, "--embeddings", emb, "--out", emb)
+    os.link(emb, tmp_path / "alias.npy")
+    assert "is an input of this command" in one_line_error(
+        capsys, "transform", "--head", head, "--embeddings", emb, "--out",
+        tmp_path / "alias.npy")
+    assert (emb.read_bytes(), emb.with_name("emb.meta.json").read_bytes()) == before
+    (tmp_path / "mine.npy").write_bytes(b"not ours")
+    assert "is not a bertflow output" in one_line_error(
+        capsys, "transform", "--head", head, "--embeddings", emb, "--out",
+        tmp_path / "mine.npy")
+
+    z = tmp_path / "z.npy"
+    assert run(capsys, "transform", "--head", head, "--embeddings", emb, "--out", z)[0] == 0
+    meta = json.loads(z.with_name("z.meta.json").read_text())
+    assert meta["format"] == "bertflow-transformed" and meta["head"]["pooling"] == "cls"
+    # transformed vectors are not embeddings: fit and transform refuse them
+    for args in (["fit", z, "--out", tmp_path / "h2", *FAST],
+                 ["transform", "--head", head, "--embeddings", z, "--out", tmp_path / "zz.npy"]):
+        assert "transformed by a flow head" in one_line_error(capsys, *args)
+    # a bertflow output is replaced
+    assert run(capsys, "transform", "--head", head, "--embeddings", emb, "--out", z)[0] == 0
+
+
+def run_limited(kilobytes, *args, cwd):
+    """`python -m bertflow ARGS` with files limited to `kilobytes` (as on a full disk)."""
+    command = " ".join(map(str, [sys.executable, "-m", "bertflow", *args]))
+    return subprocess.run(["bash", "-c", f"ulimit -f {kilobytes}; exec {command}"],
+                          capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, emb, corpus_file,
+                                                    tiny_encoder_dir, head):
+    head.save(tmp_path / "head")
+    cache = ["--cache", tmp_path / "cache"]
+    common = ["--head", tmp_path / "head", "--encoder", tiny_encoder_dir]
+    assert run(capsys, "index", corpus_file, "--out", tmp_path / "warm", *common, *cache)[0] == 0
+    cases = [
+        (["fit", emb, "--out", tmp_path / "new-head", *FAST], 2, "new-head"),
+        (["index", corpus_file, "--out", tmp_path / "idx", *common, *cache], 4, "idx"),
+        (["export", "--format", "sentence-transformers", *common, "--out", tmp_path / "st"],
+         16, "st"),
+        (["export", "--format", "onnx", "--head", tmp_path / "head", "--out",
+          tmp_path / "h.onnx"], 8, "h.onnx"),
+    ]
+    for args, kilobytes, name in cases:
+        before = sorted(p.name for p in tmp_path.iterdir())
+        done = run_limited(kilobytes, *args, cwd=tmp_path)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
+        assert "file too large (a file size limit) while writing" in lines[0], lines[0]
+        assert name in lines[0]
+        assert sorted(p.name for p in tmp_path.iterdir()) == before, name
+
+
+def test_stale_temporaries_of_killed_saves_are_cleaned(tmp_path, head):
+    folder = tmp_path / "head"
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(REPO)!r})
+        import bertflow.files as files
+        from bertflow import FlowHead
+        head = FlowHead.load(sys.argv[1])
+        def die(*args):
+            os.kill(os.getpid(), signal.SIGKILL)
+        files._replace_directory = die
+        head.save({str(folder)!r})
+    """)
+    head.save(tmp_path / "source")
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "source")])
+        assert done.returncode == -9
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".head.")]
+    assert len(left) == 1  # each save removed what the one killed before it left
+    (tmp_path / ".head.notes.tmp").write_text("a user's file that merely looks alike")
+    head.save(folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".head.notes.tmp", "head", "source"]
+
+
+def test_a_save_that_loses_the_race_for_an_absent_folder_still_lands(tmp_path, head):
+    """Two processes save the same absent folder: the one that finds it made meanwhile
+    replaces it, as it would an existing head, instead of failing after its work."""
+    import bertflow.files as files
+
+    folder = tmp_path / "head"
+    real = files._replace_directory
+
+    def other_process_wins_first(new, target, recheck):
+        files._replace_directory = real
+        head.save(target)  # made while this save was writing
+        real(new, target, recheck)
+
+    files._replace_directory = other_process_wins_first
+    try:
+        head.save(folder)
+    finally:
+        files._replace_directory = real
+    FlowHead.load(folder)
+    assert [p.name for p in tmp_path.iterdir()] == ["head"]
+
+    # a folder of someone else's made meanwhile is not replaced
+    def user_makes_it(new, target, recheck):
+        files._replace_directory = real
+        target.mkdir()
+        (target / "mine.txt").write_text("mine")
+        real(new, target, recheck)
+
+    files._replace_directory = user_makes_it
+    try:
+        with pytest.raises(BertflowError, match="not a flow head"):
+            head.save(tmp_path / "other")
+    finally:
+        files._replace_directory = real
+    assert (tmp_path / "other" / "mine.txt").read_text() == "mine"
+
+
+def test_write_folder_checks_its_destination_first(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "a.txt").write_text("a")
+    with pytest.raises(BertflowError, match="not a x-thing folder"):
+        write_folder(tmp_path / "plain", "x-thing", lambda t: (t / "b").write_text("b"))
+    made = write_folder(tmp_path / "new", "x-thing", lambda t: (t / "b").write_text("b"))
+    assert verify_folder(made, "x-thing") == {"b": __import__("hashlib").sha256(b"b").hexdigest()}
+    assert check_destination(made, "x-thing") == made
+    with pytest.raises(BertflowError, match="is a x-thing folder, not a y-thing folder"):
+        verify_folder(made, "y-thing")
