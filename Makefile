@@ -15,7 +15,7 @@ install: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,st,export,retrieval,dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[demo,st,export,retrieval,plots,dev]'
 	touch $@
 
 demo: $(STAMP)

@@ -1,32 +1,47 @@
-"""bertflow: make BERT sentence embeddings isotropic with a normalizing flow (BERT-flow)."""
+"""bertflow: make BERT sentence embeddings isotropic with a normalizing flow (BERT-flow).
+
+The names below are imported on first use, so that `import bertflow` (and `bertflow --help`)
+does not load torch until something needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from . import lee, sts
-from .encoder import POOLINGS, Encoder, EncoderId, default_encoder_path, encode, load_encoder, pool
-from .errors import BertflowError
-from .flow import FlowConfig, Glow
-from .head import FlowHead
-from .isotropy import mean_pair_cosine
-from .train import History, TrainConfig, fit
+_WHERE = {
+    "POOLINGS": "constants",
+    "BertflowError": "errors",
+    "Encoder": "encoder",
+    "EncoderId": "encoder",
+    "default_encoder_path": "encoder",
+    "encode": "encoder",
+    "load_encoder": "encoder",
+    "pool": "encoder",
+    "FlowConfig": "flow",
+    "Glow": "flow",
+    "FlowHead": "head",
+    "mean_pair_cosine": "isotropy",
+    "History": "train",
+    "TrainConfig": "train",
+    "fit": "train",
+}
+_MODULES = ("lee", "sts")
 
-__all__ = [
-    "POOLINGS",
-    "BertflowError",
-    "Encoder",
-    "EncoderId",
-    "FlowConfig",
-    "FlowHead",
-    "Glow",
-    "History",
-    "TrainConfig",
-    "__version__",
-    "default_encoder_path",
-    "encode",
-    "fit",
-    "lee",
-    "load_encoder",
-    "mean_pair_cosine",
-    "pool",
-    "sts",
-]
+__all__ = sorted([*_WHERE, *_MODULES, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'bertflow' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

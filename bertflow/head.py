@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,16 +22,25 @@ from .encoder import (
     EncoderId,
     check_max_length,
     check_pooling,
-    load_encoder,
+    resolve_encoder,
 )
 from .errors import BertflowError, first_line
 from .files import check_finite, read_json, sha256_file, write_json
 from .flow import FlowConfig, Glow, Standardize, standard_normal_log_prob
 from .folders import check_destination as check_folder
 from .folders import legacy_files, verify_folder, write_folder, write_manifest
+from .linear import LINEAR_METHODS, LinearMap, all_but_the_top, covariance, whitening
+from .st_api import (
+    SIMILARITY_FN_NAME,
+    as_sentences,
+    check_options,
+    convert,
+    similarity,
+    similarity_pairwise,
+)
 from .train import Rows, SummaryWriter, TrainConfig, TrainState, as_rows, fit, moments
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination", "ready_heads"]
 
 FORMAT = "bertflow-head"
 FORMAT_VERSION = 2  # 2: a manifest.json covers config.json too; 1 (no manifest) still loads
@@ -39,18 +49,21 @@ _legacy_files = legacy_files(_CONFIG, FORMAT, {_CONFIG, _WEIGHTS})  # format-1 h
 
 
 class FlowHead(nn.Module):
-    r"""Standardisation (optional) followed by a Glow: $z = f(\,(x - \mu) / \sigma\,)$.
+    r"""Standardisation (optional) followed by a Glow: $z = f(\,(x - \mu) / \sigma\,)$; or,
+    fit by `fit_linear`, a closed-form linear map $z = (x - \mu) W$ (whitening, whitening-k,
+    all-but-the-top: `method`), the baselines as heads.
 
     Carries what it needs to be used safely: the embedding dimension, the encoder and pooling
-    that made its training embeddings, and how it was trained. `save` writes `config.json` and
-    `model.safetensors`; `load` rebuilds the head from those two files alone.
+    that made its training embeddings, and how it was trained. `save` writes `config.json`,
+    `model.safetensors` and their manifest; `load` rebuilds the head from those files alone.
     """
 
     def __init__(
         self,
-        glow: Glow,
+        glow: Glow | None,
         standardize: Standardize | None = None,
         *,
+        linear: LinearMap | None = None,
         encoder: EncoderId | None = None,
         pooling: str | None = None,
         max_length: int | None = None,
@@ -59,7 +72,12 @@ class FlowHead(nn.Module):
         super().__init__()
         if pooling is not None and pooling not in POOLINGS:
             raise BertflowError(f"unknown pooling {pooling!r}")
+        if (glow is None) == (linear is None):
+            raise BertflowError("a head is a flow or a linear map: give one of glow and linear")
+        if linear is not None and standardize is not None:
+            raise BertflowError("a linear head centres in its own map; give no standardisation")
         self.glow = glow
+        self.linear = linear
         self.standardize = standardize
         self.encoder = encoder
         self.pooling = pooling
@@ -68,10 +86,24 @@ class FlowHead(nn.Module):
 
     @property
     def dim(self) -> int:
-        return self.glow.features
+        """The width of the embeddings the head takes."""
+        return self.glow.features if self.glow is not None else self.linear.features
+
+    @property
+    def out_dim(self) -> int:
+        """The width of what it gives: `dim`, but k for whitening-k."""
+        return self.glow.features if self.glow is not None else self.linear.out_features
+
+    @property
+    def method(self) -> str:
+        """``flow``, or the linear map's: ``whitening``, ``whitening-k`` or ``abtt``."""
+        return "flow" if self.linear is None else self.linear.method
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Embeddings x → (latents z, log|det ∂z/∂x|), the standardisation included."""
+        """Embeddings x → (latents z, log|det ∂z/∂x|), the standardisation included (NaN for
+        a linear map that projects)."""
+        if self.linear is not None:
+            return self.linear(x)
         log_det = x.new_zeros(x.shape[0])
         if self.standardize is not None:
             x, log_det = self.standardize(x)
@@ -80,6 +112,8 @@ class FlowHead(nn.Module):
 
     def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """Latents z → (embeddings x, log|det ∂x/∂z|)."""
+        if self.linear is not None:
+            return self.linear.inverse(z)
         x, log_det = self.glow.inverse(z)
         if self.standardize is not None:
             x, more = self.standardize.inverse(x)
@@ -89,7 +123,10 @@ class FlowHead(nn.Module):
     def log_prob(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
         """log p(x) in embedding space (nats), per row: the flow's density with the
         standardisation's Jacobian included. A Tensor gives a Tensor (differentiable); an
-        array gives an array, checked for dimension and finiteness."""
+        array gives an array, checked for dimension and finiteness. A linear head that projects
+        (whitening-k, all-but-the-top) has no density."""
+        if self.linear is not None and not self.linear.invertible:
+            raise BertflowError(f"a {self.method} head projects: it has no density")
         if isinstance(x, Tensor):
             z, log_det = self(x)
             return standard_normal_log_prob(z) + log_det
@@ -100,6 +137,8 @@ class FlowHead(nn.Module):
     @torch.no_grad()
     def sample(self, num_samples: int, seed: int = 0) -> np.ndarray:
         """Draw embeddings from the fitted density."""
+        if self.linear is not None and not self.linear.invertible:
+            raise BertflowError(f"a {self.method} head projects: it has no density to sample")
         z = torch.randn(num_samples, self.dim, generator=torch.Generator().manual_seed(seed))
         return self.eval().inverse(z)[0].numpy()
 
@@ -131,7 +170,7 @@ class FlowHead(nn.Module):
         """Map embeddings (rows, dim) to their latents, float32, checked first."""
         array = self._checked(x)
         self.eval()
-        out = np.empty((array.shape[0], self.dim), dtype=np.float32)
+        out = np.empty((array.shape[0], self.out_dim), dtype=np.float32)
         for start in range(0, array.shape[0], batch_size):
             block = torch.from_numpy(np.array(array[start : start + batch_size], np.float32))
             out[start : start + batch_size] = self(block)[0].numpy()
@@ -155,21 +194,54 @@ class FlowHead(nn.Module):
 
     def encode(
         self,
-        sentences: Sequence[str],
+        sentences: str | Sequence[str],
         encoder: Encoder | str | os.PathLike | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
         progress: bool | None = None,
-    ) -> np.ndarray:
+        *,
+        show_progress_bar: bool | None = None,
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        normalize_embeddings: bool = False,
+        device: str | torch.device | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Embed sentences with this head's pooling and transform them, after checking that
-        `encoder` (default: the package's default encoder) is the one the head was fit on."""
+        `encoder` (default: the one the head records, else the package's default encoder) is
+        the one the head was fit on.
+
+        It takes sentence-transformers' `encode` options as `Encoder.encode` does (one string
+        gives one vector; tensors; `normalize_embeddings` after the head; other keywords, such
+        as MTEB's, ignored). `device` is where the encoder runs (an encoder given by name is
+        loaded there); the head itself runs on the CPU."""
+        check_options(kwargs, device)
         if self.pooling is None:
             raise BertflowError("this head does not record its pooling; encode, then transform")
-        if not isinstance(encoder, Encoder):
-            encoder = load_encoder(encoder)
+        sentences, single = as_sentences(sentences)
+        encoder = resolve_encoder(encoder, self.encoder, "auto" if device is None else device)
         self.check(dim=encoder.width(self.pooling), encoder=encoder.id)
-        x = encoder.encode(sentences, self.pooling, self.max_length or 128, batch_size, progress)
-        assert isinstance(x, np.ndarray)
-        return self.transform(x)
+        x = encoder.encode(sentences, self.pooling, self.max_length or 128, batch_size, progress,
+                           show_progress_bar=show_progress_bar, device=device)
+        return convert(self.transform(x), single, convert_to_numpy, convert_to_tensor,
+                       normalize_embeddings)
+
+    def get_sentence_embedding_dimension(self) -> int:
+        """The width of what `encode` returns: the head's output dimension
+        (sentence-transformers' name for it)."""
+        return self.out_dim
+
+    get_embedding_dimension = get_sentence_embedding_dimension  # its name since version 6
+    similarity_fn_name = SIMILARITY_FN_NAME
+
+    def similarity(self, embeddings1: Any, embeddings2: Any) -> Tensor:
+        """Cosine similarity of every row of `embeddings1` with every row of `embeddings2`
+        (latents from `encode`): a (n1, n2) tensor, as sentence-transformers' `similarity`
+        gives."""
+        return similarity(embeddings1, embeddings2)
+
+    def similarity_pairwise(self, embeddings1: Any, embeddings2: Any) -> Tensor:
+        """Cosine similarity of each row of `embeddings1` with the same row of `embeddings2`."""
+        return similarity_pairwise(embeddings1, embeddings2)
 
     @classmethod
     def fit(
@@ -186,6 +258,7 @@ class FlowHead(nn.Module):
         writer: SummaryWriter | None = None,
         state: TrainState | None = None,
         on_epoch_end: Callable[[TrainState], None] | None = None,
+        measure: Callable[[nn.Module], dict[str, float]] | None = None,
         progress: bool = False,
     ) -> FlowHead:
         """Fit a head to embeddings `x` (rows, dim): an array, or `Rows` such as an
@@ -208,7 +281,7 @@ class FlowHead(nn.Module):
         head = cls(glow, scaler, encoder=encoder, pooling=pooling, max_length=max_length)
         history = fit(
             head, data, train, state=state, writer=writer, on_epoch_end=on_epoch_end,
-            progress=progress,
+            measure=measure, progress=progress,
         )
         head.history = history
         best = history.best
@@ -224,12 +297,58 @@ class FlowHead(nn.Module):
         }
         return head
 
+    @classmethod
+    def fit_linear(
+        cls,
+        x: np.ndarray | Tensor | Rows,
+        method: str = "whitening",
+        *,
+        k: int | None = None,
+        d: int | None = None,
+        encoder: EncoderId | None = None,
+        pooling: str | None = None,
+        max_length: int | None = None,
+        corpus: dict[str, Any] | None = None,
+    ) -> FlowHead:
+        """A baseline as a head, fit in closed form on embeddings `x` (an array or `Rows`, read
+        a block at a time): ``whitening``, ``whitening-k`` (keeping `k` components, default a
+        third of the dimension) or ``abtt`` (removing `d` directions, default a hundredth)."""
+        data = as_rows(x)
+        if len(data.shape) != 2 or data.shape[0] < 3:
+            raise BertflowError(f"need (rows ≥ 3, dim) embeddings to fit, got {data.shape}")
+        stats = moments(data, what="the training embeddings")
+        stats.check_varies("the training embeddings")
+        mean, cov = covariance(data, "the training embeddings")
+        dim = data.shape[1]
+        if method == "whitening":
+            linear = whitening(mean, cov)
+        elif method == "whitening-k":
+            linear = whitening(mean, cov, k if k is not None else max(1, dim // 3))
+        elif method == "abtt":
+            linear = all_but_the_top(mean, cov, d if d is not None else max(1, dim // 100))
+        else:
+            raise BertflowError(f"unknown linear method {method!r}; choose one of "
+                                f"{', '.join(LINEAR_METHODS)}")
+        corpus = corpus if corpus is not None else {"embeddings_sha256": stats.sha256}
+        training = {"corpus": {**corpus, "size": int(data.shape[0])},
+                    "method": method, "out_dim": linear.out_features}
+        return cls(None, linear=linear, encoder=encoder, pooling=pooling,
+                   max_length=max_length, training=training)
+
+    def summary(self) -> str:
+        """What the head computes, in one line."""
+        if self.linear is not None:
+            return f"{self.method}, a linear map {self.dim} → {self.out_dim}"
+        c = self.glow.config
+        return (f"Glow: {c.levels} levels × depth {c.depth}, {c.coupling} coupling, width "
+                f"{c.hidden}, {c.linear} mixing")
+
     def describe(self) -> dict[str, Any]:
-        """Who this head is, for the records of what it produced: its encoder, pooling,
-        dimension, max length and training corpus."""
-        return {"encoder": self.encoder.to_dict() if self.encoder else None,
-                "pooling": self.pooling, "dim": self.dim, "max_length": self.max_length,
-                "corpus": self.training_info.get("corpus")}
+        """Who this head is, for the records of what it produced: its method, encoder,
+        pooling, dimensions, max length and training corpus."""
+        return {"method": self.method, "encoder": self.encoder.to_dict() if self.encoder
+                else None, "pooling": self.pooling, "dim": self.dim, "out_dim": self.out_dim,
+                "max_length": self.max_length, "corpus": self.training_info.get("corpus")}
 
     def config(self) -> dict[str, Any]:
         """The JSON description saved beside the weights."""
@@ -241,7 +360,10 @@ class FlowHead(nn.Module):
             "encoder": self.encoder.to_dict() if self.encoder else None,
             "pooling": self.pooling,
             "max_length": self.max_length,
-            "flow": self.glow.config.to_dict(),
+            "method": self.method,
+            "flow": self.glow.config.to_dict() if self.glow is not None else None,
+            "linear": ({"tensors": ["linear.mean", "linear.weight"],
+                        "out_dim": self.out_dim} if self.linear is not None else None),
             "standardize": (
                 {"tensors": ["standardize.mean", "standardize.std"]} if self.standardize else None
             ),
@@ -275,8 +397,11 @@ class FlowHead(nn.Module):
         before anything is built, and the weights for finite values and a usable
         standardisation."""
         path = Path(path)
+        if not path.is_dir() and str(path) in ready_heads():
+            path = ready_heads()[str(path)]
         if not path.is_dir():
-            raise BertflowError(f"no flow head folder at {path}")
+            raise BertflowError(f"no flow head folder at {path}, nor a ready head of that name "
+                                f"({', '.join(ready_heads()) or 'none installed'})")
         manifest = verify_folder(path, FORMAT)
         config = read_json(path / _CONFIG)
         if config.get("format") != FORMAT:
@@ -293,7 +418,16 @@ class FlowHead(nn.Module):
             weights = config["weights"]
             file = path / str(weights["file"])
             checksum = str(weights["sha256"])
-            dim, flow = int(config["dim"]), FlowConfig.from_dict(config["flow"])
+            method = config.get("method", "flow")  # heads before linear ones are flows
+            if method == "flow":
+                # heads saved before `factor_out` existed factor out the first half
+                flow = FlowConfig.from_dict({"factor_out": "first", **config["flow"]})
+                out_dim = None
+            elif method in LINEAR_METHODS:
+                flow, out_dim = None, int(config["linear"]["out_dim"])
+            else:
+                raise ValueError(f"unknown method {method!r}")
+            dim = int(config["dim"])
             encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
             pooling, max_length = config["pooling"], config["max_length"]
             if pooling is not None:
@@ -313,7 +447,10 @@ class FlowHead(nn.Module):
             raise BertflowError(
                 f"{file} does not match the checksum in its config: altered or truncated"
             )
-        _check_weights_header(file, dim, flow, standardized)
+        if flow is not None:
+            _check_weights_header(file, dim, flow, standardized)
+        else:
+            _check_linear_header(file, dim, out_dim, standardized)
         try:
             tensors = load_file(str(file))
         except Exception as e:
@@ -321,9 +458,13 @@ class FlowHead(nn.Module):
         scaler = None
         if standardized:
             scaler = Standardize(torch.zeros(dim), torch.ones(dim))
+        linear = None
+        if flow is None:
+            linear = LinearMap(torch.zeros(dim), torch.zeros(dim, out_dim), method)
         head = cls(
-            Glow(dim, flow),
+            Glow(dim, flow) if flow is not None else None,
             scaler,
+            linear=linear,
             encoder=encoder,
             pooling=pooling,
             max_length=max_length,
@@ -359,22 +500,45 @@ class FlowHead(nn.Module):
         return f"dim={self.dim}{self._origin()}"
 
 
+def ready_heads() -> dict[str, Path]:
+    """The heads that come with bertflow (its `heads/` package data), by name: each loads
+    with `FlowHead.load(name)` and `--head NAME`."""
+    folder = Path(str(importlib.resources.files(__package__) / "heads"))
+    if not folder.is_dir():
+        return {}
+    return {p.name: p for p in sorted(folder.iterdir()) if (p / _CONFIG).is_file()}
+
+
 def check_destination(path: str | os.PathLike) -> Path:
     """`path` if a head may be written there: absent, empty, or a head and nothing else."""
     return check_folder(path, FORMAT, _legacy_files)
+
+
+def _header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype())
+                    for name in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+    except Exception as e:
+        raise BertflowError(f"{file} is not a valid safetensors file ({first_line(e)})") \
+            from None
+
+
+def _check_linear_header(file: Path, dim: int, out_dim: int, standardized: bool) -> None:
+    """The tensors a linear head's config promises, against the weights file's header."""
+    wanted = {"linear.mean": ((dim,), "F32"), "linear.weight": ((dim, out_dim), "F32")}
+    found = _header(file)
+    if standardized or found != wanted:
+        raise BertflowError(f"{file} does not fit its config: it holds "
+                            f"{', '.join(f'{k} {list(v[0])}' for k, v in found.items())}, the "
+                            f"config a ({dim}, {out_dim}) linear map")
 
 
 def _check_weights_header(file: Path, dim: int, flow: FlowConfig, standardized: bool) -> None:
     """Check the config's dimension, number of flow steps, conditioner width and
     standardisation against the tensors the weights file's header lists, before a flow of that
     size is built (the full shapes are checked when the weights are loaded)."""
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            header = {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype())
-                      for name in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
-    except Exception as e:
-        raise BertflowError(f"{file} is not a valid safetensors file ({first_line(e)})") \
-            from None
+    header = _header(file)
     shifts = [shape for name, (shape, _) in header.items() if name.endswith(".shift")]
     widths = {shape[0] for name, (shape, _) in header.items() if name.endswith(".net.0.weight")}
     mean = header.get("standardize.mean", ((), ""))[0]

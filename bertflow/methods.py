@@ -10,9 +10,11 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from .constants import METHODS
 from .errors import BertflowError
 from .flow import FlowConfig, Standardize
 from .head import FlowHead
+from .linear import abtt_weight, covariance, principal_directions, whitening_weight
 from .train import TrainConfig
 
 __all__ = [
@@ -24,10 +26,11 @@ __all__ = [
     "Raw",
     "Standardization",
     "Whitening",
+    "default_d",
+    "default_k",
     "make_method",
 ]
 
-METHODS = ("raw", "standardize", "whitening", "whitening-k", "abtt", "flow")
 
 
 class Method(Protocol):
@@ -96,13 +99,8 @@ class Whitening:
                 raise BertflowError(f"whitening needs k ≥ 1, got {self.k}")
 
     def fit(self, x: np.ndarray) -> Whitening:
-        x = np.asarray(x, dtype=np.float64)
-        if self.k is not None and self.k > x.shape[1]:
-            raise BertflowError(f"whitening k={self.k} exceeds the dimension {x.shape[1]}")
-        self.mean = x.mean(0)
-        u, s, _ = np.linalg.svd(np.cov(x, rowvar=False))
-        keep = self.k or x.shape[1]
-        self.kernel = u[:, :keep] / np.sqrt(np.maximum(s[:keep], 1e-12 * s[0]))
+        self.mean, cov = covariance(x)
+        self.kernel = whitening_weight(cov, self.k)
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
@@ -127,12 +125,9 @@ class AllButTheTop:
             raise BertflowError(f"all-but-the-top needs d ≥ 0, got {self.d}")
 
     def fit(self, x: np.ndarray) -> AllButTheTop:
-        x = np.asarray(x, dtype=np.float64)
-        if self.d >= x.shape[1]:
-            raise BertflowError(f"all-but-the-top d={self.d} must be below the dimension")
-        self.mean = x.mean(0)
-        _, _, vt = np.linalg.svd(x - self.mean, full_matrices=False)
-        self.top = vt[: self.d]
+        self.mean, cov = covariance(x)
+        abtt_weight(cov, self.d)  # checks d
+        self.top = principal_directions(cov, self.d)[1].T
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
@@ -152,9 +147,11 @@ class Flow:
     standardize: bool = True
     name: str = "flow"
     head: FlowHead | None = None
+    progress: bool = False
 
     def fit(self, x: np.ndarray) -> Flow:
-        self.head = FlowHead.fit(x, flow=self.flow, train=self.train, standardize=self.standardize)
+        self.head = FlowHead.fit(x, flow=self.flow, train=self.train, standardize=self.standardize,
+                                 progress=self.progress)
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
@@ -184,9 +181,22 @@ class Fitted:
         return {}
 
 
+def default_k(dim: int) -> int:
+    """Components whitening-k keeps by default: a third of the dimension (BERT-whitening's
+    256 of 768)."""
+    return max(1, dim // 3)
+
+
+def default_d(dim: int) -> int:
+    """Directions all-but-the-top removes by default: a hundredth of the dimension (Mu &
+    Viswanath's rule of thumb)."""
+    return max(1, dim // 100)
+
+
 def make_method(name: str, *, k: int = 256, d: int = 1, flow: FlowConfig | None = None,
-                train: TrainConfig | None = None) -> Method:
-    """A fresh method by name: one of `METHODS`."""
+                train: TrainConfig | None = None, progress: bool = False) -> Method:
+    """A fresh method by name: one of `METHODS` (`k` and `d` for whitening-k and abtt; see
+    `default_k` and `default_d` for the usual choices)."""
     if name == "raw":
         return Raw()
     if name == "standardize":
@@ -198,5 +208,5 @@ def make_method(name: str, *, k: int = 256, d: int = 1, flow: FlowConfig | None 
     if name == "abtt":
         return AllButTheTop(d=d)
     if name == "flow":
-        return Flow(flow or FlowConfig(), train or TrainConfig())
+        return Flow(flow or FlowConfig(), train or TrainConfig(), progress=progress)
     raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")

@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import Tensor
 
+from . import __version__
 from .encoder import (
     DEFAULT_POOLING,
     POOLINGS,
@@ -30,6 +31,7 @@ from .encoder import (
     check_pooling,
     load_encoder,
     pool,
+    resolve_encoder,
 )
 from .errors import BertflowError, first_line
 from .files import read_json
@@ -45,7 +47,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "bertflow.pipeline needs sentence-transformers>=6: pip install 'bertflow[st]'"
     ) from e
 
-__all__ = ["EncoderModule", "HeadModule", "PoolingModule", "build_pipeline", "load_pipeline"]
+__all__ = ["EncoderModule", "HeadModule", "PoolingModule", "build_pipeline", "load_pipeline",
+           "model_card", "save_pipeline"]
 
 
 class EncoderModule(InputModule):
@@ -180,7 +183,7 @@ class HeadModule(Module):
                                 f"the pipeline's encoder truncates at {encoder.max_length}")
 
     def get_embedding_dimension(self) -> int:
-        return self.head.dim
+        return self.head.out_dim
 
     def save(self, output_path: str, *args: Any, **kwargs: Any) -> None:
         self.head.write(Path(output_path))  # save_pipeline makes the whole folder atomic
@@ -202,8 +205,7 @@ def build_pipeline(
         head = FlowHead.load(head)
     if head.pooling is None:
         raise BertflowError("this head does not record its pooling; cannot build a pipeline")
-    if not isinstance(encoder, Encoder):
-        encoder = load_encoder(encoder)
+    encoder = resolve_encoder(encoder, head.encoder)
     modules = [EncoderModule(encoder, head.max_length or 128), PoolingModule(head.pooling),
                HeadModule(head)]
     if normalize:
@@ -216,9 +218,115 @@ PIPELINE = "bertflow-pipeline"
 
 def save_pipeline(model: SentenceTransformer, path: str | os.PathLike) -> Path:
     """Save a pipeline to folder `path` atomically (a new folder, then one rename), with a
-    manifest of its files. An existing `path` is replaced only if it is a pipeline saved so
-    and holds nothing else: never another sentence-transformers model."""
-    return write_folder(path, PIPELINE, lambda tmp: model.save(str(tmp)))
+    manifest of its files and, as its README.md, bertflow's `model_card` instead of
+    sentence-transformers' generic one. An existing `path` is replaced only if it is a pipeline
+    saved so and holds nothing else: never another sentence-transformers model."""
+    card = model_card(model, Path(path).name)
+
+    def fill(tmp: Path) -> None:
+        model.save(str(tmp), create_model_card=False)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
+
+    return write_folder(path, PIPELINE, fill)
+
+
+_POOLING_TEXT = {
+    "cls": "the last layer's state of the first ([CLS]) token",
+    "mean": "the mean of the last layer's token states",
+    "first_last": "the mean over tokens of the average of the first and the last Transformer "
+                  "layers' states",
+    "last2": "the mean over tokens of the average of the last two layers' states",
+    "static": "the mean of the input word embeddings (no context), special tokens excluded",
+}
+
+
+def model_card(model: SentenceTransformer, name: str = "PATH") -> str:
+    """The README.md of a saved pipeline: what it computes (encoder, pooling, head,
+    normalisation), how the head was fit, and how to load the folder `name` safely."""
+    encoder = next((m for m in model if isinstance(m, EncoderModule)), None)
+    pooling = next((m.pooling for m in model if isinstance(m, PoolingModule)), None)
+    head = next((m.head for m in model if isinstance(m, HeadModule)), None)
+    normalized = any(isinstance(m, Normalize) for m in model)
+    encoder_name = encoder.name if encoder else "an encoder"
+    title = ", ".join([encoder_name, f"{pooling} pooling" if pooling else "its pooling",
+                       "BERT-flow head" if head is not None else "no head"])
+    lines = [
+        "---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
+        "tags:", "- bertflow", "- sentence-transformers", "- sentence-similarity",
+        "- normalizing-flow", "---", "",
+        f"# bertflow pipeline: {title}", "",
+        "Sentence embeddings made isotropic by a normalizing flow (BERT-flow), exported by "
+        f"bertflow {__version__} as a sentence-transformers pipeline of these modules:", "",
+    ]
+    if encoder is not None:
+        identity = encoder.encoder.id
+        lines.append(f"1. **Encoder**: `{identity.name}` (weights fingerprint "
+                     f"`{identity.fingerprint}`), frozen: {encoder.encoder.num_layers} layers, "
+                     f"{encoder.encoder.dim}-d hidden states, input cut at "
+                     f"{encoder.max_length} tokens.")
+    if pooling is not None:
+        lines.append(f"2. **Pooling**: `{pooling}`, {_POOLING_TEXT[pooling]}.")
+    if head is not None and head.glow is None:
+        lines.append(f"3. **Head**: {head.summary()}, fit in closed form on the pooled "
+                     f"embeddings ({head.dim}-d in, {head.out_dim}-d out).")
+    elif head is not None:
+        flow = ", ".join(f"{k}={v}" for k, v in head.glow.config.to_dict().items())
+        scaled = "a standardisation per dimension, then " if head.standardize else ""
+        lines.append(f"3. **Head**: a BERT-flow head, {scaled}a Glow normalizing flow "
+                     f"({flow}) that maps the {head.dim}-d pooled embeddings to latents "
+                     "distributed as a standard normal.")
+    if normalized:
+        lines.append("4. **Normalize**: each vector scaled to unit length.")
+    dim = model.get_embedding_dimension()
+    lines += ["", f"The output has {dim} dimensions; compare vectors by cosine similarity "
+              "(`model.similarity`).", ""]
+    if head is not None:
+        lines += ["## How the head was fit", "", *_training_rows(head.training_info), ""]
+    lines += [
+        "## How to load it", "",
+        "```python",
+        "from bertflow.pipeline import load_pipeline", "",
+        f'model = load_pipeline("{name}")',
+        'embeddings = model.encode(["A man is playing a guitar.", "Someone plays music."])',
+        "print(model.similarity(embeddings, embeddings))",
+        "```", "",
+        "`load_pipeline` checks every file against `manifest.json`, builds only bertflow's and "
+        "sentence-transformers' own module classes (no code from the folder runs, nothing is "
+        "unpickled) and refuses a head fit on another encoder, pooling, dimension or maximum "
+        "length. sentence-transformers' own loader, "
+        f'`SentenceTransformer("{name}", trust_remote_code=True)`, builds the same model, but '
+        "that flag lets a folder name any Python class to import: prefer `load_pipeline` for "
+        "a folder you did not make. Either needs `pip install bertflow[st]`.", "",
+    ]
+    return "\n".join(lines)
+
+
+def _training_rows(training: dict[str, Any]) -> list[str]:
+    """A table of a head's training record, or a line saying there is none."""
+    if not training:
+        return ["The head carries no training record."]
+    corpus = training.get("corpus") if isinstance(training.get("corpus"), dict) else {}
+    digest = next((str(corpus[k]) for k in ("sha256", "npy_sha256", "embeddings_sha256")
+                   if k in corpus), None)
+    source = corpus.get("file") or corpus.get("name") or "embeddings given directly"
+    unit = "sentences" if corpus.get("file") or corpus.get("name") else "embeddings"
+    size = f", {corpus['size']:,} {unit}" if isinstance(corpus.get("size"), int) else ""
+    nll, bits = training.get("val_nll"), training.get("val_bits_per_dim")
+    config = training.get("config") if isinstance(training.get("config"), dict) else {}
+    rows = [
+        ("training corpus", f"{source}{size}" + (f" (sha256 `{digest[:16]}`)" if digest else "")),
+        ("objective", "maximum likelihood of the corpus's pooled embeddings (no labels); the "
+                      "encoder is not trained" if "method" not in training else
+                      f"{training['method']} in closed form, from the mean and covariance of "
+                      "the corpus's pooled embeddings (no labels)"),
+        ("seed", training.get("seed")),
+        ("epochs", f"{training.get('epochs_run')} run, best {training.get('best_epoch')}"
+         if "epochs_run" in training else None),
+        ("validation NLL", f"{nll:.3f} nats ({bits:.4f} bits/dim)"
+         if isinstance(nll, (int, float)) and isinstance(bits, (int, float)) else None),
+        ("training options", ", ".join(f"{k}={v}" for k, v in config.items()) or None),
+    ]
+    return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows if v is not None)]
 
 
 def load_pipeline(path: str | os.PathLike, device: str = "cpu") -> SentenceTransformer:

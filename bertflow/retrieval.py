@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from .encoder import (
     EncoderId,
     check_max_length,
     check_pooling,
-    load_encoder,
+    resolve_encoder,
 )
 from .errors import BertflowError, first_line
 from .files import check_finite, read_json, sha256_file, write_json
@@ -37,6 +37,7 @@ from .sts import Pairs
 
 __all__ = [
     "KINDS",
+    "Hit",
     "Index",
     "RetrievalScores",
     "check_index_destination",
@@ -58,6 +59,16 @@ def _faiss() -> Any:
     except ImportError:
         raise BertflowError("retrieval needs faiss: pip install 'bertflow[retrieval]'") from None
     return faiss
+
+
+class Hit(NamedTuple):
+    """One search result: the cosine `score`, the `item` and its 1-based `line` in the corpus
+    file the index was built from (`bertflow index` refuses blank lines, so an item's line is
+    its position among the index's items plus one)."""
+
+    score: float
+    item: str
+    line: int
 
 
 class Index:
@@ -136,14 +147,13 @@ class Index:
     def build(cls, sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
               *, head: FlowHead | None = None, pooling: str | None = None, max_length: int = 128,
               batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
-              **options: Any) -> Index | None:
+              progress: bool | None = None, **options: Any) -> Index | None:
         """Embed `sentences` with `encoder` and the head's pooling (or `pooling`), then index.
 
         With a `cache`, the embeddings are read from it or written to it; under torchrun they
         are encoded across the processes, and the index is built by rank 0 alone (the others
         get None)."""
-        if not isinstance(encoder, Encoder):
-            encoder = load_encoder(encoder)
+        encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         if head is not None:
             pooling = pooling or head.pooling
             max_length = head.max_length or max_length
@@ -151,10 +161,10 @@ class Index:
                        pooling=pooling)
         pooling = check_pooling(pooling or DEFAULT_POOLING)
         if cache is None:
-            x = encoder.encode(sentences, pooling, max_length, batch_size)
+            x = encoder.encode(sentences, pooling, max_length, batch_size, progress)
         else:
             x = cache.files(Corpus.from_sentences(sentences), encoder, pooling, max_length,
-                            batch_size)[pooling].load()
+                            batch_size, progress)[pooling].load()
             if not distributed.is_main():
                 return None
         return cls.from_embeddings(x, sentences, head=head, encoder=encoder.id, pooling=pooling,
@@ -163,8 +173,9 @@ class Index:
     def vectors(self, x: np.ndarray) -> np.ndarray:
         """Pooled embeddings → what the FAISS index receives (after the head, if any)."""
         x = np.asarray(x)
-        if x.ndim != 2 or x.shape[1] != self.config["dim"]:
-            raise BertflowError(f"index expects {self.config['dim']}-d embeddings, got {x.shape}")
+        width = self.head.dim if self.head is not None else self.config["dim"]
+        if x.ndim != 2 or x.shape[1] != width:
+            raise BertflowError(f"index expects {width}-d embeddings, got {x.shape}")
         z = self.head.transform(x) if self.head is not None else x  # checks its input
         check_finite(z, "the query embeddings")
         return np.ascontiguousarray(z, dtype=np.float32)
@@ -176,17 +187,20 @@ class Index:
         return self.faiss_index.search(self.vectors(x), min(k, len(self.items)))
 
     def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
-               k: int = 10, batch_size: int = DEFAULT_BATCH_SIZE) -> list[list[tuple[float, str]]]:
-        """For each query, the `k` nearest items as (cosine, sentence), best first. `encoder`
-        must be the one the index was built with (checked by weight fingerprint)."""
-        if not isinstance(encoder, Encoder):
-            encoder = load_encoder(encoder)
+               k: int = 10, batch_size: int = DEFAULT_BATCH_SIZE) -> list[list[Hit]]:
+        """For each query, the `k` nearest items as `Hit(score, item, line)`, best first.
+        `encoder` (default: the one the index records) must be the one the index was built
+        with (checked by weight fingerprint)."""
+        if isinstance(queries, str):
+            raise BertflowError("expected a list of queries, got one string: pass [query]")
+        encoder = resolve_encoder(encoder, self.encoder)
         mine = self.encoder
         if mine is not None and mine.fingerprint != encoder.id.fingerprint:
             raise BertflowError(f"index was built with encoder {mine}; got encoder {encoder.id}")
         x = encoder.encode(queries, self.pooling, self.config["max_length"], batch_size)
         scores, ids = self.search_embeddings(x, k)
-        return [[(float(s), self.items[i]) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
+        return [[Hit(float(s), self.items[i], int(i) + 1)
+                 for s, i in zip(row_s, row_i, strict=True) if i >= 0]
                 for row_s, row_i in zip(scores, ids, strict=True)]
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -254,7 +268,10 @@ class Index:
         head = None
         if has_head:
             head = FlowHead.load(path / _HEAD)
-            head.check(dim=dim, encoder=encoder, pooling=config["pooling"])
+            head.check(encoder=encoder, pooling=config["pooling"])
+            if head.out_dim != dim:
+                raise BertflowError(f"{path}: its head gives {head.out_dim}-d vectors, its "
+                                    f"index holds {dim}-d ones")
         config.pop("sha256")  # belongs to the files on disk; `save` writes it afresh
         return cls(index, items, config, head)
 

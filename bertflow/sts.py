@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import spearmanr
 
+from .constants import TASKS
 from .errors import BertflowError
 from .files import split_lines
 
@@ -32,7 +33,6 @@ __all__ = [
     "undefined",
 ]
 
-TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
 STS_SUBSETS = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
     "STS13": ("FNWN", "headlines", "OnWN"),

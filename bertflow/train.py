@@ -24,11 +24,11 @@ from . import distributed
 from .errors import BertflowError
 from .files import atomic_file, check_finite
 from .flow import standard_normal_log_prob
-from .isotropy import mean_pair_cosine
+from .isotropy import effective_rank, mean_pair_cosine, partition_isotropy
 
 __all__ = ["CHECKPOINT_FORMAT", "ArrayRows", "Checkpoint", "History", "Moments", "Rows",
-           "TrainConfig", "TrainState", "as_rows", "fit", "moments", "read_checkpoint",
-           "split_indices"]
+           "TrainConfig", "TrainState", "as_rows", "fit", "log_hparams", "moments",
+           "read_checkpoint", "split_indices"]
 
 CHECKPOINT_FORMAT = "bertflow-train-state"
 CHECKPOINT_VERSION = 1
@@ -36,6 +36,7 @@ CHECKPOINT_VERSION = 1
 _READ_ROWS = 8192  # rows per block when streaming statistics
 _EVAL_ROWS = 1024  # rows per forward pass when evaluating (its activations are the peak memory)
 _SAMPLE = 16384  # held-out latents kept for the isotropy measures
+_SPECTRAL = 2048  # of them, those whose spectrum is measured (two SVDs each epoch)
 
 
 class SummaryWriter(Protocol):
@@ -44,6 +45,10 @@ class SummaryWriter(Protocol):
     def add_scalar(self, tag: str, value: float, step: int) -> Any: ...
 
     def add_histogram(self, tag: str, values: Tensor, step: int) -> Any: ...
+
+    def add_hparams(self, hparam_dict: dict[str, Any], metric_dict: dict[str, float],
+                    hparam_domain_discrete: Any = None, run_name: str | None = None,
+                    global_step: int | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,10 @@ class TrainConfig:
     early) and the best weights are kept. `init_size` rows feed the data-dependent ActNorm
     initialisation. `noise` adds Gaussian jitter of that many times the data's RMS spread to
     each training batch, which keeps the likelihood bounded on near-constant features.
+
+    `weight_decay` (decoupled, as AdamW), `eps` (Adam's) and `bias_correction=False` (BERT's
+    AdamWeightDecay, which the release fits its flow with, has none) make the optimiser the
+    release's; with `max_grad_norm` the global gradient norm is clipped.
     """
 
     epochs: int = 1
@@ -68,6 +77,9 @@ class TrainConfig:
     max_grad_norm: float | None = None
     schedule: str = "cosine"
     noise: float = 0.0
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    bias_correction: bool = True
 
     def __post_init__(self) -> None:
         for name, low in (("epochs", 1), ("batch_size", 1), ("init_size", 2), ("patience", 0)):
@@ -85,6 +97,10 @@ class TrainConfig:
             raise BertflowError(f"noise must be ≥ 0, got {self.noise}")
         if self.schedule not in ("cosine", "constant"):
             raise BertflowError(f"schedule must be 'cosine' or 'constant', not {self.schedule!r}")
+        if not self.weight_decay >= 0:
+            raise BertflowError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
+        if not self.eps > 0:
+            raise BertflowError(f"eps must be positive, got {self.eps}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -259,6 +275,7 @@ def fit(
     state: TrainState | None = None,
     writer: SummaryWriter | None = None,
     on_epoch_end: Callable[[TrainState], None] | None = None,
+    measure: Callable[[nn.Module], dict[str, float]] | None = None,
     progress: bool = False,
 ) -> History:
     r"""Fit `model` to the rows of `x` by maximum likelihood under a N(0, I) base.
@@ -266,7 +283,17 @@ def fit(
     `model(x)` must return `(z, log_det)`; the loss is $-\frac1N\sum \log p(x)$ in nats with
     $\log p(x) = \log N(z; 0, I) + \log|\det|$. `x` is read one minibatch at a time, so it
     may be a file larger than memory (`Rows`). The model is left with the weights of the best
-    validation epoch, in eval mode. Pass the `state` given to `on_epoch_end` to resume.
+    validation epoch, in eval mode. Pass the `state` given to `on_epoch_end` to resume; a
+    `state` saved by a run of fewer `config.epochs` extends that run: from the step it resumes
+    at, the learning rate follows the cosine over the new total (where a run of that length
+    would be), so the result depends on the state and `config` alone.
+
+    `measure(model)`, called after each epoch's validation (eval mode, no gradients), returns
+    further measures of the current model, such as a dev-set score; they join the epoch's
+    record and the `writer`'s scalars (`"dev_spearman"` is logged as `dev/spearman`). The
+    `writer` also gets, per step, the loss, learning rate and gradient norm; per epoch, the
+    epoch's mean train NLL and throughput, the held-out NLL, and the isotropy of held-out
+    latents (mean cosine, effective rank, I(W)).
 
     Under `torch.distributed` (torchrun) every process runs `fit` on the same `x` with the same
     config: each takes every world-size-th row of each minibatch, `DistributedDataParallel`
@@ -285,7 +312,7 @@ def fit(
         return torch.from_numpy(np.asarray(rows.take(indices.numpy()), dtype=np.float32))
 
     jitter = config.noise * _spread(rows, train_idx) if config.noise else 0.0
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    optimizer = _optimizer(model, config)
     steps_per_epoch = math.ceil(len(train_idx) / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
 
@@ -298,7 +325,9 @@ def fit(
         history, step, start, bad_epochs = History(), 0, 0, 0
         best_model = _copy_state(model)
         if writer is not None:
-            writer.add_scalar("cosine/input", mean_pair_cosine(batch(val_idx[:_SAMPLE])), 0)
+            x_val = batch(val_idx[:_SAMPLE])
+            writer.add_scalar("cosine/input", mean_pair_cosine(x_val), 0)
+            _log_spectrum(writer, "input", x_val[:_SPECTRAL], 0)
     else:
         model.load_state_dict(state.model)
         optimizer.load_state_dict(state.optimizer)
@@ -346,10 +375,14 @@ def fit(
                 )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            lr = _learning_rate(config, step, total_steps)
             for group in optimizer.param_groups:
-                group["lr"] = _learning_rate(config, step, total_steps)
+                group["lr"] = lr
+            grad_norm = None
             if config.max_grad_norm:
-                nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                grad_norm = nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            elif writer is not None:
+                grad_norm = _grad_norm(model)
             optimizer.step()
             total += value * len(positions)
             count += len(positions)
@@ -357,8 +390,18 @@ def fit(
                 writer.add_scalar("train/nll", value, step)
                 writer.add_scalar("train/bits_per_dim", value / (dim * math.log(2)), step)
                 writer.add_scalar("train/log_det", log_det.mean().item(), step)
+                writer.add_scalar("train/lr", lr, step)
+                writer.add_scalar("train/grad_norm", grad_norm.item(), step)
+        trained = time.perf_counter() - began
         record = {"epoch": float(epoch), "train_nll": total / count}
         metrics, z_val = _evaluate(model, batch, val_idx, config.seed)
+        if measure is not None:
+            with torch.no_grad():
+                measured = {k: float(v) for k, v in measure(model).items()}
+            clash = sorted(set(measured) & set(_RECORD))
+            if clash:
+                raise BertflowError(f"a measure may not replace the record's {clash}")
+            metrics.update(measured)
         record.update(metrics, seconds=time.perf_counter() - began)
         if not math.isfinite(record["val_nll"]):
             raise BertflowError(f"non-finite validation NLL after epoch {epoch} (step {step})")
@@ -369,6 +412,7 @@ def fit(
         else:
             bad_epochs += 1
         if writer is not None:
+            writer.add_scalar("train/rows_per_second", count / max(trained, 1e-9), step)
             _log_epoch(writer, z_val, record, step)
         if on_epoch_end is not None:
             on_epoch_end(
@@ -478,11 +522,69 @@ def _spread(rows: Rows, indices: Tensor) -> float:
     return float(np.sqrt((m.squares / m.count).mean()))
 
 
+_RECORD = ("epoch", "train_nll", "val_nll", "val_bits_per_dim", "val_log_det", "val_cosine",
+           "seconds")  # what `fit` records of every epoch; a `measure` adds the rest
+
+
 def _log_epoch(writer: SummaryWriter, z: Tensor, record: dict[str, float], step: int) -> None:
+    writer.add_scalar("train/epoch", record["epoch"], step)
+    writer.add_scalar("train/epoch_nll", record["train_nll"], step)
     for key in ("val_nll", "val_bits_per_dim", "val_log_det"):
         writer.add_scalar(f"val/{key.removeprefix('val_')}", record[key], step)
     writer.add_scalar("cosine/latent", record["val_cosine"], step)
+    _log_spectrum(writer, "latent", z[:_SPECTRAL], step)
     writer.add_histogram("latent/z", z, step)
+    for key in sorted(record.keys() - set(_RECORD)):
+        writer.add_scalar(key.replace("_", "/", 1), record[key], step)
+
+
+def _log_spectrum(writer: SummaryWriter, which: str, x: Tensor, step: int) -> None:
+    """The effective rank and I(W) of a sample, as `effective_rank/{which}` and
+    `partition_isotropy/{which}` (NaN where undefined)."""
+    x = x.detach().cpu().double().numpy()
+    writer.add_scalar(f"effective_rank/{which}", effective_rank(x), step)
+    writer.add_scalar(f"partition_isotropy/{which}", partition_isotropy(x), step)
+
+
+def log_hparams(writer: SummaryWriter, hparams: dict[str, Any], history: History,
+                step: int | None = None) -> None:
+    """Log a finished run's hyperparameters with its results, for TensorBoard's HPARAMS tab,
+    into the writer's own folder (beside its curves, not in a subfolder).
+
+    Nested dicts of `hparams` are flattened to `outer/inner` names; None is left out and any
+    other non-number becomes text. The results: `hparams/best_val_nll`,
+    `hparams/best_val_bits_per_dim`, `hparams/best_epoch`, `hparams/epochs_run`, and for each
+    measure that `fit`'s `measure` added to the records, its value at the best epoch (the kept
+    weights) as `hparams/<name>` and at the last as `hparams/last_<name>`.
+    """
+    best, last = history.best, history.epochs[-1] if history.epochs else {}
+    metrics = {"hparams/best_val_nll": history.best_val_nll,
+               "hparams/best_val_bits_per_dim": best.get("val_bits_per_dim", math.nan),
+               "hparams/best_epoch": float(history.best_epoch),
+               "hparams/epochs_run": float(len(history.epochs))}
+    for key in sorted(last.keys() - set(_RECORD)):
+        metrics[f"hparams/{key}"] = best.get(key, math.nan)
+        metrics[f"hparams/last_{key}"] = last[key]
+    writer.add_hparams(_flatten(hparams), metrics, run_name=".", global_step=step)
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}/"))
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+def _grad_norm(model: nn.Module) -> Tensor:
+    """The 2-norm of all gradients together (what `clip_grad_norm_` measures)."""
+    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    return torch.stack(norms).norm() if norms else torch.zeros(())
 
 
 def _permutation(n: int, generator: torch.Generator) -> Tensor:
@@ -499,3 +601,35 @@ def _learning_rate(config: TrainConfig, step: int, total_steps: int) -> float:
 
 def _copy_state(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    params, lr, eps, decay = model.parameters(), config.lr, config.eps, config.weight_decay
+    if not config.bias_correction:
+        return _AdamWeightDecay(params, lr=lr, eps=eps, weight_decay=decay)
+    if decay:
+        return torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=decay)
+    return torch.optim.Adam(params, lr=lr, eps=eps)
+
+
+class _AdamWeightDecay(torch.optim.Optimizer):
+    def __init__(self, params: Any, lr: float, eps: float, weight_decay: float,
+                 betas: tuple[float, float] = (0.9, 0.999)):
+        super().__init__(params, {"lr": lr, "eps": eps, "weight_decay": weight_decay,
+                                  "betas": betas})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
+                m, v = state["m"], state["v"]
+                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                update = m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p
+                p.sub_(group["lr"] * update)

@@ -23,7 +23,7 @@ from bertflow import POOLINGS, FlowConfig, TrainConfig, load_encoder
 from bertflow.cache import EmbeddingCache
 from bertflow.evaluate import evaluate, format_table
 from bertflow.files import read_sentences, write_json
-from bertflow.methods import make_method
+from bertflow.methods import default_d, default_k, make_method
 from bertflow.sts import load_tasks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def main() -> None:
             cache.encode(sentences, encoder, list(POOLINGS))
         for pooling in POOLINGS:
             width = encoder.width(pooling)  # static: the word embeddings' width
-            k, d = width // 3, max(1, width // 100)
+            k, d = default_k(width), default_d(width)
             def embed(sentences, pooling=pooling, encoder=encoder):
                 return np.asarray(cache.encode(sentences, encoder, pooling))
 

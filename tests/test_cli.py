@@ -112,8 +112,8 @@ def test_interrupted_fit_resumes_to_the_same_head(
     straight = (tmp_path / "straight" / "model.safetensors").read_bytes()
     assert (tmp_path / "resumed" / "model.safetensors").read_bytes() == straight
 
-    other = tmp_path / "other"
-    assert_refused(capsys, [*base[:-1], "5", "--out", other, "--checkpoint", ckpt, "--resume"],
+    other = tmp_path / "other"  # a resume may extend a run (test_tensorboard), not shorten it
+    assert_refused(capsys, [*base[:-1], "2", "--out", other, "--checkpoint", ckpt, "--resume"],
                    "other settings", other)
 
 
@@ -187,7 +187,8 @@ def test_module_and_console_script_entry_points(tmp_path, fitted):
     done = subprocess.run([sys.executable, "-m", "bertflow", "info", str(tmp_path / "nope")],
                           capture_output=True, text=True, env=env)
     assert done.returncode == 1
-    assert done.stderr.strip() == f"bertflow: error: no flow head folder at {tmp_path / 'nope'}"
+    assert done.stderr.strip() == (f"bertflow: error: no flow head folder at {tmp_path / 'nope'}, "
+                                   "nor a ready head of that name (minilm-first_last-wiki)")
 
 
 def test_bad_checkpoints_and_resume_with_other_pooling(
@@ -364,3 +365,75 @@ def test_an_unexpected_failure_is_one_line_unless_debugging(capsys, monkeypatch,
     monkeypatch.setenv("BERTFLOW_DEBUG", "1")
     with pytest.raises(RuntimeError, match="something deep"):
         main(["info", str(tmp_path)])
+
+
+def test_help_is_fast_shows_defaults_and_every_option_has_a_meaning():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    script = ("import sys, runpy; sys.argv = ['bertflow', 'fit', '--help']\n"
+              "try:\n    runpy.run_module('bertflow', run_name='__main__')\n"
+              "except SystemExit:\n    pass\n"
+              "print('torch' in sys.modules, 'numpy' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env)
+    assert done.stdout.strip().endswith("False False"), done.stdout[-500:] + done.stderr
+    assert "(default: 128)" in done.stdout and "(default: 0)" in done.stdout  # max length, seed
+
+    from bertflow.cli import build_parser
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        assert command.description, name
+        for action in command._actions:
+            if action.dest != "help":
+                assert action.help, f"bertflow {name} {action.option_strings or action.dest}"
+        flags = {f for a in command._actions for f in a.option_strings}
+        # --batch-size is the flow's; the encoder's is --encode-batch-size everywhere
+        assert "--batch-size" not in flags or "--epochs" in flags, name
+        if {"--encoder", "--pooling"} <= flags:
+            assert "--encode-batch-size" in flags, name
+
+
+def test_ready_heads_load_by_name_and_are_listed(capsys, tmp_path):
+    code, out, _ = run(capsys, "info")
+    assert code == 0 and "minilm-first_last-wiki: all-MiniLM-L6-v2, first_last pooling" in out
+    head = FlowHead.load("minilm-first_last-wiki")
+    assert head.dim == 384 and head.pooling == "first_last"
+    code, out, _ = run(capsys, "info", "minilm-first_last-wiki", "--json")
+    assert code == 0 and json.loads(out)["pooling"] == "first_last"
+
+
+def test_a_head_finds_its_encoder(tmp_path, capsys, corpus_file, tiny_encoder_dir):
+    """A head fit with --encoder DIR records where that encoder lives; transform, eval and
+    index load it from there when --encoder is not given, and refuse a changed one."""
+    import shutil
+
+    encoder = tmp_path / "my-encoder"
+    shutil.copytree(tiny_encoder_dir, encoder)
+    head = tmp_path / "head"
+    assert run(capsys, "fit", corpus_file, "--out", head, "--encoder", encoder, "--pooling",
+               "mean", "--cache", tmp_path / "cache", *FAST)[0] == 0
+    config = json.loads((head / "config.json").read_text())
+    assert config["encoder"]["source"] == f"folder:{encoder.resolve()}"
+    z = tmp_path / "z.npy"
+    code, out, err = run(capsys, "transform", "--head", head, "--sentences", corpus_file,
+                         "--out", z)
+    assert code == 0, err
+    assert run(capsys, "index", corpus_file, "--out", tmp_path / "idx", "--head", head,
+               "--cache", tmp_path / "cache")[0] == 0
+    code, out, err = run(capsys, "search", "--index", tmp_path / "idx", "--query", "a dog")
+    assert code == 0 and out.startswith("a dog"), err
+    # the folder's weights change: refused, naming both
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(str(encoder))
+    model.embeddings.word_embeddings.weight.data += 1.0
+    model.save_pretrained(str(encoder))
+    assert_refused(capsys, ["transform", "--head", head, "--sentences", corpus_file, "--out",
+                            tmp_path / "z2.npy"], "has changed since", tmp_path / "z2.npy")
+    shutil.rmtree(encoder)
+    assert_refused(capsys, ["transform", "--head", head, "--sentences", corpus_file, "--out",
+                            tmp_path / "z2.npy"], "which is gone; pass --encoder",
+                   tmp_path / "z2.npy")
+    assert run(capsys, "transform", "--head", head, "--sentences", corpus_file, "--encoder",
+               tiny_encoder_dir, "--out", tmp_path / "z3.npy")[0] == 0

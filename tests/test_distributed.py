@@ -60,7 +60,8 @@ def bertflow(root, *args, processes=1, env=None, check=True):
 
 def encode(root, out, *extra, **kwargs):
     return bertflow(root, "encode", "corpus.txt", "--out", out, "--encoder", "encoder",
-                    "--pooling", "first_last", "--cache", root / "cache", "--batch-size", "4",
+                    "--pooling", "first_last", "--cache", root / "cache",
+                    "--encode-batch-size", "4",
                     *extra, **kwargs)
 
 
@@ -133,7 +134,7 @@ def test_two_machines_meet_at_a_rendezvous_endpoint(setup):
              str(node), "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
              f"127.0.0.1:{port}", "--rdzv_id", "bertflow-test", str(setup / "run.py"),
              "encode", "corpus.txt", "--out", "nodes.npy", "--encoder", "encoder",
-             "--pooling", "first_last", "--batch-size", "4", "--no-cache"],
+             "--pooling", "first_last", "--encode-batch-size", "4", "--no-cache"],
             cwd=setup, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for node in (0, 1)
     ]

@@ -216,7 +216,7 @@ sys.exit(main(sys.argv[1:]))
 
 def encode_command(corpus, out, encoder_dir, *extra):
     return [sys.executable, "-c", SCRIPT, "encode", str(corpus), "--out", str(out), "--encoder",
-            str(encoder_dir), "--pooling", "mean", "--no-cache", "--batch-size", "4", *extra]
+            str(encoder_dir), "--pooling", "mean", "--no-cache", "--encode-batch-size", "4", *extra]
 
 
 def test_kill_9_at_random_moments_then_resume_gives_the_same_file(tmp_path, tiny_encoder_dir):

@@ -120,7 +120,7 @@ def test_eval_refusals(data, tmp_path, capsys, tiny_encoder_dir, other_encoder_d
          "but these come from encoder"),
         (["--data", str(data), "--head", str(head), "--fit-on", "target"], "does not apply"),
         (["--data", str(data), "--method", "whitening-k", "--k", "99", "--encoder",
-          str(tiny_encoder_dir)], "exceeds the dimension"),
+          str(tiny_encoder_dir)], "must be between 1 and the dimension 16"),
     ]:
         code = main(["eval", *args, "--json", str(out), "--quiet",
                      "--cache", str(tmp_path / "cache")])

@@ -35,6 +35,7 @@ def layers():
     yield "glow-3-levels-lu", Glow(D, FlowConfig(levels=3, depth=2, linear="lu"))
     yield "glow-3-levels-reverse", Glow(D, FlowConfig(levels=3, depth=2, linear="reverse"))
     yield "glow-odd-dim", Glow(D + 3, FlowConfig(levels=2, depth=2, coupling="affine"))
+    yield "glow-factor-out-first", Glow(D, FlowConfig(levels=3, depth=3, factor_out="first"))
 
 
 def ready(layer: torch.nn.Module, dim: int) -> torch.nn.Module:
@@ -83,16 +84,80 @@ def test_every_latent_depends_on_several_inputs(linear, features):
     assert inputs_per_latent.min() >= 2, inputs_per_latent.tolist()
 
 
+def coupling_updates(glow: Glow) -> list[int]:
+    """How many couplings updated each latent: with identity actnorms and every additive
+    conditioner outputting 1, zeros come out as the count of +1 shifts they received."""
+    for module in glow.modules():
+        if isinstance(module, ActNorm):
+            module.initialized.fill_(True)
+        if isinstance(module, Conditioner):
+            torch.nn.init.ones_(module.net[-1].bias)
+    with torch.no_grad():
+        z = glow(torch.zeros(1, glow.features))[0][0]
+    assert torch.equal(z, z.round())
+    return z.int().tolist()
+
+
+def release_updates(features: int, levels: int, depth: int, factor_out: str) -> list[int]:
+    """The same count for the release's multi-scale Glow with reversal mixing, step by step:
+    each step reverses the features and its coupling updates the second half from the first;
+    after each level but the last, the release keeps the first half and factors out the second
+    (`factor_out="first"` models the other choice)."""
+    counts, latents = [0] * features, []
+    for level in range(levels):
+        for _ in range(depth):
+            counts = counts[::-1]
+            half = len(counts) // 2
+            counts = counts[:half] + [c + 1 for c in counts[half:]]
+        if level < levels - 1:  # an odd width factors out the larger half
+            half = len(counts) // 2 if factor_out == "second" else (len(counts) + 1) // 2
+            kept, out = (counts[:half], counts[half:]) if factor_out == "second" else (
+                counts[half:], counts[:half])
+            latents, counts = latents + out, kept
+    return latents + counts
+
+
+@pytest.mark.parametrize("features", [8, 16, 384])
+@pytest.mark.parametrize("levels,depth", [(3, 3), (2, 2), (2, 4), (3, 5)])
+def test_the_release_factors_out_the_half_that_passed_more_couplings(features, levels, depth):
+    glow = Glow(features, FlowConfig(levels=levels, depth=depth))
+    assert glow.config.factor_out == "second"
+    assert coupling_updates(glow) == release_updates(features, levels, depth, "second")
+
+
+def test_which_half_is_factored_out_at_depth_3():
+    """Per latent, the default (the release's) factors out after 2 couplings at the first
+    level, the old `factor_out="first"` after 1."""
+    release = coupling_updates(Glow(16, FlowConfig()))
+    old = coupling_updates(Glow(16, FlowConfig(factor_out="first")))
+    assert release == [2] * 8 + [3] * 4 + [3, 3, 4, 4]
+    assert old == [1] * 8 + [3] * 4 + [5, 5, 6, 6]
+    assert old == release_updates(16, 3, 3, "first")
+
+
+@pytest.mark.parametrize("factor_out", ["first", "second"])
+def test_odd_widths_factor_out_the_larger_half(factor_out):
+    counts = coupling_updates(Glow(9, FlowConfig(levels=2, factor_out=factor_out)))
+    assert counts == release_updates(9, 2, 3, factor_out)
+    assert min(counts[:5]) == (2 if factor_out == "second" else 1)
+
+
 @pytest.mark.parametrize("levels", [1, 3])
 @pytest.mark.parametrize("coupling", ["additive", "affine"])
-def test_fresh_flow_with_lu_mixing_is_the_identity(levels, coupling):
-    glow = Glow(D, FlowConfig(levels=levels, depth=3, coupling=coupling, linear="lu"))
+@pytest.mark.parametrize("factor_out", ["first", "second"])
+def test_fresh_flow_with_lu_mixing_is_the_identity(levels, coupling, factor_out):
+    """Up to the order of the latents: factoring out the second half of each level puts it
+    first."""
+    config = FlowConfig(levels=levels, depth=3, coupling=coupling, linear="lu",
+                        factor_out=factor_out)
+    glow = Glow(D, config)
     for module in glow.modules():  # an initialised actnorm on standardised data is ~ identity
         if isinstance(module, ActNorm):
             module.initialized.fill_(True)
     x = torch.randn(16, D)
     z, log_det = glow(x)
-    assert torch.equal(z, x)
+    order = [4, 5, 6, 7, 2, 3, 0, 1] if levels == 3 and factor_out == "second" else range(D)
+    assert torch.equal(z, x[:, order])
     assert torch.count_nonzero(log_det) == 0
 
 
@@ -163,6 +228,8 @@ def test_invalid_configs_are_refused():
         FlowConfig.from_dict({"levels": 2.0})
     with pytest.raises(BertflowError, match="reversal mixing needs depth"):
         FlowConfig(depth=1)
+    with pytest.raises(BertflowError, match="factor_out must be 'first' or 'second'"):
+        FlowConfig(factor_out="last")
     FlowConfig(depth=1, linear="lu")
 
 

@@ -138,8 +138,10 @@ def test_editing_a_heads_config_is_refused(tmp_path, head):
 
 
 def test_the_shipped_head_and_old_format_heads_still_load(tmp_path, head):
-    shipped = FlowHead.load(REPO / "checkpoints" / "minilm-first_last-wiki")
-    assert shipped.dim == 384 and shipped.pooling == "first_last"
+    for folder in (REPO / "checkpoints" / "minilm-first_last-wiki",
+                   REPO / "tests" / "heads" / "minilm-first_last-wiki-0.1"):
+        shipped = FlowHead.load(folder)
+        assert shipped.dim == 384 and shipped.pooling == "first_last"
     folder = head.save(tmp_path / "old")
     (folder / "manifest.json").unlink()
     config = json.loads((folder / "config.json").read_text())

@@ -71,7 +71,7 @@ def test_every_method_by_name_and_bad_parameters(x):
         assert make_method(name, k=4, d=2).name == name
     with pytest.raises(BertflowError, match="unknown method"):
         make_method("pca")
-    with pytest.raises(BertflowError, match="exceeds the dimension"):
+    with pytest.raises(BertflowError, match="must be between 1 and the dimension"):
         Whitening(k=17).fit(x)
-    with pytest.raises(BertflowError, match="must be below the dimension"):
+    with pytest.raises(BertflowError, match=r"must be in \[0, dimension"):
         AllButTheTop(d=16).fit(x)

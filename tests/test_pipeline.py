@@ -162,3 +162,28 @@ def test_a_failed_save_leaves_the_previous_pipeline(tmp_path, heads, tiny_encode
     assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
     assert [p.name for p in tmp_path.iterdir()] == ["st"]
     assert load_pipeline(folder) is not None
+
+
+def test_the_export_writes_bertflows_model_card(tmp_path, heads, tiny_encoder):
+    import copy
+
+    head = copy.deepcopy(heads["last2"])
+    head.training_info["corpus"] = {"file": "wiki-sample.txt", "size": 208, "sha256": "ab" * 32}
+    folder = save_pipeline(build_pipeline(head, tiny_encoder, normalize=True), tmp_path / "st")
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    name = tiny_encoder.id.name
+    for text in (f"`{name}`", tiny_encoder.id.fingerprint, "`last2`", "BERT-flow head",
+                 "Glow", "wiki-sample.txt, 208 sentences", "abababababababab",
+                 f"{head.training_info['epochs_run']} run", "unit length",
+                 "from bertflow.pipeline import load_pipeline", 'load_pipeline("st")',
+                 "trust_remote_code=True"):
+        assert text in card, text
+    assert "sentence-transformers](https://www.SBERT.net) model" not in card  # not ST's card
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "README.md" in manifest["files"]
+    assert load_pipeline(folder) is not None
+    # a head fit on embeddings alone says so, and a pipeline without Normalize does not claim it
+    folder = save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "plain")
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert "embeddings given directly" in card and "`cls`" in card
+    assert "unit length" not in card

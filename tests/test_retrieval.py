@@ -8,7 +8,7 @@ import pytest
 
 from bertflow import BertflowError, load_encoder
 from bertflow.cli import main
-from bertflow.retrieval import Index, relevant_pairs, retrieval_scores
+from bertflow.retrieval import Hit, Index, relevant_pairs, retrieval_scores
 from bertflow.sts import Pairs
 
 from .conftest import SENTENCES, WORDS, fit_tiny_head
@@ -44,8 +44,8 @@ def test_flat_index_is_exact_cosine_after_the_head(head, tiny_encoder, items):
                                np.take_along_axis(cosines, expected, 1), atol=1e-5)
     assert (ids[:5, 0] == np.arange(5)).all()  # each item finds itself first
     hits = index.search(["a man plays the guitar"], tiny_encoder, k=3)[0]
-    assert hits[0] == (pytest.approx(1, abs=1e-5), "a man plays the guitar")
-    assert [s for s, _ in hits] == sorted((s for s, _ in hits), reverse=True)
+    assert hits[0] == (pytest.approx(1, abs=1e-5), "a man plays the guitar", 1)
+    assert [s for s, _, _ in hits] == sorted((s for s, _, _ in hits), reverse=True)
 
 
 def test_hnsw_and_reduced_indexes(head, tiny_encoder, items):
@@ -137,6 +137,12 @@ def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, ite
                  "--k", "2", "--encoder", str(tiny_encoder_dir), "--json"]) == 0
     hit = json.loads(capsys.readouterr().out)
     assert hit["hits"][0]["item"] == "a man plays the guitar" and len(hit["hits"]) == 2
+    for h in hit["hits"]:  # the 1-based line of the corpus file each item came from
+        assert set(h) == {"score", "item", "line"}
+        assert corpus.read_text().splitlines()[h["line"] - 1] == h["item"]
+    assert main(["search", "--index", str(tmp_path / "idx"), "--query", items[40], "--k", "1",
+                 "--encoder", str(tiny_encoder_dir)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[2:4] == ["line", "41"]
 
     for args, message in (
         (["search", "--index", str(tmp_path / "none"), "--query", "x"], "no index"),
@@ -155,6 +161,22 @@ def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, ite
 @pytest.fixture
 def saved(tmp_path, head, tiny_encoder, items):
     return Index.build(items, tiny_encoder, head=head).save(tmp_path / "idx")
+
+
+def test_hits_carry_their_line_also_from_an_index_saved_before_lines(saved, tiny_encoder, items):
+    (saved / "manifest.json").unlink()  # as format 1 saved it: no manifest, the same items
+    config = json.loads((saved / "config.json").read_text())
+    (saved / "config.json").write_text(json.dumps({**config, "format_version": 1}))
+    index = Index.load(saved)
+    queries = [items[7], items[100]]
+    for query, hits in zip(queries, index.search(queries, tiny_encoder, k=3), strict=True):
+        assert isinstance(hits[0], Hit) and hits[0]._fields == ("score", "item", "line")
+        assert hits[0].item == query and hits[0].line == items.index(query) + 1
+        assert all(items[hit.line - 1] == hit.item for hit in hits)
+        score, item, line = hits[0]
+        assert (score, item, line) == (hits[0].score, hits[0].item, hits[0].line)
+    with pytest.raises(BertflowError, match="one string"):
+        index.search(items[0], tiny_encoder)
 
 
 def edit_config(folder, **changes):

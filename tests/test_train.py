@@ -59,6 +59,40 @@ def test_resume_from_a_checkpoint_is_bit_identical():
         assert torch.equal(value, resumed.state_dict()[key]), key
 
 
+def test_release_optimiser_is_berts_adam_weight_decay():
+    """bias_correction=False: Adam without bias correction, the decay added to the update
+    (BERT's AdamWeightDecayOptimizer), checked against its formula over three steps."""
+    from bertflow.train import _optimizer
+
+    config = TrainConfig(lr=0.1, weight_decay=0.01, eps=1e-6, bias_correction=False)
+    model = torch.nn.Linear(3, 1, bias=False)
+    w = model.weight.detach().clone().double()
+    m = v = torch.zeros_like(w)
+    optimizer = _optimizer(model, config)
+    for step in range(3):
+        grad = torch.tensor([[1.0, -2.0, 0.5]]) * (step + 1)
+        model.weight.grad = grad.clone()
+        optimizer.step()
+        m, v = 0.9 * m + 0.1 * grad, 0.999 * v + 0.001 * grad**2
+        w = w - 0.1 * (m / (v.sqrt() + 1e-6) + 0.01 * w)
+        assert torch.allclose(model.weight.double(), w, atol=1e-6)
+    assert isinstance(_optimizer(model, TrainConfig()), torch.optim.Adam)
+    assert isinstance(_optimizer(model, TrainConfig(weight_decay=0.01)), torch.optim.AdamW)
+
+
+def test_release_optimiser_resumes_bit_identically():
+    x = correlated_gaussian(300, 8)
+    flow = FlowConfig(levels=2, depth=2)
+    config = TrainConfig(epochs=3, patience=0, weight_decay=0.01, eps=1e-6,
+                         bias_correction=False, max_grad_norm=1.0, schedule="constant")
+    full = FlowHead.fit(x, flow=flow, train=config)
+    states: list[TrainState] = []
+    FlowHead.fit(x, flow=flow, train=config, on_epoch_end=states.append)
+    resumed = FlowHead.fit(x, flow=flow, train=config, state=states[0])
+    for key, value in full.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+
+
 def test_early_stopping_keeps_the_best_epoch():
     """Few rows, a wide conditioner and a high constant learning rate overfit at once."""
     x = correlated_gaussian(120, 8)
@@ -154,6 +188,8 @@ def test_split_is_seeded_and_disjoint():
         ("lr", 0.0, "lr must be positive"),
         ("noise", -0.1, "noise"),
         ("schedule", "step", "schedule"),
+        ("weight_decay", -0.01, "weight_decay must be ≥ 0"),
+        ("eps", 0.0, "eps must be positive"),
     ],
 )
 def test_bad_train_configs_are_refused(field, value, message):

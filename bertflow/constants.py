@@ -1,0 +1,18 @@
+"""The names the library and its command line share (poolings, precisions, methods, tasks)
+and their defaults, in a module that imports nothing heavy, so that `bertflow --help` is
+instant."""
+
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_ENCODER_NAME", "DEFAULT_MAX_LENGTH",
+           "DEFAULT_POOLING", "DTYPES", "LINEAR_METHODS", "METHODS", "POOLINGS", "PROGRESS_FROM",
+           "TASKS"]
+
+POOLINGS = ("cls", "mean", "first_last", "last2", "static")
+DEFAULT_POOLING = "first_last"
+DEFAULT_ENCODER_NAME = "all-MiniLM-L6-v2"
+DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_BATCH_SIZE = 32  # sentences per encoder batch
+DEFAULT_MAX_LENGTH = 128  # tokens
+PROGRESS_FROM = 500  # sentences: encoding at least this many shows a progress bar
+METHODS = ("raw", "standardize", "whitening", "whitening-k", "abtt", "flow")
+LINEAR_METHODS = ("whitening", "whitening-k", "abtt")  # those a head can be, besides a flow
+TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")

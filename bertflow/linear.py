@@ -1,0 +1,138 @@
+"""Closed-form linear maps fit on embeddings, $z = (x - \\mu) W$: BERT-whitening (Su et al.,
+2021), whitening to the top k components, and all-but-the-top (Mu & Viswanath, 2018). They
+are the baselines of the STS tables and, exported as heads, what whitening users fit once and
+apply online."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .constants import LINEAR_METHODS
+from .errors import BertflowError
+from .files import check_finite
+from .train import Rows, as_rows
+
+__all__ = ["LINEAR_METHODS", "LinearMap", "abtt_weight", "all_but_the_top", "covariance",
+           "principal_directions", "whitening", "whitening_weight"]
+
+_BLOCK = 8192
+
+
+class LinearMap(nn.Module):
+    r"""$z = (x - \mu)\, W$ with $W$ of shape (dim, out). When $W$ is square and invertible
+    (full whitening) the map is a bijection with $\log|\det \partial z/\partial x| =
+    \log|\det W|$, so a whitening head has a density (the Gaussian it was fit to); the others
+    project and have none."""
+
+    def __init__(self, mean: Tensor, weight: Tensor, method: str):
+        super().__init__()
+        if method not in LINEAR_METHODS:
+            raise BertflowError(f"unknown linear method {method!r}")
+        if mean.ndim != 1 or weight.ndim != 2 or weight.shape[0] != mean.shape[0]:
+            raise BertflowError(f"a linear map needs a (dim,) mean and a (dim, out) weight, "
+                                f"got {tuple(mean.shape)} and {tuple(weight.shape)}")
+        self.method = method
+        self.register_buffer("mean", mean.detach().clone().float())
+        self.register_buffer("weight", weight.detach().clone().float())
+
+    @property
+    def features(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def invertible(self) -> bool:
+        return self.method == "whitening" and self.out_features == self.features
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x → (z, log|det W| per row; NaN when the map projects)."""
+        z = (x - self.mean) @ self.weight
+        log_det = torch.linalg.slogdet(self.weight.double())[1].float() if self.invertible \
+            else torch.tensor(math.nan)
+        return z, log_det.expand(x.shape[0]).to(x.dtype)
+
+    def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        """z → (x, log|det W⁻¹| per row), for full whitening only."""
+        if not self.invertible:
+            raise BertflowError(f"a {self.method} head projects: it has no inverse")
+        inverse = torch.linalg.inv(self.weight.double()).float()
+        log_det = -torch.linalg.slogdet(self.weight.double())[1].float()
+        return z @ inverse + self.mean, log_det.expand(z.shape[0]).to(z.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.method}, {self.features} → {self.out_features}"
+
+
+def covariance(x: np.ndarray | Rows, what: str = "the embeddings") -> tuple[np.ndarray,
+                                                                           np.ndarray]:
+    """Mean and (unbiased) covariance of a (rows, dim) array or `Rows` such as an
+    `EmbeddingFile`, read a block at a time and accumulated in float64, so that a file larger
+    than memory works; a NaN or an infinity is an error naming its row."""
+    rows = as_rows(x)
+    n, dim = rows.shape
+    if n < 2:
+        raise BertflowError(f"need at least 2 rows to fit a linear map, got {n}")
+
+    def blocks() -> Iterator[np.ndarray]:
+        for start in range(0, n, _BLOCK):
+            block = np.asarray(rows.read(start, start + _BLOCK), dtype=np.float64)
+            check_finite(block, what, offset=start)
+            yield block
+
+    mean = sum(block.sum(0) for block in blocks()) / n
+    scatter = np.zeros((dim, dim))
+    for block in blocks():
+        centred = block - mean
+        scatter += centred.T @ centred
+    return mean, scatter / (n - 1)
+
+
+def principal_directions(cov: np.ndarray, count: int | None = None) -> tuple[np.ndarray,
+                                                                            np.ndarray]:
+    """Eigenvalues (≥ 0, largest first) and eigenvectors (columns) of a covariance, the top
+    `count` of them (default: all)."""
+    values, vectors = np.linalg.eigh(cov)
+    order = np.argsort(values)[::-1][:count]
+    return np.maximum(values[order], 0.0), vectors[:, order]
+
+
+def whitening_weight(cov: np.ndarray, k: int | None = None) -> np.ndarray:
+    r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$ (float64): whitened
+    embeddings have identity covariance; with `k`, only the top `k` components are kept."""
+    dim = cov.shape[0]
+    if k is not None and not 1 <= k <= dim:
+        raise BertflowError(f"whitening k={k} must be between 1 and the dimension {dim}")
+    values, vectors = principal_directions(cov, k)
+    floor = 1e-12 * max(float(values[0]), 1e-300)
+    return vectors / np.sqrt(np.maximum(values, floor))
+
+
+def abtt_weight(cov: np.ndarray, d: int = 1) -> np.ndarray:
+    r"""$W = I - U_d U_d^\top$ (float64): remove the projections on the top `d` principal
+    directions."""
+    dim = cov.shape[0]
+    if not 0 <= d < dim:
+        raise BertflowError(f"all-but-the-top d={d} must be in [0, dimension {dim})")
+    top = principal_directions(cov, d)[1]
+    return np.eye(dim) - top @ top.T
+
+
+def whitening(mean: np.ndarray, cov: np.ndarray, k: int | None = None) -> LinearMap:
+    """The whitening (or, with `k`, whitening-k) map of embeddings with this mean and
+    covariance (see `whitening_weight`)."""
+    return LinearMap(torch.from_numpy(mean), torch.from_numpy(whitening_weight(cov, k)),
+                     "whitening" if k is None else "whitening-k")
+
+
+def all_but_the_top(mean: np.ndarray, cov: np.ndarray, d: int = 1) -> LinearMap:
+    """The all-but-the-top map of embeddings with this mean and covariance (see
+    `abtt_weight`)."""
+    return LinearMap(torch.from_numpy(mean), torch.from_numpy(abtt_weight(cov, d)), "abtt")

@@ -1,0 +1,167 @@
+import numpy as np
+import pytest
+import torch
+
+from bertflow import BertflowError
+from bertflow.linear import LinearMap, all_but_the_top, covariance, whitening
+
+
+@pytest.fixture
+def x():
+    rng = np.random.default_rng(0)
+    mixing = rng.normal(size=(12, 12)) * np.linspace(3, 0.1, 12)
+    return (rng.normal(size=(500, 12)) @ mixing + 5).astype(np.float32)
+
+
+def test_streamed_covariance_is_numpys(x, tmp_path, monkeypatch):
+    import bertflow.linear
+    from bertflow.embeddings import EmbeddingFile
+
+    monkeypatch.setattr(bertflow.linear, "_BLOCK", 64)  # many blocks
+    np.save(tmp_path / "x.npy", x)
+    mean, cov = covariance(EmbeddingFile(tmp_path / "x.npy"))
+    np.testing.assert_allclose(mean, x.astype(np.float64).mean(0), rtol=1e-10)
+    np.testing.assert_allclose(cov, np.cov(x.astype(np.float64), rowvar=False), rtol=1e-9)
+    x[7, 3] = np.nan
+    with pytest.raises(BertflowError, match="NaN values .*row 7"):
+        covariance(x)
+
+
+def test_whitening_gives_identity_covariance_and_inverts(x):
+    w = whitening(*covariance(x))
+    z, log_det = w(torch.from_numpy(x))
+    np.testing.assert_allclose(np.cov(z.double().numpy(), rowvar=False), np.eye(12), atol=1e-4)
+    back, inverse_log_det = w.inverse(z)
+    np.testing.assert_allclose(back.numpy(), x, atol=1e-3)
+    jacobian = torch.autograd.functional.jacobian(lambda v: w(v[None])[0][0],
+                                                 torch.from_numpy(x[0]))
+    assert log_det[0].item() == pytest.approx(torch.linalg.slogdet(jacobian)[1].item(), abs=1e-3)
+    assert inverse_log_det[0].item() == pytest.approx(-log_det[0].item(), abs=1e-5)
+
+
+def test_whitening_k_keeps_the_top_components(x):
+    w = whitening(*covariance(x), k=4)
+    z = w(torch.from_numpy(x))[0].double().numpy()
+    assert z.shape == (500, 4) and w.method == "whitening-k" and not w.invertible
+    np.testing.assert_allclose(np.cov(z, rowvar=False), np.eye(4), atol=1e-4)
+    assert torch.isnan(w(torch.from_numpy(x))[1]).all()
+    with pytest.raises(BertflowError, match="has no inverse"):
+        w.inverse(torch.zeros(1, 4))
+    with pytest.raises(BertflowError, match="between 1 and the dimension 12"):
+        whitening(*covariance(x), k=13)
+
+
+def test_all_but_the_top_removes_the_top_directions(x):
+    mean, cov = covariance(x)
+    a = all_but_the_top(mean, cov, d=2)
+    z = a(torch.from_numpy(x))[0].double().numpy()
+    top = np.linalg.svd(x - x.mean(0), full_matrices=False)[2][:2]
+    assert np.abs(z @ top.T).max() < 1e-3
+    assert np.abs(z.mean(0)).max() < 1e-3
+    with pytest.raises(BertflowError, match="d=12 must be in"):
+        all_but_the_top(mean, cov, d=12)
+
+
+def test_a_map_needs_matching_shapes():
+    with pytest.raises(BertflowError, match="a \\(dim,\\) mean and a \\(dim, out\\) weight"):
+        LinearMap(torch.zeros(3), torch.zeros(4, 2), "whitening-k")
+    with pytest.raises(BertflowError, match="unknown linear method"):
+        LinearMap(torch.zeros(3), torch.zeros(3, 3), "pca")
+
+
+# baselines as heads ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method, width", [("whitening", 12), ("whitening-k", 4), ("abtt", 12)])
+def test_linear_heads_transform_as_the_methods_and_survive_a_round_trip(x, tmp_path, method,
+                                                                         width):
+    from bertflow import FlowHead
+    from bertflow.methods import make_method
+
+    head = FlowHead.fit_linear(x, method, k=4, d=2, pooling="cls")
+    assert (head.method, head.dim, head.out_dim) == (method, 12, width)
+    z = head.transform(x)
+    np.testing.assert_allclose(z, make_method(method, k=4, d=2).fit(x).transform(x), atol=1e-3)
+    head.save(tmp_path / "h")
+    loaded = FlowHead.load(tmp_path / "h")
+    assert loaded.method == method and loaded.summary() == head.summary()
+    np.testing.assert_array_equal(loaded.transform(x), z)
+    assert loaded.training_info["corpus"]["size"] == 500
+
+
+def test_a_whitening_head_has_the_gaussian_density_and_the_others_none(x):
+    from scipy.stats import multivariate_normal
+
+    from bertflow import FlowHead
+
+    head = FlowHead.fit_linear(x, "whitening")
+    mean, cov = covariance(x)
+    np.testing.assert_allclose(head.log_prob(x[:5]),
+                               multivariate_normal(mean, cov).logpdf(x[:5]), rtol=1e-4)
+    np.testing.assert_allclose(np.cov(head.sample(4000, seed=1), rowvar=False), cov,
+                               rtol=0.15, atol=0.15 * np.abs(cov).max())
+    for method in ("whitening-k", "abtt"):
+        projecting = FlowHead.fit_linear(x, method)
+        with pytest.raises(BertflowError, match="projects: it has no density"):
+            projecting.log_prob(x[:2])
+    assert FlowHead.fit_linear(x, "whitening-k").out_dim == 4  # a third of 12
+    assert FlowHead.fit_linear(x, "abtt").training_info["out_dim"] == 12
+
+
+def test_a_linear_head_whose_weights_do_not_fit_its_config_is_refused(x, tmp_path):
+    import json
+
+    from bertflow import FlowHead
+    from bertflow.folders import write_manifest
+
+    folder = FlowHead.fit_linear(x, "whitening-k", k=3).save(tmp_path / "h")
+    config = json.loads((folder / "config.json").read_text())
+    config["linear"]["out_dim"] = 5
+    (folder / "config.json").write_text(json.dumps(config))
+    write_manifest(folder, "bertflow-head")
+    with pytest.raises(BertflowError, match="does not fit its config"):
+        FlowHead.load(folder)
+
+
+def test_fit_method_from_the_command_line_and_every_export(tmp_path, capsys, corpus_file,
+                                                           tiny_encoder_dir):
+    import onnxruntime
+
+    from bertflow import FlowHead
+    from bertflow.cli import main
+    from bertflow.pipeline import load_pipeline
+
+    def run(*args):
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    head = tmp_path / "white"
+    code, out, err = run("fit", corpus_file, "--out", head, "--method", "whitening-k", "--k",
+                         "6", "--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache",
+                         tmp_path / "cache")
+    assert code == 0, err
+    assert "whitening-k, a linear map 16 → 6" in out
+    loaded = FlowHead.load(head)
+    z = tmp_path / "z.npy"
+    assert run("transform", "--head", head, "--sentences", corpus_file, "--out", z)[0] == 0
+    assert np.load(z).shape == (120, 6)
+    assert run("export", "--head", head, "--format", "onnx", "--out", tmp_path / "w.onnx")[0] == 0
+    emb = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
+    session = onnxruntime.InferenceSession(str(tmp_path / "w.onnx"))
+    np.testing.assert_allclose(session.run(["z"], {"embeddings": emb})[0],
+                               loaded.transform(emb), atol=1e-5)
+    assert run("export", "--head", head, "--format", "sentence-transformers", "--out",
+               tmp_path / "st")[0] == 0
+    pipeline = load_pipeline(tmp_path / "st")
+    np.testing.assert_allclose(pipeline.encode(["a man plays the guitar"]),
+                               loaded.encode(["a man plays the guitar"]), atol=1e-5)
+    assert pipeline.get_embedding_dimension() == 6
+    assert run("index", corpus_file, "--out", tmp_path / "idx", "--head", head, "--cache",
+               tmp_path / "cache")[0] == 0
+    code, out, err = run("search", "--index", tmp_path / "idx", "--query", "a dog runs")
+    assert code == 0 and "line" in out, err
+    code, out, err = run("fit", corpus_file, "--out", tmp_path / "x", "--method", "abtt",
+                         "--logdir", tmp_path / "runs", "--encoder", tiny_encoder_dir)
+    assert code == 1 and "--logdir apply to --method flow only" in err
+    assert run("fit", corpus_file, "--out", tmp_path / "x", "--k", "3", "--encoder",
+               tiny_encoder_dir)[0] == 1
