@@ -33,7 +33,15 @@ __all__ = [
     "FlowConfig",
     "Glow",
     "InvertibleLinear",
+    "StandardScaler",
+    "bits_per_dim",
+    "live_scale",
+    "log_likelihood",
+    "robust_std",
+    "standard_normal_log_prob",
+    # old names
     "Standardize",
+    "spread",
 ]
 
 
@@ -42,21 +50,21 @@ class ActNorm(_NflowsActNorm):
 
     The first forward pass in training mode sets $s, b$ so that the batch comes out with zero
     mean and unit variance; the `initialized` buffer is saved with the weights, so a reloaded
-    layer never initialises again. A dead feature (see `spread`) is centred but not scaled:
+    layer never initialises again. A dead feature (see `robust_std`) is centred but not scaled:
     blowing a constant up only amplifies rounding noise.
     """
 
     def _initialize(self, inputs: Tensor) -> None:
         with torch.no_grad():
-            std = spread(inputs)
+            std = robust_std(inputs)
             self.log_scale.data = -torch.log(std)
             self.shift.data = -(inputs / std).mean(dim=0)
             self.initialized.data = torch.tensor(True, dtype=torch.bool)
 
 
-def spread(x: Tensor) -> Tensor:
-    """Per-feature standard deviation of the rows of `x`, with dead features set to 1
-    (`live_scale`)."""
+def robust_std(x: Tensor) -> Tensor:
+    """Per-feature standard deviation of the rows of `x`, robust to dead features: theirs is
+    set to 1 (`live_scale`), so that dividing by it never blows a constant up."""
     return live_scale(x.std(dim=0))
 
 
@@ -141,8 +149,9 @@ class AffineCoupling(AffineCouplingTransform):
         return torch.tanh(transform_params[:, n:]).exp(), transform_params[:, :n]
 
 
-class Standardize(Transform):
-    r"""$y = (x - \mu) / \sigma$ with fixed statistics; $\log|\det| = -\sum_i \log \sigma_i$."""
+class StandardScaler(Transform):
+    r"""$y = (x - \mu) / \sigma$ per feature with fixed statistics (the standard score);
+    $\log|\det| = -\sum_i \log \sigma_i$. The first step of a standardising `FlowHead`."""
 
     def __init__(self, mean: Tensor, std: Tensor):
         super().__init__()
@@ -150,13 +159,13 @@ class Standardize(Transform):
         self.register_buffer("std", std.detach().clone().float())
 
     @classmethod
-    def from_data(cls, x: Tensor) -> Standardize:
-        """Statistics of `x` (rows, features): the mean, and `spread` as the scale, so that a
-        dead (constant) feature is centred but not blown up."""
-        return cls(x.mean(0), spread(x))
+    def from_data(cls, x: Tensor) -> StandardScaler:
+        """Statistics of `x` (rows, features): the mean, and `robust_std` as the scale, so that
+        a dead (constant) feature is centred but not blown up."""
+        return cls(x.mean(0), robust_std(x))
 
     @classmethod
-    def from_moments(cls, mean: Tensor, std: Tensor) -> Standardize:
+    def from_moments(cls, mean: Tensor, std: Tensor) -> StandardScaler:
         """The same from per-feature means and standard deviations computed elsewhere (e.g.
         streamed over a file)."""
         return cls(mean, live_scale(std))
@@ -272,6 +281,18 @@ def standard_normal_log_prob(z: Tensor) -> Tensor:
     return -0.5 * (z**2).sum(-1) - 0.5 * z.shape[-1] * math.log(2 * math.pi)
 
 
+def log_likelihood(z: Tensor, log_det: Tensor) -> Tensor:
+    r"""$\log p(x) = \log N(z; 0, I) + \log|\det \partial z / \partial x|$ per row, from what a
+    flow gives for $x$: its latent $z$ and log-determinant (the change of variables). The
+    negative log-likelihood (NLL) that training minimises is its negative."""
+    return standard_normal_log_prob(z) + log_det
+
+
+def bits_per_dim(nll: float, dim: int) -> float:
+    """An NLL per row in nats, as bits per dimension: ``nll / (dim ln 2)``."""
+    return nll / (dim * math.log(2))
+
+
 def _level(features: int, config: FlowConfig, swap: bool = False) -> CompositeTransform:
     coupling = AdditiveCoupling if config.coupling == "additive" else AffineCoupling
     steps: list[Transform] = []
@@ -297,3 +318,7 @@ def _level(features: int, config: FlowConfig, swap: bool = False) -> CompositeTr
 
 def _device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
+
+
+Standardize = StandardScaler  # its old name
+spread = robust_std  # its old name

@@ -26,7 +26,7 @@ from .encoder import (
 )
 from .errors import BertflowError, first_line
 from .files import check_finite, read_json, sha256_file, write_json
-from .flow import FlowConfig, Glow, Standardize, standard_normal_log_prob
+from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
 from .folders import check_destination as check_folder
 from .folders import legacy_files, verify_folder, write_folder, write_manifest
 from .linear import LINEAR_METHODS, LinearMap, all_but_the_top, covariance, whitening
@@ -61,12 +61,13 @@ class FlowHead(nn.Module):
     def __init__(
         self,
         glow: Glow | None,
-        standardize: Standardize | None = None,
+        standardize: StandardScaler | None = None,
         *,
         linear: LinearMap | None = None,
         encoder: EncoderId | None = None,
         pooling: str | None = None,
         max_length: int | None = None,
+        training_info: dict[str, Any] | None = None,
         training: dict[str, Any] | None = None,
     ):
         super().__init__()
@@ -82,7 +83,7 @@ class FlowHead(nn.Module):
         self.encoder = encoder
         self.pooling = pooling
         self.max_length = max_length
-        self.training_info = training or {}
+        self.training_info = training_info or training or {}  # `training`: its old name
 
     @property
     def dim(self) -> int:
@@ -129,7 +130,7 @@ class FlowHead(nn.Module):
             raise BertflowError(f"a {self.method} head projects: it has no density")
         if isinstance(x, Tensor):
             z, log_det = self(x)
-            return standard_normal_log_prob(z) + log_det
+            return log_likelihood(z, log_det)
         array = self._checked(x)
         with torch.no_grad():
             return self.eval().log_prob(torch.from_numpy(np.array(array, np.float32))).numpy()
@@ -274,7 +275,7 @@ class FlowHead(nn.Module):
             glow = Glow(data.shape[1], flow)
         scaler = None
         if standardize:
-            scaler = Standardize.from_moments(torch.from_numpy(stats.mean).float(),
+            scaler = StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
                                               torch.from_numpy(stats.std).float())
         if corpus is None:
             corpus = {"embeddings_sha256": stats.sha256}
@@ -333,7 +334,7 @@ class FlowHead(nn.Module):
         training = {"corpus": {**corpus, "size": int(data.shape[0])},
                     "method": method, "out_dim": linear.out_features}
         return cls(None, linear=linear, encoder=encoder, pooling=pooling,
-                   max_length=max_length, training=training)
+                   max_length=max_length, training_info=training)
 
     def summary(self) -> str:
         """What the head computes, in one line."""
@@ -457,7 +458,7 @@ class FlowHead(nn.Module):
             raise BertflowError(f"{file} is not a valid safetensors file ({e})") from None
         scaler = None
         if standardized:
-            scaler = Standardize(torch.zeros(dim), torch.ones(dim))
+            scaler = StandardScaler(torch.zeros(dim), torch.ones(dim))
         linear = None
         if flow is None:
             linear = LinearMap(torch.zeros(dim), torch.zeros(dim, out_dim), method)
@@ -468,7 +469,7 @@ class FlowHead(nn.Module):
             encoder=encoder,
             pooling=pooling,
             max_length=max_length,
-            training=training,
+            training_info=training,
         )
         try:
             head.load_state_dict(tensors, strict=True)

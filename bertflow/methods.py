@@ -1,6 +1,7 @@
-"""Post-processing methods compared in one harness: raw pooling, standardisation,
+"""Post-processing methods compared in one harness: raw pooling, standardisation alone,
 BERT-whitening, all-but-the-top, and the flow. Each is fit on unlabeled embeddings and then
-maps embeddings to the vectors that cosine similarity is taken on."""
+maps embeddings to the vectors that cosine similarity is taken on; `make_method` builds one by
+its name in `METHODS`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from .constants import METHODS
 from .errors import BertflowError
-from .flow import FlowConfig, Standardize
+from .flow import FlowConfig, StandardScaler
 from .head import FlowHead
 from .linear import abtt_weight, covariance, principal_directions, whitening_weight
 from .train import TrainConfig
@@ -21,17 +22,18 @@ __all__ = [
     "METHODS",
     "AllButTheTop",
     "Fitted",
-    "Flow",
+    "FlowMethod",
     "Method",
     "Raw",
-    "Standardization",
+    "ScalerOnly",
     "Whitening",
     "default_d",
     "default_k",
     "make_method",
+    # old names
+    "Flow",
+    "Standardization",
 ]
-
-
 
 class Method(Protocol):
     name: str
@@ -60,15 +62,15 @@ class Raw:
 
 
 @dataclass
-class Standardization:
+class ScalerOnly:
     r"""$\tilde x = (x - \mu) / \sigma$ per feature (dead features only centred): the head's
-    own `Standardize`, without the flow."""
+    first step, its `StandardScaler`, without the flow (the method named ``standardize``)."""
 
     name: str = "standardize"
-    scaler: Standardize | None = None
+    scaler: StandardScaler | None = None
 
-    def fit(self, x: np.ndarray) -> Standardization:
-        self.scaler = Standardize.from_data(torch.from_numpy(np.asarray(x, dtype=np.float64)))
+    def fit(self, x: np.ndarray) -> ScalerOnly:
+        self.scaler = StandardScaler.from_data(torch.from_numpy(np.asarray(x, dtype=np.float64)))
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
@@ -139,8 +141,8 @@ class AllButTheTop:
 
 
 @dataclass
-class Flow:
-    """The BERT-flow head, fit by maximum likelihood (see `FlowHead.fit`)."""
+class FlowMethod:
+    """The BERT-flow head, fit by maximum likelihood (see `FlowHead.fit`), as a method."""
 
     flow: FlowConfig = field(default_factory=FlowConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -149,7 +151,7 @@ class Flow:
     head: FlowHead | None = None
     progress: bool = False
 
-    def fit(self, x: np.ndarray) -> Flow:
+    def fit(self, x: np.ndarray) -> FlowMethod:
         self.head = FlowHead.fit(x, flow=self.flow, train=self.train, standardize=self.standardize,
                                  progress=self.progress)
         return self
@@ -200,7 +202,7 @@ def make_method(name: str, *, k: int = 256, d: int = 1, flow: FlowConfig | None 
     if name == "raw":
         return Raw()
     if name == "standardize":
-        return Standardization()
+        return ScalerOnly()
     if name == "whitening":
         return Whitening()
     if name == "whitening-k":
@@ -208,5 +210,9 @@ def make_method(name: str, *, k: int = 256, d: int = 1, flow: FlowConfig | None 
     if name == "abtt":
         return AllButTheTop(d=d)
     if name == "flow":
-        return Flow(flow or FlowConfig(), train or TrainConfig(), progress=progress)
+        return FlowMethod(flow or FlowConfig(), train or TrainConfig(), progress=progress)
     raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+
+
+Standardization = ScalerOnly  # its old name
+Flow = FlowMethod  # its old name

@@ -60,7 +60,7 @@ from bertflow import POOLINGS, FlowConfig, FlowHead, Glow, TrainConfig, load_enc
 from bertflow.cache import EmbeddingCache
 from bertflow.encoder import Encoder, pool
 from bertflow.files import write_json
-from bertflow.flow import ActNorm, AdditiveCoupling, Standardize, spread
+from bertflow.flow import ActNorm, AdditiveCoupling, StandardScaler, robust_std
 from bertflow.train import as_rows, fit, moments
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,7 +126,7 @@ class ReleaseActNorm(ActNorm):
     def _initialize(self, inputs: Tensor) -> None:
         super()._initialize(inputs)  # sets `log_scale.data` on a temporary: set `logs` here
         with torch.no_grad():
-            self.logs.data = -torch.log(spread(inputs)) / 3
+            self.logs.data = -torch.log(robust_std(inputs)) / 3
 
 
 class ReleaseConditioner(nn.Module):
@@ -171,7 +171,7 @@ def fit_head(x: np.ndarray, variant: Variant, train: TrainConfig) -> FlowHead:
     scaler = None
     if variant.standardize:
         stats = moments(as_rows(x))
-        scaler = Standardize.from_moments(torch.from_numpy(stats.mean).float(),
+        scaler = StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
                                           torch.from_numpy(stats.std).float())
     head = FlowHead(glow, scaler)
     head.history = fit(head, x, train)

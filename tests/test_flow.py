@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -8,8 +10,8 @@ from bertflow.flow import (
     AffineCoupling,
     Conditioner,
     InvertibleLinear,
-    Standardize,
-    spread,
+    StandardScaler,
+    robust_std,
 )
 
 D = 8
@@ -30,7 +32,7 @@ def layers():
     yield "linear", InvertibleLinear(D)
     yield "additive", AdditiveCoupling(mask, lambda i, o: Conditioner(i, o, 16))
     yield "affine", AffineCoupling(1 - mask, lambda i, o: Conditioner(i, o, 16))
-    yield "standardize", Standardize(torch.randn(D), torch.rand(D) + 0.5)
+    yield "standardize", StandardScaler(torch.randn(D), torch.rand(D) + 0.5)
     yield "glow-1-level-lu", Glow(D, FlowConfig(levels=1, depth=2, coupling="affine", linear="lu"))
     yield "glow-3-levels-lu", Glow(D, FlowConfig(levels=3, depth=2, linear="lu"))
     yield "glow-3-levels-reverse", Glow(D, FlowConfig(levels=3, depth=2, linear="reverse"))
@@ -233,9 +235,24 @@ def test_invalid_configs_are_refused():
     FlowConfig(depth=1, linear="lu")
 
 
-def test_spread_marks_dead_features_even_when_most_are_dead():
+def test_robust_std_marks_dead_features_even_when_most_are_dead():
     x = torch.zeros(50, 6)
     x[:, 0] = torch.randn(50)
     x[:, 1] = 1e-12 * torch.randn(50)
-    std = spread(x)
+    std = robust_std(x)
     assert std[0] == x[:, 0].std() and torch.equal(std[1:], torch.ones(5))
+
+
+def test_old_names_are_the_new_ones():
+    from bertflow import flow
+
+    assert flow.Standardize is StandardScaler and flow.spread is robust_std
+
+
+def test_log_likelihood_is_the_base_density_plus_the_log_det():
+    from bertflow.flow import bits_per_dim, log_likelihood
+
+    z, log_det = torch.randn(5, 3), torch.randn(5)
+    base = torch.distributions.Normal(0.0, 1.0).log_prob(z).sum(-1)
+    assert torch.allclose(log_likelihood(z, log_det), base + log_det, atol=1e-6)
+    assert bits_per_dim(3 * math.log(2), 3) == pytest.approx(1.0)

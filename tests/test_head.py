@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertflow import BertflowError, EncoderId, FlowConfig, FlowHead, TrainConfig
+from bertflow import BertflowError, EncoderId, FlowConfig, FlowHead, Glow, TrainConfig
 from bertflow.folders import write_manifest
 
 from .conftest import REPO, SENTENCES
@@ -299,3 +299,9 @@ def test_a_file_is_fit_a_block_at_a_time_to_the_in_memory_head(tmp_path, monkeyp
     np.testing.assert_allclose(streamed.standardize.std[[0, 1, 2, 3, 5]],
                                x.std(0, ddof=1)[[0, 1, 2, 3, 5]], rtol=1e-5)
     assert streamed.standardize.std[4] == 1.0
+
+
+def test_training_info_is_given_under_its_own_name_or_its_old_one():
+    glow = Glow(4, FlowConfig(levels=1, depth=2))
+    assert FlowHead(glow, training_info={"seed": 3}).training_info == {"seed": 3}
+    assert FlowHead(glow, training={"seed": 4}).training_info == {"seed": 4}  # its old name

@@ -5,9 +5,9 @@ from bertflow import BertflowError, FlowConfig, TrainConfig
 from bertflow.methods import (
     METHODS,
     AllButTheTop,
-    Flow,
+    FlowMethod,
     Raw,
-    Standardization,
+    ScalerOnly,
     Whitening,
     make_method,
 )
@@ -52,15 +52,15 @@ def test_all_but_the_top_removes_exactly_d_directions(x, d):
         assert np.abs(z @ method.top.T).max() < 1e-3
 
 
-def test_standardization_and_raw(x):
-    z = Standardization().fit(x).transform(x)
+def test_scaler_only_and_raw(x):
+    z = ScalerOnly().fit(x).transform(x)
     np.testing.assert_allclose(z.std(0, ddof=1), 1, atol=1e-5)
     np.testing.assert_array_equal(Raw().fit(x).transform(x), x.astype(np.float32))
 
 
 def test_flow_method_fits_a_head(x):
     method = make_method("flow", flow=FlowConfig(levels=2), train=TrainConfig(epochs=1))
-    assert isinstance(method, Flow)
+    assert isinstance(method, FlowMethod)
     z = method.fit(x).transform(x)
     assert z.shape == x.shape and abs(z.mean()) < 0.1
     assert method.describe()["flow"]["levels"] == 2
@@ -75,3 +75,9 @@ def test_every_method_by_name_and_bad_parameters(x):
         Whitening(k=17).fit(x)
     with pytest.raises(BertflowError, match=r"must be in \[0, dimension"):
         AllButTheTop(d=16).fit(x)
+
+
+def test_old_names_are_the_new_ones():
+    from bertflow import methods
+
+    assert methods.Standardization is ScalerOnly and methods.Flow is FlowMethod
