@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from .errors import BertflowError
 from .files import atomic_file, check_finite
-from .flow import standard_normal_log_prob
+from .flow import bits_per_dim, log_likelihood
 from .isotropy import effective_rank, mean_pair_cosine, partition_isotropy
 
 __all__ = ["CHECKPOINT_FORMAT", "ArrayRows", "Checkpoint", "History", "Moments", "Rows",
@@ -280,13 +280,14 @@ def fit(
 ) -> History:
     r"""Fit `model` to the rows of `x` by maximum likelihood under a N(0, I) base.
 
-    `model(x)` must return `(z, log_det)`; the loss is $-\frac1N\sum \log p(x)$ in nats with
-    $\log p(x) = \log N(z; 0, I) + \log|\det|$. `x` is read one minibatch at a time, so it
-    may be a file larger than memory (`Rows`). The model is left with the weights of the best
-    validation epoch, in eval mode. Pass the `state` given to `on_epoch_end` to resume; a
-    `state` saved by a run of fewer `config.epochs` extends that run: from the step it resumes
-    at, the learning rate follows the cosine over the new total (where a run of that length
-    would be), so the result depends on the state and `config` alone.
+    `model(x)` must return `(z, log_det)`; the loss is the NLL $-\frac1N\sum \log p(x)$ in
+    nats with $\log p(x) = \log N(z; 0, I) + \log|\det|$ (`log_likelihood`). `x` is read one
+    minibatch at a time, so it may be a file larger than memory (`Rows`). The model is left
+    with the weights of the best validation epoch, in eval mode. Pass the `state` given to
+    `on_epoch_end` to resume; a `state` saved by a run of fewer `config.epochs` extends that
+    run: from the step it resumes at, the learning rate follows the cosine over the new total
+    (where a run of that length would be), so the result depends on the state and `config`
+    alone.
 
     `measure(model)`, called after each epoch's validation (eval mode, no gradients), returns
     further measures of the current model, such as a dev-set score; they join the epoch's
@@ -299,137 +300,194 @@ def fit(
     config: each takes every world-size-th row of each minibatch, `DistributedDataParallel`
     averages the gradients, and the result is the one-process fit up to float rounding.
     """
-    rows = as_rows(x)
-    if len(rows.shape) != 2 or rows.shape[0] < 3:
-        raise BertflowError(f"need a (rows ≥ 3, dim) table to fit, got shape {rows.shape}")
-    dim = rows.shape[1]
-    train_idx, val_idx = split_indices(rows.shape[0], config.val_fraction, config.seed)
-    if not len(val_idx):
-        val_idx = train_idx
-    rank, world = distributed.rank(), distributed.world_size()
-
-    def batch(indices: Tensor) -> Tensor:
-        return torch.from_numpy(np.asarray(rows.take(indices.numpy()), dtype=np.float32))
-
-    jitter = config.noise * _spread(rows, train_idx) if config.noise else 0.0
-    optimizer = _optimizer(model, config)
-    steps_per_epoch = math.ceil(len(train_idx) / config.batch_size)
-    total_steps = steps_per_epoch * config.epochs
-
-    if state is None:
-        model.train()
-        with torch.no_grad():
-            first = batch(train_idx[: config.init_size])
-            g = torch.Generator().manual_seed(config.seed)
-            model(first + jitter * torch.randn(first.shape, generator=g) if jitter else first)
-        history, step, start, bad_epochs = History(), 0, 0, 0
-        best_model = _copy_state(model)
-        if writer is not None:
-            x_val = batch(val_idx[:_SAMPLE])
-            writer.add_scalar("cosine/input", mean_pair_cosine(x_val), 0)
-            _log_spectrum(writer, "input", x_val[:_SPECTRAL], 0)
-    else:
-        model.load_state_dict(state.model)
-        optimizer.load_state_dict(state.optimizer)
-        history, step, start = copy.deepcopy(state.history), state.step, state.epoch
-        bad_epochs, best_model = state.bad_epochs, state.best_model
-    net = model
-    if world > 1:
-        net = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
-
-    for epoch in range(start + 1, config.epochs + 1):
-        if config.patience and bad_epochs >= config.patience:
+    trainer = _Trainer(model, as_rows(x), config, writer, progress)
+    run = trainer.resume(state) if state is not None else trainer.initialise()
+    for epoch in range(run.epoch + 1, config.epochs + 1):
+        if config.patience and run.bad_epochs >= config.patience:
             break
         began = time.perf_counter()
-        model.train()
-        g = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
-        order = _permutation(len(train_idx), g)
-        total, count = 0.0, 0
-        bar = tqdm(range(0, len(order), config.batch_size), desc=f"epoch {epoch}", unit="batch",
-                   disable=not progress or rank != 0, leave=False)
+        train_nll = trainer.epoch(run, epoch)
+        record = trainer.validate(run, epoch, train_nll, began, measure)
+        run.add(record, model)
+        if on_epoch_end is not None:
+            on_epoch_end(trainer.state(run))
+    run.history.stopped_early = len(run.history.epochs) < config.epochs
+    model.load_state_dict(run.best_model)
+    model.eval()
+    return run.history
+
+
+@dataclass
+class _Run:
+    """Where a fit stands after its last finished epoch (`epoch`, 0 before the first)."""
+
+    epoch: int
+    step: int
+    history: History
+    best_model: dict[str, Tensor]
+    bad_epochs: int
+
+    def add(self, record: dict[str, float], model: nn.Module) -> None:
+        """Record a finished epoch; keep the model's weights if its held-out NLL is the best
+        yet, else count one more epoch without improvement (early stopping)."""
+        self.epoch = int(record["epoch"])
+        self.history.epochs.append(record)
+        if record["val_nll"] < self.history.best_val_nll:
+            self.history.best_val_nll, self.history.best_epoch = record["val_nll"], self.epoch
+            self.best_model, self.bad_epochs = _copy_state(model), 0
+        else:
+            self.bad_epochs += 1
+
+
+class _Trainer:
+    """What stays fixed over a fit: the model, its optimiser, the rows and their split."""
+
+    def __init__(self, model: nn.Module, rows: Rows, config: TrainConfig,
+                 writer: SummaryWriter | None, progress: bool):
+        if len(rows.shape) != 2 or rows.shape[0] < 3:
+            raise BertflowError(f"need a (rows ≥ 3, dim) table to fit, got shape {rows.shape}")
+        self.model, self.rows, self.config, self.writer = model, rows, config, writer
+        self.progress, self.dim = progress, rows.shape[1]
+        self.train_idx, self.val_idx = split_indices(rows.shape[0], config.val_fraction,
+                                                     config.seed)
+        if not len(self.val_idx):
+            self.val_idx = self.train_idx
+        self.rank, self.world = distributed.rank(), distributed.world_size()
+        self.jitter = config.noise * _rms_deviation(rows, self.train_idx) if config.noise \
+            else 0.0
+        self.optimizer = _optimizer(model, config)
+        self.total_steps = math.ceil(len(self.train_idx) / config.batch_size) * config.epochs
+        self.net = model
+
+    def batch(self, indices: Tensor) -> Tensor:
+        return torch.from_numpy(np.asarray(self.rows.take(indices.numpy()), dtype=np.float32))
+
+    def initialise(self) -> _Run:
+        """A fresh run: the data-dependent initialisation (ActNorm) on the first `init_size`
+        training rows, and, for the writer, the isotropy of the held-out inputs."""
+        self.model.train()
+        with torch.no_grad():
+            first = self.batch(self.train_idx[: self.config.init_size])
+            g = torch.Generator().manual_seed(self.config.seed)
+            self.model(first + self.jitter * torch.randn(first.shape, generator=g)
+                       if self.jitter else first)
+        run = _Run(0, 0, History(), _copy_state(self.model), 0)
+        if self.writer is not None:
+            x_val = self.batch(self.val_idx[:_SAMPLE])
+            self.writer.add_scalar("cosine/input", mean_pair_cosine(x_val), 0)
+            _log_spectrum(self.writer, "input", x_val[:_SPECTRAL], 0)
+        self._distribute()
+        return run
+
+    def resume(self, state: TrainState) -> _Run:
+        """The run `state` saved, with the model and the optimiser as they were."""
+        self.model.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        run = _Run(state.epoch, state.step, copy.deepcopy(state.history), state.best_model,
+                   state.bad_epochs)
+        self._distribute()
+        return run
+
+    def _distribute(self) -> None:
+        if self.world > 1:
+            self.net = nn.parallel.DistributedDataParallel(self.model,
+                                                           forward_sync_buffers=False)
+
+    def epoch(self, run: _Run, epoch: int) -> float:
+        """One pass over the training rows in an order seeded by the epoch: the mean NLL of
+        its minibatches, weighted by their size."""
+        self.model.train()
+        g = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch)
+        order = _permutation(len(self.train_idx), g)
+        total, count, size = 0.0, 0, self.config.batch_size
+        bar = tqdm(range(0, len(order), size), desc=f"epoch {epoch}", unit="batch",
+                   disable=not self.progress or self.rank != 0, leave=False)
+        began = time.perf_counter()
         for first in bar:
-            positions = order[first : first + config.batch_size]
-            indices = train_idx[positions]
-            noise = jitter * torch.randn((len(indices), dim), generator=g) if jitter else None
-            if world > 1:
-                indices = indices[rank::world]
-                noise = noise[rank::world] if noise is not None else None
-            data = batch(indices)
-            if noise is not None:
-                data = data + noise
-            z, log_det = net(data)
-            log_p = standard_normal_log_prob(z) + log_det
-            if world > 1:  # DDP averages over processes: scale each to the global mean
-                loss = -log_p.sum() * (world / len(positions))
-                value = -log_p.detach().sum()
-                torch.distributed.all_reduce(value)
-                value = value.item() / len(positions)
-            else:
-                loss = -log_p.mean()
-                value = loss.item()
-            step += 1
-            if not math.isfinite(value):
-                raise BertflowError(
-                    f"non-finite loss ({value}) at step {step} (epoch {epoch}); "
-                    "try a lower learning rate or standardised inputs"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            lr = _learning_rate(config, step, total_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            grad_norm = None
-            if config.max_grad_norm:
-                grad_norm = nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            elif writer is not None:
-                grad_norm = _grad_norm(model)
-            optimizer.step()
-            total += value * len(positions)
-            count += len(positions)
-            if writer is not None:
-                writer.add_scalar("train/nll", value, step)
-                writer.add_scalar("train/bits_per_dim", value / (dim * math.log(2)), step)
-                writer.add_scalar("train/log_det", log_det.mean().item(), step)
-                writer.add_scalar("train/lr", lr, step)
-                writer.add_scalar("train/grad_norm", grad_norm.item(), step)
-        trained = time.perf_counter() - began
-        record = {"epoch": float(epoch), "train_nll": total / count}
-        metrics, z_val = _evaluate(model, batch, val_idx, config.seed)
+            indices = self.train_idx[order[first : first + size]]
+            total += self.step(run, epoch, indices, g) * len(indices)
+            count += len(indices)
+        if self.writer is not None:
+            seconds = max(time.perf_counter() - began, 1e-9)
+            self.writer.add_scalar("train/rows_per_second", count / seconds, run.step)
+        return total / count
+
+    def step(self, run: _Run, epoch: int, indices: Tensor, g: torch.Generator) -> float:
+        """One optimiser step on the minibatch `indices` (this process's share of it under
+        torchrun): its mean NLL over all processes."""
+        n = len(indices)
+        noise = self.jitter * torch.randn((n, self.dim), generator=g) if self.jitter else None
+        if self.world > 1:
+            indices = indices[self.rank :: self.world]
+            noise = noise[self.rank :: self.world] if noise is not None else None
+        data = self.batch(indices)
+        if noise is not None:
+            data = data + noise
+        z, log_det = self.net(data)
+        log_p = log_likelihood(z, log_det)
+        if self.world > 1:  # DDP averages over processes: scale each to the global mean
+            loss = -log_p.sum() * (self.world / n)
+            value = -log_p.detach().sum()
+            torch.distributed.all_reduce(value)
+            value = value.item() / n
+        else:
+            loss = -log_p.mean()
+            value = loss.item()
+        run.step += 1
+        if not math.isfinite(value):
+            raise BertflowError(f"non-finite loss ({value}) at step {run.step} (epoch {epoch}); "
+                                "try a lower learning rate or standardised inputs")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        lr = _learning_rate(self.config, run.step, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        grad_norm = None
+        if self.config.max_grad_norm:
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                 self.config.max_grad_norm)
+        elif self.writer is not None:
+            grad_norm = _grad_norm(self.model)
+        self.optimizer.step()
+        if self.writer is not None:
+            self._log_step(value, log_det, lr, grad_norm, run.step)
+        return value
+
+    def _log_step(self, nll: float, log_det: Tensor, lr: float, grad_norm: Tensor,
+                  step: int) -> None:
+        self.writer.add_scalar("train/nll", nll, step)
+        self.writer.add_scalar("train/bits_per_dim", bits_per_dim(nll, self.dim), step)
+        self.writer.add_scalar("train/log_det", log_det.mean().item(), step)
+        self.writer.add_scalar("train/lr", lr, step)
+        self.writer.add_scalar("train/grad_norm", grad_norm.item(), step)
+
+    def validate(self, run: _Run, epoch: int, train_nll: float, began: float,
+                 measure: Callable[[nn.Module], dict[str, float]] | None) -> dict[str, float]:
+        """The record of a finished epoch: its train NLL, the held-out measures (`_evaluate`)
+        and those of `measure`, and how long it took."""
+        record = {"epoch": float(epoch), "train_nll": train_nll}
+        metrics, z_val = _evaluate(self.model, self.batch, self.val_idx, self.config.seed)
         if measure is not None:
             with torch.no_grad():
-                measured = {k: float(v) for k, v in measure(model).items()}
+                measured = {k: float(v) for k, v in measure(self.model).items()}
             clash = sorted(set(measured) & set(_RECORD))
             if clash:
                 raise BertflowError(f"a measure may not replace the record's {clash}")
             metrics.update(measured)
         record.update(metrics, seconds=time.perf_counter() - began)
         if not math.isfinite(record["val_nll"]):
-            raise BertflowError(f"non-finite validation NLL after epoch {epoch} (step {step})")
-        history.epochs.append(record)
-        if record["val_nll"] < history.best_val_nll:
-            history.best_val_nll, history.best_epoch = record["val_nll"], epoch
-            best_model, bad_epochs = _copy_state(model), 0
-        else:
-            bad_epochs += 1
-        if writer is not None:
-            writer.add_scalar("train/rows_per_second", count / max(trained, 1e-9), step)
-            _log_epoch(writer, z_val, record, step)
-        if on_epoch_end is not None:
-            on_epoch_end(
-                TrainState(
-                    epoch=epoch,
-                    step=step,
-                    model=_copy_state(model),
-                    optimizer=copy.deepcopy(optimizer.state_dict()),
-                    best_model=best_model,
-                    history=copy.deepcopy(history),
-                    bad_epochs=bad_epochs,
-                )
-            )
-    history.stopped_early = len(history.epochs) < config.epochs
-    model.load_state_dict(best_model)
-    model.eval()
-    return history
+            raise BertflowError(f"non-finite validation NLL after epoch {epoch} "
+                                f"(step {run.step})")
+        if self.writer is not None:
+            _log_epoch(self.writer, z_val, record, run.step)
+        return record
+
+    def state(self, run: _Run) -> TrainState:
+        """A copy of everything needed to resume after the epoch `run` just finished."""
+        return TrainState(epoch=run.epoch, step=run.step, model=_copy_state(self.model),
+                          optimizer=copy.deepcopy(self.optimizer.state_dict()),
+                          best_model=run.best_model, history=copy.deepcopy(run.history),
+                          bad_epochs=run.bad_epochs)
 
 
 @torch.no_grad()
@@ -443,7 +501,7 @@ def _evaluate(model: nn.Module, batch: Callable[[Tensor], Tensor], indices: Tens
     z_sample = None
     for start in range(0, n, _EVAL_ROWS):
         z, log_det = model(batch(indices[start : start + _EVAL_ROWS]))
-        nll -= (standard_normal_log_prob(z) + log_det).double().sum().item()
+        nll -= log_likelihood(z, log_det).double().sum().item()
         log_det_sum += log_det.double().sum().item()
         if z_sample is None:
             z_sample = z.new_empty(min(n, _SAMPLE), z.shape[1])
@@ -452,7 +510,7 @@ def _evaluate(model: nn.Module, batch: Callable[[Tensor], Tensor], indices: Tens
     z = z_sample
     metrics = {
         "val_nll": nll / n,
-        "val_bits_per_dim": nll / n / (z.shape[1] * math.log(2)),
+        "val_bits_per_dim": bits_per_dim(nll / n, z.shape[1]),
         "val_log_det": log_det_sum / n,
         "val_cosine": mean_pair_cosine(z, seed=seed),
     }
@@ -514,7 +572,7 @@ def moments(rows: Rows, chosen: np.ndarray | None = None, what: str = "the rows"
     return Moments(count, mean, squares, digest.hexdigest())
 
 
-def _spread(rows: Rows, indices: Tensor) -> float:
+def _rms_deviation(rows: Rows, indices: Tensor) -> float:
     """The RMS distance of the rows at `indices` from their mean."""
     chosen = np.zeros(rows.shape[0], dtype=bool)
     chosen[indices.numpy()] = True
