@@ -12,12 +12,12 @@ import numpy as np
 
 from .encoder import Encoder
 from .errors import BertflowError
-from .folders import check_destination, write_folder
+from .folders import PLOTS_FOLDER
 from .isotropy import effective_rank, mean_pair_cosine, pair_cosines, singular_values
 
 __all__ = ["PLOTS", "plot_all", "token_frequencies"]
 
-PLOTS = ("spectrum.png", "cosines.png", "token_norms.png", "projection.png")
+PLOTS = PLOTS_FOLDER.files  # spectrum.png, cosines.png, token_norms.png, projection.png
 _BEFORE, _AFTER = "#c0392b", "#2471a3"
 
 
@@ -33,7 +33,7 @@ def plot_all(
 ) -> list[Path]:
     """Write the four PNGs of `PLOTS` into folder `out`, replaced as a whole; a folder that
     holds anything else is refused."""
-    out = check_destination(out, _KIND, _legacy_files)
+    out = PLOTS_FOLDER.check_destination(out)
     try:
         import matplotlib
     except ImportError:
@@ -53,17 +53,8 @@ def plot_all(
             figure.savefig(tmp / name, dpi=110, bbox_inches="tight")
             plt.close(figure)
 
-    write_folder(out, _KIND, fill, legacy=_legacy_files)
+    PLOTS_FOLDER.write(out, fill)
     return [Path(out) / name for name in PLOTS]
-
-
-_KIND = "bertflow-plots"
-
-
-def _legacy_files(folder: Path) -> set[str] | None:
-    """Plots written before manifests: a folder of these PNGs and nothing else."""
-    present = {p.name for p in folder.iterdir()}
-    return set(PLOTS) if present <= set(PLOTS) else None
 
 
 def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:

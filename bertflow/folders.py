@@ -1,30 +1,31 @@
-"""Artifact folders (a head, an index, a pipeline, plots): written atomically with a manifest of
-their files' sha256, checked against it when read, and replaced only when they hold nothing
-but their own files.
+"""Artifact folders (a head, an index, a pipeline, plots): one protocol for all of them.
 
-`manifest.json` lists every file of the folder (sub-folders included) with its sha256, so an
-edited config is caught as surely as altered weights. A folder that holds anything its manifest
-does not list is the user's, and no write replaces it.
+A folder is written atomically (a new folder, swapped in whole) with `manifest.json`, which
+names its kind and lists every file (sub-folders included) with its sha256, so an edited config
+is caught as surely as altered weights. A folder that holds anything its manifest does not list
+is the user's, and no write replaces it. A kind that has a config file records its format and
+format version there; reading checks the manifest, then the format and version, and refuses a
+folder of a versioned format that lost its manifest. `FolderFormat` bundles all of this for one
+kind; `HEAD_FOLDER`, `INDEX_FOLDER`, `PIPELINE_FOLDER` and `PLOTS_FOLDER` are bertflow's.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import BertflowError
 from .files import atomic_directory, read_json, refuse_link, sha256_file, write_json
 
-__all__ = ["MANIFEST", "check_destination", "legacy_files", "verify_folder", "write_folder",
-           "write_manifest"]
+__all__ = ["HEAD_FOLDER", "INDEX_FOLDER", "MANIFEST", "PIPELINE_FOLDER", "PLOTS_FOLDER",
+           "FolderFormat", "check_destination", "legacy_files", "verify_checksums",
+           "verify_folder", "write_folder", "write_manifest"]
 
 MANIFEST = "manifest.json"
 _FORMAT = "bertflow-manifest"
-_NAMES = {"bertflow-head": "a flow head", "bertflow-index": "an index",
-          "bertflow-pipeline": "a bertflow sentence-transformers export",
-          "bertflow-plots": "a folder of bertflow plots"}
 
 # What a folder written before manifests existed holds, by kind: its own files, or None if
 # `folder` is not one. Used only to decide whether such a folder may be replaced.
@@ -75,14 +76,23 @@ def verify_folder(path: str | os.PathLike, kind: str) -> dict[str, str] | None:
         raise BertflowError(f"{path / MANIFEST} is not a bertflow manifest")
     if manifest.get("kind") != kind:
         raise BertflowError(f"{path} is {_name(str(manifest.get('kind')))}, not {_name(kind)}")
+    return verify_checksums(path, files, MANIFEST)
+
+
+def verify_checksums(path: Path, files: Mapping[str, str],
+                     listing: str = "config.json") -> dict[str, str]:
+    """Check each file of folder `path` that `listing` (the manifest, or a config that records
+    checksums) names against its sha256, and return the listing."""
+    source = "its manifest" if listing == MANIFEST else "its config"
     for name, digest in files.items():
         file = path / str(name)
         if Path(name).is_absolute() or ".." in Path(name).parts or file.is_symlink():
-            raise BertflowError(f"{path / MANIFEST} lists a file outside the folder: {name}")
+            raise BertflowError(f"{path / listing} lists a file outside the folder: {name}")
         if not file.is_file():
-            raise BertflowError(f"{path} is missing {name}, which its manifest lists")
+            raise BertflowError(f"{path} is missing {name}, which {source} lists")
         if sha256_file(file) != digest:
-            raise BertflowError(f"{file} does not match the checksum in {MANIFEST}: "
+            where = MANIFEST if listing == MANIFEST else source
+            raise BertflowError(f"{file} does not match the checksum in {where}: "
                                 "altered or truncated")
     return {str(k): str(v) for k, v in files.items()}
 
@@ -117,7 +127,8 @@ def check_destination(path: str | os.PathLike, kind: str, legacy: Legacy | None 
 
 
 def _name(kind: str) -> str:
-    return _NAMES.get(kind, f"a {kind} folder")
+    known = _FORMATS.get(kind)
+    return known.name if known is not None else f"a {kind} folder"
 
 
 def _manifest_kind(path: Path) -> str | None:
@@ -157,3 +168,77 @@ def _holds_working_folder(path: Path) -> bool:
     except OSError:
         return False
     return here == there or there in here.parents
+
+
+@dataclass(frozen=True)
+class FolderFormat:
+    """One kind of artifact folder: `kind` names it in its manifest (and as the "format" of its
+    `config` file, where it has one, beside a "format_version" of at most `version`); `name`
+    and `noun` name it in messages. `files` are those the first format wrote, without a
+    manifest: a folder written so is recognised by its config's format, or, for a kind without
+    a config, by holding nothing else.
+    """
+
+    kind: str
+    name: str
+    noun: str
+    version: int | None = None
+    config: str | None = None
+    files: tuple[str, ...] = ()
+
+    def check_destination(self, path: str | os.PathLike) -> Path:
+        """`path` if a folder of this kind may be written there (see `check_destination`)."""
+        return check_destination(path, self.kind, self.legacy_files)
+
+    def write(self, path: str | os.PathLike, fill: Callable[[Path], Any]) -> Path:
+        """Write a folder of this kind at `path` atomically (see `write_folder`)."""
+        return write_folder(path, self.kind, fill, self.legacy_files)
+
+    def write_manifest(self, folder: Path) -> None:
+        write_manifest(folder, self.kind)
+
+    def verify(self, path: str | os.PathLike) -> dict[str, str] | None:
+        """Check `path` against its manifest, if it has one (see `verify_folder`)."""
+        return verify_folder(path, self.kind)
+
+    def read(self, path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, str] | None]:
+        """The config of the folder at `path` and its manifest's listing, checked: every file
+        against the manifest, the config's format and version, and a manifest present for
+        every version past 1 (the first format had none)."""
+        path = Path(path)
+        manifest = self.verify(path)
+        config = read_json(path / str(self.config))
+        if config.get("format") != self.kind:
+            raise BertflowError(f"{path / str(self.config)} is not a bertflow {self.noun} config")
+        version = config.get("format_version")
+        if version not in range(1, (self.version or 1) + 1):
+            raise BertflowError(f"{path} has {self.noun} format version {version}; this "
+                                f"bertflow reads versions 1 to {self.version}")
+        if version != 1 and manifest is None:
+            raise BertflowError(f"{path} has no {MANIFEST}: the {self.noun} is incomplete or "
+                                "altered")
+        return config, manifest
+
+    def legacy_files(self, folder: Path) -> set[str] | None:
+        """The files of `folder` if it is one of this kind written before manifests, else
+        None."""
+        if not self.files:
+            return None
+        if self.config is not None:
+            return legacy_files(self.config, self.kind, set(self.files))(folder)
+        present = {p.name for p in folder.iterdir()}
+        return set(self.files) if present <= set(self.files) else None
+
+
+HEAD_FOLDER = FolderFormat("bertflow-head", "a flow head", "head", version=2,
+                           config="config.json", files=("config.json", "model.safetensors"))
+INDEX_FOLDER = FolderFormat("bertflow-index", "an index", "index", version=2,
+                            config="config.json",
+                            files=("config.json", "index.faiss", "items.json",
+                                   "head/config.json", "head/model.safetensors"))
+PIPELINE_FOLDER = FolderFormat("bertflow-pipeline", "a bertflow sentence-transformers export",
+                               "sentence-transformers export")
+PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plots",
+                            files=("spectrum.png", "cosines.png", "token_norms.png",
+                                   "projection.png"))
+_FORMATS = {f.kind: f for f in (HEAD_FOLDER, INDEX_FOLDER, PIPELINE_FOLDER, PLOTS_FOLDER)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.resources
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,9 @@ from .encoder import (
     resolve_encoder,
 )
 from .errors import BertflowError, first_line
-from .files import check_finite, read_json, sha256_file, write_json
+from .files import check_finite, sha256_file, write_json
 from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
-from .folders import check_destination as check_folder
-from .folders import legacy_files, verify_folder, write_folder, write_manifest
+from .folders import HEAD_FOLDER, verify_checksums
 from .linear import LINEAR_METHODS, LinearMap, all_but_the_top, covariance, whitening
 from .st_api import (
     SIMILARITY_FN_NAME,
@@ -38,14 +38,14 @@ from .st_api import (
     similarity,
     similarity_pairwise,
 )
-from .train import Rows, SummaryWriter, TrainConfig, TrainState, as_rows, fit, moments
+from .train import Moments, Rows, SummaryWriter, TrainConfig, TrainState, as_rows, fit, moments
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination", "ready_heads"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination", "corpus_digest",
+           "nll_text", "ready_heads"]
 
-FORMAT = "bertflow-head"
-FORMAT_VERSION = 2  # 2: a manifest.json covers config.json too; 1 (no manifest) still loads
-_CONFIG, _WEIGHTS = "config.json", "model.safetensors"
-_legacy_files = legacy_files(_CONFIG, FORMAT, {_CONFIG, _WEIGHTS})  # format-1 heads
+FORMAT = HEAD_FOLDER.kind
+FORMAT_VERSION = HEAD_FOLDER.version  # 2: a manifest.json covers config.json too; 1 still loads
+_CONFIG, _WEIGHTS = HEAD_FOLDER.files
 
 
 class FlowHead(nn.Module):
@@ -264,34 +264,26 @@ class FlowHead(nn.Module):
     ) -> FlowHead:
         """Fit a head to embeddings `x` (rows, dim): an array, or `Rows` such as an
         `EmbeddingFile`, which is read a block at a time and never held whole (the
-        standardisation statistics are streamed too). `head.history` holds the epochs."""
-        data = as_rows(x)
-        if len(data.shape) != 2 or data.shape[0] < 3:
-            raise BertflowError(f"need (rows ≥ 3, dim) embeddings to fit, got {data.shape}")
-        stats = moments(data, what="the training embeddings")
-        stats.check_varies("the training embeddings")
+        standardisation statistics are streamed too). With `standardize`, a `StandardScaler`
+        of the data's statistics comes before the Glow. `head.history` holds the epochs."""
+        data, stats = _training_rows(x)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train.seed)
             glow = Glow(data.shape[1], flow)
         scaler = None
         if standardize:
             scaler = StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
-                                              torch.from_numpy(stats.std).float())
-        if corpus is None:
-            corpus = {"embeddings_sha256": stats.sha256}
+                                                 torch.from_numpy(stats.std).float())
         head = cls(glow, scaler, encoder=encoder, pooling=pooling, max_length=max_length)
-        history = fit(
-            head, data, train, state=state, writer=writer, on_epoch_end=on_epoch_end,
-            measure=measure, progress=progress,
-        )
-        head.history = history
-        best = history.best
+        head.history = fit(head, data, train, state=state, writer=writer,
+                           on_epoch_end=on_epoch_end, measure=measure, progress=progress)
+        best = head.history.best
         head.training_info = {
-            "corpus": {**corpus, "size": int(data.shape[0])},
+            "corpus": _corpus_record(corpus, stats, data),
             "seed": train.seed,
             "config": train.to_dict(),
-            "epochs_run": len(history.epochs),
-            "best_epoch": history.best_epoch,
+            "epochs_run": len(head.history.epochs),
+            "best_epoch": head.history.best_epoch,
             "train_nll": best.get("train_nll"),
             "val_nll": best.get("val_nll"),
             "val_bits_per_dim": best.get("val_bits_per_dim"),
@@ -314,11 +306,7 @@ class FlowHead(nn.Module):
         """A baseline as a head, fit in closed form on embeddings `x` (an array or `Rows`, read
         a block at a time): ``whitening``, ``whitening-k`` (keeping `k` components, default a
         third of the dimension) or ``abtt`` (removing `d` directions, default a hundredth)."""
-        data = as_rows(x)
-        if len(data.shape) != 2 or data.shape[0] < 3:
-            raise BertflowError(f"need (rows ≥ 3, dim) embeddings to fit, got {data.shape}")
-        stats = moments(data, what="the training embeddings")
-        stats.check_varies("the training embeddings")
+        data, stats = _training_rows(x)
         mean, cov = covariance(data, "the training embeddings")
         dim = data.shape[1]
         if method == "whitening":
@@ -330,9 +318,8 @@ class FlowHead(nn.Module):
         else:
             raise BertflowError(f"unknown linear method {method!r}; choose one of "
                                 f"{', '.join(LINEAR_METHODS)}")
-        corpus = corpus if corpus is not None else {"embeddings_sha256": stats.sha256}
-        training = {"corpus": {**corpus, "size": int(data.shape[0])},
-                    "method": method, "out_dim": linear.out_features}
+        training = {"corpus": _corpus_record(corpus, stats, data), "method": method,
+                    "out_dim": linear.out_features}
         return cls(None, linear=linear, encoder=encoder, pooling=pooling,
                    max_length=max_length, training_info=training)
 
@@ -343,6 +330,32 @@ class FlowHead(nn.Module):
         c = self.glow.config
         return (f"Glow: {c.levels} levels × depth {c.depth}, {c.coupling} coupling, width "
                 f"{c.hidden}, {c.linear} mixing")
+
+    def tagline(self) -> str:
+        """Its encoder, pooling, width and training corpus size, in one line."""
+        return (f"{self.encoder.name if self.encoder else '?'}, {self.pooling} pooling, "
+                f"{self.dim}-d, fit on {self.training_info['corpus'].get('size')} sentences")
+
+    def details(self) -> list[tuple[str, str]]:
+        """What the head is, as labelled rows: dimensions, encoder, pooling, what it computes,
+        its size, and how it was fit (corpus, seed, epochs, held-out NLL)."""
+        training = self.training_info
+        corpus = training.get("corpus") if isinstance(training.get("corpus"), dict) else {}
+        digest = corpus_digest(corpus) or "?"
+        return [
+            ("dim", str(self.dim) if self.out_dim == self.dim
+             else f"{self.dim} → {self.out_dim}"),
+            ("encoder", str(self.encoder) if self.encoder else "unknown"),
+            ("pooling", self.pooling or "unknown"),
+            ("max length", str(self.max_length)),
+            ("method", self.summary()),
+            ("standardize", "yes" if self.standardize is not None else "no"),
+            ("parameters", f"{sum(t.numel() for t in self.state_dict().values()):,}"),
+            ("corpus", f"{corpus.get('size', '?')} rows, sha256 {digest[:16]}"),
+            ("seed", str(training.get("seed"))),
+            ("epochs", f"best {training.get('best_epoch')} of {training.get('epochs_run')}"),
+            ("val NLL", nll_text(training) or "unknown"),
+        ]
 
     def describe(self) -> dict[str, Any]:
         """Who this head is, for the records of what it produced: its method, encoder,
@@ -374,7 +387,7 @@ class FlowHead(nn.Module):
     def save(self, path: str | os.PathLike) -> Path:
         """Write the head to folder `path` atomically: a crash leaves the old head intact. An
         existing `path` is replaced only if it is a head and holds nothing else."""
-        return write_folder(path, FORMAT, self.write, legacy=_legacy_files)
+        return HEAD_FOLDER.write(path, self.write)
 
     def write(self, folder: Path) -> None:
         """Write `config.json`, `model.safetensors` and their manifest into an existing folder
@@ -387,7 +400,7 @@ class FlowHead(nn.Module):
         config = self.config()
         config["weights"] = {"file": _WEIGHTS, "sha256": sha256_file(folder / _WEIGHTS)}
         write_json(folder / _CONFIG, config)
-        write_manifest(folder, FORMAT)
+        HEAD_FOLDER.write_manifest(folder)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FlowHead:
@@ -397,80 +410,17 @@ class FlowHead(nn.Module):
         weights are checked against the config), the config against the weights file's header
         before anything is built, and the weights for finite values and a usable
         standardisation."""
-        path = Path(path)
-        if not path.is_dir() and str(path) in ready_heads():
-            path = ready_heads()[str(path)]
-        if not path.is_dir():
-            raise BertflowError(f"no flow head folder at {path}, nor a ready head of that name "
-                                f"({', '.join(ready_heads()) or 'none installed'})")
-        manifest = verify_folder(path, FORMAT)
-        config = read_json(path / _CONFIG)
-        if config.get("format") != FORMAT:
-            raise BertflowError(f"{path / _CONFIG} is not a bertflow head config")
-        version = config.get("format_version")
-        if version not in (1, FORMAT_VERSION):
-            raise BertflowError(
-                f"{path} has head format version {version}; "
-                f"this bertflow reads versions 1 to {FORMAT_VERSION}"
-            )
-        if version != 1 and manifest is None:
-            raise BertflowError(f"{path} has no manifest.json: the head is incomplete or altered")
-        try:
-            weights = config["weights"]
-            file = path / str(weights["file"])
-            checksum = str(weights["sha256"])
-            method = config.get("method", "flow")  # heads before linear ones are flows
-            if method == "flow":
-                # heads saved before `factor_out` existed factor out the first half
-                flow = FlowConfig.from_dict({"factor_out": "first", **config["flow"]})
-                out_dim = None
-            elif method in LINEAR_METHODS:
-                flow, out_dim = None, int(config["linear"]["out_dim"])
-            else:
-                raise ValueError(f"unknown method {method!r}")
-            dim = int(config["dim"])
-            encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
-            pooling, max_length = config["pooling"], config["max_length"]
-            if pooling is not None:
-                check_pooling(pooling)
-            if max_length is not None:
-                check_max_length(max_length)
-            standardized = bool(config["standardize"])
-            training = config.get("training") or {}
-            if not isinstance(training, dict) or file.parent != path or dim < 1:
-                raise ValueError("bad training record, weights file or dim")
-        except (KeyError, TypeError, ValueError) as e:
-            problem = f"{type(e).__name__}: {first_line(e)}"
-            raise BertflowError(f"{path / _CONFIG} is malformed ({problem})") from None
-        if not file.is_file():
-            raise BertflowError(f"{path} has no weights file {file.name}")
-        if sha256_file(file) != checksum:
-            raise BertflowError(
-                f"{file} does not match the checksum in its config: altered or truncated"
-            )
-        if flow is not None:
-            _check_weights_header(file, dim, flow, standardized)
-        else:
-            _check_linear_header(file, dim, out_dim, standardized)
+        path = _head_folder(path)
+        config, _ = HEAD_FOLDER.read(path)
+        saved = _SavedHead.parse(path, config)
+        file = path / saved.weights
+        verify_checksums(path, {saved.weights: saved.checksum})
+        saved.check_header(file)
         try:
             tensors = load_file(str(file))
         except Exception as e:
             raise BertflowError(f"{file} is not a valid safetensors file ({e})") from None
-        scaler = None
-        if standardized:
-            scaler = StandardScaler(torch.zeros(dim), torch.ones(dim))
-        linear = None
-        if flow is None:
-            linear = LinearMap(torch.zeros(dim), torch.zeros(dim, out_dim), method)
-        head = cls(
-            Glow(dim, flow) if flow is not None else None,
-            scaler,
-            linear=linear,
-            encoder=encoder,
-            pooling=pooling,
-            max_length=max_length,
-            training_info=training,
-        )
+        head = saved.build(cls)
         try:
             head.load_state_dict(tensors, strict=True)
         except RuntimeError as e:
@@ -512,7 +462,116 @@ def ready_heads() -> dict[str, Path]:
 
 def check_destination(path: str | os.PathLike) -> Path:
     """`path` if a head may be written there: absent, empty, or a head and nothing else."""
-    return check_folder(path, FORMAT, _legacy_files)
+    return HEAD_FOLDER.check_destination(path)
+
+
+def corpus_digest(corpus: dict[str, Any]) -> str | None:
+    """The sha256 a head's training record gives for its corpus: of the text, of the
+    embeddings file, or of the embeddings given directly."""
+    return next((str(corpus[k]) for k in ("sha256", "npy_sha256", "embeddings_sha256")
+                 if k in corpus), None)
+
+
+def nll_text(record: dict[str, Any]) -> str | None:
+    """A record's held-out NLL in nats and bits per dimension, as text; None without one."""
+    nll, bits = record.get("val_nll"), record.get("val_bits_per_dim")
+    if not isinstance(nll, (int, float)) or not isinstance(bits, (int, float)):
+        return None
+    return f"{nll:.3f} nats ({bits:.4f} bits/dim)"
+
+
+def _head_folder(path: str | os.PathLike) -> Path:
+    """The folder of head `path`: a folder, or the name of a ready head."""
+    path = Path(path)
+    if not path.is_dir() and str(path) in ready_heads():
+        path = ready_heads()[str(path)]
+    if not path.is_dir():
+        raise BertflowError(f"no flow head folder at {path}, nor a ready head of that name "
+                            f"({', '.join(ready_heads()) or 'none installed'})")
+    return path
+
+
+def _training_rows(x: np.ndarray | Tensor | Rows) -> tuple[Rows, Moments]:
+    """The rows to fit a head to, and their statistics: refused when too few or constant."""
+    data = as_rows(x)
+    if len(data.shape) != 2 or data.shape[0] < 3:
+        raise BertflowError(f"need (rows ≥ 3, dim) embeddings to fit, got {data.shape}")
+    stats = moments(data, what="the training embeddings")
+    stats.check_varies("the training embeddings")
+    return data, stats
+
+
+def _corpus_record(corpus: dict[str, Any] | None, stats: Moments, data: Rows) -> dict[str, Any]:
+    """What a head records of its training data: `corpus` (by default the digest of the
+    embeddings) and its size."""
+    corpus = corpus if corpus is not None else {"embeddings_sha256": stats.sha256}
+    return {**corpus, "size": int(data.shape[0])}
+
+
+@dataclass(frozen=True)
+class _SavedHead:
+    """What a head's `config.json` says it is, checked field by field before anything is
+    built."""
+
+    dim: int
+    method: str
+    flow: FlowConfig | None
+    out_dim: int | None
+    encoder: EncoderId | None
+    pooling: str | None
+    max_length: int | None
+    standardized: bool
+    training: dict[str, Any]
+    weights: str
+    checksum: str
+
+    @classmethod
+    def parse(cls, path: Path, config: dict[str, Any]) -> _SavedHead:
+        try:
+            weights = config["weights"]
+            file, checksum = path / str(weights["file"]), str(weights["sha256"])
+            method = config.get("method", "flow")  # heads before linear ones are flows
+            if method == "flow":
+                # heads saved before `factor_out` existed factor out the first half
+                flow = FlowConfig.from_dict({"factor_out": "first", **config["flow"]})
+                out_dim = None
+            elif method in LINEAR_METHODS:
+                flow, out_dim = None, int(config["linear"]["out_dim"])
+            else:
+                raise ValueError(f"unknown method {method!r}")
+            dim = int(config["dim"])
+            encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
+            pooling, max_length = config["pooling"], config["max_length"]
+            if pooling is not None:
+                check_pooling(pooling)
+            if max_length is not None:
+                check_max_length(max_length)
+            standardized = bool(config["standardize"])
+            training = config.get("training") or {}
+            if not isinstance(training, dict) or file.parent != path or dim < 1:
+                raise ValueError("bad training record, weights file or dim")
+        except (KeyError, TypeError, ValueError) as e:
+            problem = f"{type(e).__name__}: {first_line(e)}"
+            raise BertflowError(f"{path / _CONFIG} is malformed ({problem})") from None
+        return cls(dim, method, flow, out_dim, encoder, pooling, max_length, standardized,
+                   training, file.name, checksum)
+
+    def check_header(self, file: Path) -> None:
+        if self.flow is not None:
+            _check_weights_header(file, self.dim, self.flow, self.standardized)
+        else:
+            _check_linear_header(file, self.dim, self.out_dim, self.standardized)
+
+    def build(self, cls: type[FlowHead]) -> FlowHead:
+        """A head of this shape with placeholder weights, to load the saved ones into."""
+        dim = self.dim
+        scaler = StandardScaler(torch.zeros(dim), torch.ones(dim)) if self.standardized else None
+        linear = None
+        if self.flow is None:
+            linear = LinearMap(torch.zeros(dim), torch.zeros(dim, self.out_dim), self.method)
+        return cls(Glow(dim, self.flow) if self.flow is not None else None, scaler,
+                   linear=linear, encoder=self.encoder, pooling=self.pooling,
+                   max_length=self.max_length, training_info=self.training)
 
 
 def _header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -35,7 +35,7 @@ from .encoder import (
 )
 from .errors import BertflowError, first_line
 from .files import read_json
-from .folders import verify_folder, write_folder
+from .folders import PIPELINE_FOLDER
 from .head import FlowHead
 
 try:
@@ -213,7 +213,7 @@ def build_pipeline(
     return SentenceTransformer(modules=modules, device="cpu")  # HeadModule checks the head
 
 
-PIPELINE = "bertflow-pipeline"
+PIPELINE = PIPELINE_FOLDER.kind
 
 
 def save_pipeline(model: SentenceTransformer, path: str | os.PathLike) -> Path:
@@ -227,7 +227,7 @@ def save_pipeline(model: SentenceTransformer, path: str | os.PathLike) -> Path:
         model.save(str(tmp), create_model_card=False)
         (tmp / "README.md").write_text(card, encoding="utf-8")
 
-    return write_folder(path, PIPELINE, fill)
+    return PIPELINE_FOLDER.write(path, fill)
 
 
 _POOLING_TEXT = {
@@ -333,7 +333,7 @@ def load_pipeline(path: str | os.PathLike, device: str = "cpu") -> SentenceTrans
     """Rebuild a saved pipeline without `trust_remote_code`: bertflow's own module classes are
     resolved here, sentence-transformers' through its package, and any other class is refused."""
     path = Path(path)
-    verify_folder(path, PIPELINE)  # a pipeline saved by `save_pipeline`; others have no manifest
+    PIPELINE_FOLDER.verify(path)  # a pipeline saved by `save_pipeline`; others have no manifest
     try:
         entries = json.loads((path / "modules.json").read_text(encoding="utf-8"))
         refs = [(str(e["type"]), str(e.get("path", ""))) for e in entries]

@@ -31,7 +31,7 @@ from .encoder import (
 )
 from .errors import BertflowError, first_line
 from .files import check_finite, read_json, sha256_file, write_json
-from .folders import check_destination, legacy_files, verify_folder, write_folder
+from .folders import INDEX_FOLDER, verify_checksums
 from .head import FlowHead
 from .sts import Pairs
 
@@ -46,11 +46,9 @@ __all__ = [
 ]
 
 KINDS = ("flat", "hnsw")
-FORMAT = "bertflow-index"
+FORMAT = INDEX_FOLDER.kind
+FORMAT_VERSION = INDEX_FOLDER.version  # 2: a manifest.json covers every file; 1 still loads
 _INDEX, _ITEMS, _CONFIG, _HEAD = "index.faiss", "items.json", "config.json", "head"
-FORMAT_VERSION = 2  # 2: a manifest.json covers every file; 1 (no manifest) still loads
-_legacy_files = legacy_files(_CONFIG, FORMAT, {_CONFIG, _INDEX, _ITEMS, f"{_HEAD}/config.json",
-                                               f"{_HEAD}/model.safetensors"})  # format 1
 
 
 def _faiss() -> Any:
@@ -217,7 +215,7 @@ class Index:
             write_json(tmp / _CONFIG, {**self.config, "format_version": FORMAT_VERSION,
                                        "sha256": files})
 
-        return write_folder(path, FORMAT, fill, legacy=_legacy_files)
+        return INDEX_FOLDER.write(path, fill)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Index:
@@ -227,28 +225,10 @@ class Index:
         path = Path(path)
         if not (path / _INDEX).is_file():
             raise BertflowError(f"no index at {path} (no {_INDEX})")
-        manifest = verify_folder(path, FORMAT)
-        config = read_json(path / _CONFIG)
-        if config.get("format") != FORMAT or config.get("format_version") not in (1, 2):
-            raise BertflowError(f"{path / _CONFIG} is not a bertflow index config of version "
-                                f"1 to {FORMAT_VERSION}")
-        if config["format_version"] != 1 and manifest is None:
-            raise BertflowError(f"{path} has no manifest.json: the index is incomplete or "
-                                "altered")
-        try:
-            dim, dims, count = (int(config[k]) for k in ("dim", "dims", "count"))
-            encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
-            check_pooling(config["pooling"])
-            check_max_length(config["max_length"])
-            has_head, checksums = bool(config["head"]), dict(config["sha256"])
-            if config["kind"] not in KINDS or not 1 <= dims <= dim or count < 1:
-                raise ValueError("bad kind, dims or count")
-        except (KeyError, TypeError, ValueError, BertflowError) as e:
-            raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
-        for name in (_INDEX, _ITEMS):
-            if not (path / name).is_file() or sha256_file(path / name) != checksums.get(name):
-                raise BertflowError(f"{path / name} does not match the checksum in its config: "
-                                    "missing, altered or truncated")
+        config, _ = INDEX_FOLDER.read(path)
+        saved = _SavedIndex.parse(path, config)
+        dim, count = saved.dim, saved.count
+        verify_checksums(path, {name: saved.checksums.get(name) for name in (_INDEX, _ITEMS)})
         items = read_json(path / _ITEMS).get("items")
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
             raise BertflowError(f"{path / _ITEMS} does not hold a list of items")
@@ -263,22 +243,52 @@ class Index:
             raise BertflowError(f"{path} is inconsistent: {len(items)} items, {index.ntotal} "
                                 f"vectors of {index.d} dimensions; its config says {count} of "
                                 f"{dim}, inner product")
-        if has_head != (path / _HEAD).is_dir():
-            raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
-        head = None
-        if has_head:
-            head = FlowHead.load(path / _HEAD)
-            head.check(encoder=encoder, pooling=config["pooling"])
-            if head.out_dim != dim:
-                raise BertflowError(f"{path}: its head gives {head.out_dim}-d vectors, its "
-                                    f"index holds {dim}-d ones")
+        head = saved.load_head(path, config["pooling"])
         config.pop("sha256")  # belongs to the files on disk; `save` writes it afresh
         return cls(index, items, config, head)
 
 
+class _SavedIndex(NamedTuple):
+    """What an index's `config.json` says of it, checked field by field."""
+
+    encoder: EncoderId | None
+    dim: int
+    count: int
+    head: bool
+    checksums: dict[str, str]
+
+    @classmethod
+    def parse(cls, path: Path, config: dict[str, Any]) -> _SavedIndex:
+        try:
+            dim, dims, count = (int(config[k]) for k in ("dim", "dims", "count"))
+            encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
+            check_pooling(config["pooling"])
+            check_max_length(config["max_length"])
+            has_head, checksums = bool(config["head"]), dict(config["sha256"])
+            if config["kind"] not in KINDS or not 1 <= dims <= dim or count < 1:
+                raise ValueError("bad kind, dims or count")
+        except (KeyError, TypeError, ValueError, BertflowError) as e:
+            raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
+        return cls(encoder, dim, count, has_head, checksums)
+
+    def load_head(self, path: Path, pooling: str) -> FlowHead | None:
+        """The head in the folder's `head/`, if the config says it has one, checked against
+        the encoder, pooling and dimension of the index."""
+        if self.head != (path / _HEAD).is_dir():
+            raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
+        if not self.head:
+            return None
+        head = FlowHead.load(path / _HEAD)
+        head.check(encoder=self.encoder, pooling=pooling)
+        if head.out_dim != self.dim:
+            raise BertflowError(f"{path}: its head gives {head.out_dim}-d vectors, its "
+                                f"index holds {self.dim}-d ones")
+        return head
+
+
 def check_index_destination(path: str | os.PathLike) -> Path:
     """`path` if an index may be written there: absent, empty, or an index and nothing else."""
-    return check_destination(path, FORMAT, _legacy_files)
+    return INDEX_FOLDER.check_destination(path)
 
 
 @dataclass(frozen=True)

@@ -339,3 +339,47 @@ def test_write_folder_checks_its_destination_first(tmp_path):
     assert check_destination(made, "x-thing") == made
     with pytest.raises(BertflowError, match="is a x-thing folder, not a y-thing folder"):
         verify_folder(made, "y-thing")
+
+
+def test_a_folder_format_reads_its_config_version_and_manifest(tmp_path):
+    from bertflow.folders import FolderFormat
+
+    kind = FolderFormat("x-thing", "a thing", "thing", version=2, config="config.json",
+                        files=("config.json", "data"))
+
+    def fill(version):
+        def write(folder):
+            (folder / "config.json").write_text(json.dumps({"format": "x-thing",
+                                                            "format_version": version}))
+            (folder / "data").write_text("d")
+        return write
+
+    made = kind.write(tmp_path / "t", fill(2))
+    config, listing = kind.read(made)
+    assert config["format_version"] == 2 and set(listing) == {"config.json", "data"}
+    kind.write(made, fill(3))  # replaced: it is a thing and holds nothing else
+    with pytest.raises(BertflowError, match="has thing format version 3; this bertflow reads "
+                                            "versions 1 to 2"):
+        kind.read(made)
+    kind.write(made, fill(2))
+    (made / "manifest.json").unlink()
+    with pytest.raises(BertflowError, match="no manifest.json: the thing is incomplete"):
+        kind.read(made)
+    assert kind.check_destination(made) == made  # recognised by its config's format
+    (made / "config.json").write_text(json.dumps({"format": "y-thing", "format_version": 1}))
+    with pytest.raises(BertflowError, match="is not a bertflow thing config"):
+        kind.read(made)
+
+
+def test_checksums_a_config_lists_are_checked_like_the_manifests(tmp_path):
+    from bertflow.folders import verify_checksums
+
+    (tmp_path / "a").write_text("a")
+    digest = __import__("hashlib").sha256(b"a").hexdigest()
+    assert verify_checksums(tmp_path, {"a": digest}) == {"a": digest}
+    with pytest.raises(BertflowError, match="is missing b, which its config lists"):
+        verify_checksums(tmp_path, {"b": digest})
+    with pytest.raises(BertflowError, match="a does not match the checksum in its config"):
+        verify_checksums(tmp_path, {"a": "0" * 64})
+    with pytest.raises(BertflowError, match="lists a file outside the folder"):
+        verify_checksums(tmp_path, {"../a": digest})
