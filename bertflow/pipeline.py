@@ -36,7 +36,7 @@ from .encoder import (
 from .errors import BertflowError, first_line
 from .files import read_json
 from .folders import PIPELINE_FOLDER
-from .head import FlowHead
+from .head import FlowHead, corpus_digest, nll_text
 
 try:
     from sentence_transformers import SentenceTransformer
@@ -246,9 +246,8 @@ def model_card(model: SentenceTransformer, name: str = "PATH") -> str:
     encoder = next((m for m in model if isinstance(m, EncoderModule)), None)
     pooling = next((m.pooling for m in model if isinstance(m, PoolingModule)), None)
     head = next((m.head for m in model if isinstance(m, HeadModule)), None)
-    normalized = any(isinstance(m, Normalize) for m in model)
-    encoder_name = encoder.name if encoder else "an encoder"
-    title = ", ".join([encoder_name, f"{pooling} pooling" if pooling else "its pooling",
+    title = ", ".join([encoder.name if encoder else "an encoder",
+                       f"{pooling} pooling" if pooling else "its pooling",
                        "BERT-flow head" if head is not None else "no head"])
     lines = [
         "---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
@@ -257,7 +256,19 @@ def model_card(model: SentenceTransformer, name: str = "PATH") -> str:
         f"# bertflow pipeline: {title}", "",
         "Sentence embeddings made isotropic by a normalizing flow (BERT-flow), exported by "
         f"bertflow {__version__} as a sentence-transformers pipeline of these modules:", "",
+        *_module_lines(encoder, pooling, head, any(isinstance(m, Normalize) for m in model)),
+        "", f"The output has {model.get_embedding_dimension()} dimensions; compare vectors by "
+        "cosine similarity (`model.similarity`).", "",
     ]
+    if head is not None:
+        lines += ["## How the head was fit", "", *_training_rows(head.training_info), ""]
+    return "\n".join(lines + _loading_lines(name))
+
+
+def _module_lines(encoder: EncoderModule | None, pooling: str | None, head: FlowHead | None,
+                  normalized: bool) -> list[str]:
+    """The model card's numbered list of the pipeline's modules."""
+    lines = []
     if encoder is not None:
         identity = encoder.encoder.id
         lines.append(f"1. **Encoder**: `{identity.name}` (weights fingerprint "
@@ -277,12 +288,12 @@ def model_card(model: SentenceTransformer, name: str = "PATH") -> str:
                      "distributed as a standard normal.")
     if normalized:
         lines.append("4. **Normalize**: each vector scaled to unit length.")
-    dim = model.get_embedding_dimension()
-    lines += ["", f"The output has {dim} dimensions; compare vectors by cosine similarity "
-              "(`model.similarity`).", ""]
-    if head is not None:
-        lines += ["## How the head was fit", "", *_training_rows(head.training_info), ""]
-    lines += [
+    return lines
+
+
+def _loading_lines(name: str) -> list[str]:
+    """The model card's section on loading the folder `name`."""
+    return [
         "## How to load it", "",
         "```python",
         "from bertflow.pipeline import load_pipeline", "",
@@ -298,7 +309,6 @@ def model_card(model: SentenceTransformer, name: str = "PATH") -> str:
         "that flag lets a folder name any Python class to import: prefer `load_pipeline` for "
         "a folder you did not make. Either needs `pip install bertflow[st]`.", "",
     ]
-    return "\n".join(lines)
 
 
 def _training_rows(training: dict[str, Any]) -> list[str]:
@@ -306,12 +316,10 @@ def _training_rows(training: dict[str, Any]) -> list[str]:
     if not training:
         return ["The head carries no training record."]
     corpus = training.get("corpus") if isinstance(training.get("corpus"), dict) else {}
-    digest = next((str(corpus[k]) for k in ("sha256", "npy_sha256", "embeddings_sha256")
-                   if k in corpus), None)
+    digest = corpus_digest(corpus)
     source = corpus.get("file") or corpus.get("name") or "embeddings given directly"
     unit = "sentences" if corpus.get("file") or corpus.get("name") else "embeddings"
     size = f", {corpus['size']:,} {unit}" if isinstance(corpus.get("size"), int) else ""
-    nll, bits = training.get("val_nll"), training.get("val_bits_per_dim")
     config = training.get("config") if isinstance(training.get("config"), dict) else {}
     rows = [
         ("training corpus", f"{source}{size}" + (f" (sha256 `{digest[:16]}`)" if digest else "")),
@@ -322,8 +330,7 @@ def _training_rows(training: dict[str, Any]) -> list[str]:
         ("seed", training.get("seed")),
         ("epochs", f"{training.get('epochs_run')} run, best {training.get('best_epoch')}"
          if "epochs_run" in training else None),
-        ("validation NLL", f"{nll:.3f} nats ({bits:.4f} bits/dim)"
-         if isinstance(nll, (int, float)) and isinstance(bits, (int, float)) else None),
+        ("validation NLL", nll_text(training)),
         ("training options", ", ".join(f"{k}={v}" for k, v in config.items()) or None),
     ]
     return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows if v is not None)]
