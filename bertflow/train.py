@@ -28,7 +28,7 @@ from .isotropy import effective_rank, mean_pair_cosine, partition_isotropy
 
 __all__ = ["CHECKPOINT_FORMAT", "ArrayRows", "Checkpoint", "History", "Moments", "Rows",
            "TrainConfig", "TrainState", "as_rows", "fit", "log_hparams", "moments",
-           "read_checkpoint", "split_indices"]
+           "open_checkpoint", "read_checkpoint", "split_indices"]
 
 CHECKPOINT_FORMAT = "bertflow-train-state"
 CHECKPOINT_VERSION = 1
@@ -175,21 +175,50 @@ class TrainState:
     @classmethod
     def load(cls, path: str | os.PathLike, run: dict[str, Any] | None = None) -> TrainState:
         """The state saved at `path` by `save`; with `run`, refuse one saved for another."""
-        checkpoint = read_checkpoint(path)
+        checkpoint = open_checkpoint(path)
         if checkpoint is None:
             raise BertflowError(f"{path} is not a bertflow training checkpoint")
-        if run is not None and checkpoint.run != run:
-            raise BertflowError(f"{path} was written by a run with other settings or data")
+        if run is not None:
+            checkpoint.check(path, run, extended=False)
         return checkpoint.state
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What `TrainState.save` writes: the state, the run it belongs to, its log folder name."""
+    """What `TrainState.save` writes: the state, the run it belongs to (its settings and data,
+    compared on resume), its log folder name."""
 
     state: TrainState
     run: dict[str, Any]
     logs: str | None = None
+
+    def extends(self, run: dict[str, Any]) -> bool:
+        """Whether `run` is this checkpoint's run asked for more epochs."""
+        train = self.run.get("train")
+        if not isinstance(train, dict) or not isinstance(train.get("epochs"), int):
+            return False
+        epochs = run["train"]["epochs"]
+        return train["epochs"] < epochs and {**self.run,
+                                             "train": {**train, "epochs": epochs}} == run
+
+    def check(self, path: str | os.PathLike, run: dict[str, Any], *, extended: bool = True,
+              keep: bool = False) -> None:
+        """Refuse this checkpoint (at `path`) for `run` unless it is that run's, or, with
+        `extended`, that run's of fewer epochs. With `keep`, the message says that the file is
+        left as it is."""
+        if self.run != run and not (extended and self.extends(run)):
+            raise BertflowError(f"{path} was written by a run with other settings or data"
+                                + ("; not overwriting it" if keep else ""))
+
+
+def open_checkpoint(path: str | os.PathLike, keep: bool = False) -> Checkpoint | None:
+    """The training checkpoint at `path`, or None where there is no file; any other file is
+    refused (with `keep`, saying that it is left as it is)."""
+    checkpoint = read_checkpoint(path)
+    if checkpoint is None and Path(path).exists():
+        raise BertflowError(f"{path} is not a bertflow training checkpoint"
+                            + ("; not overwriting it" if keep else ""))
+    return checkpoint
 
 
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint | None:

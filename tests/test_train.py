@@ -195,3 +195,22 @@ def test_split_is_seeded_and_disjoint():
 def test_bad_train_configs_are_refused(field, value, message):
     with pytest.raises(BertflowError, match=message):
         TrainConfig(**{field: value})
+
+
+def test_a_checkpoint_belongs_to_its_run_or_to_the_same_run_extended(tmp_path):
+    from bertflow.train import Checkpoint, History, open_checkpoint
+
+    state = TrainState(1, 3, {}, {}, {}, History(), 0)
+    run = {"train": {"epochs": 2, "seed": 0}, "data": "x"}
+    saved = Checkpoint(state, run)
+    longer = {"train": {"epochs": 5, "seed": 0}, "data": "x"}
+    assert saved.extends(longer) and not saved.extends(run)
+    assert not saved.extends({"train": {"epochs": 5, "seed": 1}, "data": "x"})
+    saved.check("ckpt", run, extended=False)
+    saved.check("ckpt", longer)
+    with pytest.raises(BertflowError, match="other settings or data; not overwriting it"):
+        saved.check("ckpt", longer, extended=False, keep=True)
+    assert open_checkpoint(tmp_path / "absent.pt") is None
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(BertflowError, match="not a bertflow training checkpoint$"):
+        open_checkpoint(tmp_path / "notes.txt")
