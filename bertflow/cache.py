@@ -1,4 +1,6 @@
-"""The embedding cache: a folder of embeddings files keyed by what made them."""
+"""The embedding cache: a folder of embeddings files keyed by what made them, and where
+embeddings come from (`training_embeddings`): a corpus through the cache, or an embeddings
+file whose sidecar is reconciled with what the caller says of it."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +20,28 @@ from .embeddings import (
     EmbeddingFile,
     check_destination,
     embeddings_meta,
+    open_embeddings,
     read_meta,
     write_embeddings,
 )
 from .encoder import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_POOLING,
     Encoder,
     check_batch_size,
     check_max_length,
     check_pooling,
+    load_encoder,
 )
 from .errors import BertflowError
 from .files import meta_path, write_json
 
-__all__ = ["EmbeddingCache", "default_cache", "encode_to"]
+__all__ = ["EmbeddingCache", "default_cache", "encode_to", "training_embeddings"]
 
 
 def default_cache() -> Path:
-    """`$BERTFLOW_CACHE/embeddings`, else `$XDG_CACHE_HOME/bertflow/embeddings`, else
-    `~/.cache/bertflow/embeddings`."""
+    """Where the cache is unless a folder is given: `$BERTFLOW_CACHE/embeddings`, else
+    `$XDG_CACHE_HOME/bertflow/embeddings`, else `~/.cache/bertflow/embeddings`."""
     root = os.environ.get("BERTFLOW_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bertflow"
     )
@@ -55,6 +60,18 @@ class EmbeddingCache:
 
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root) if root is not None else default_cache()
+
+    def embedder(self, encoder: Encoder, pooling: str, max_length: int = 128,
+                 batch_size: int = DEFAULT_BATCH_SIZE,
+                 progress: bool | None = None) -> Callable[[Sequence[str]], np.ndarray]:
+        """Sentences → their pooled embeddings (rows, dim), read from the cache or encoded
+        into it."""
+
+        def embed(sentences: Sequence[str]) -> np.ndarray:
+            return np.asarray(self.encode(sentences, encoder, pooling, max_length, batch_size,
+                                          progress))
+
+        return embed
 
     def path(self, meta: dict[str, Any]) -> Path:
         key = {k: meta[k] for k in ("pooling", "max_length", "corpus_sha256", "count")}
@@ -192,6 +209,41 @@ def encode_to(
         cache.adopt(path)
     distributed.barrier()
     return True
+
+
+def training_embeddings(
+    source: str | os.PathLike,
+    *,
+    encoder: str | os.PathLike | None = None,
+    pooling: str | None = None,
+    max_length: int = 128,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    cache: EmbeddingCache | None = None,
+    device: str = "auto",
+    dtype: str = "float32",
+    progress: bool | None = None,
+) -> tuple[EmbeddingFile, dict[str, Any]]:
+    """The embeddings of `source` to fit a head to, read from disk as needed, and where they
+    came from: its encoder (an `EncoderId`, or None when unknown), pooling, max length, the
+    digest of the data (``data``) and what a head records of its corpus (``corpus``).
+
+    A text file is encoded with `encoder` (default: the package's) on `device` in `dtype`, and
+    `pooling` (default first_last), through `cache` (default: `default_cache()`). A `.npy`
+    made by `bertflow encode` says in its sidecar how it was made, and a `pooling` or
+    `encoder` given besides must agree with it (`open_embeddings`)."""
+    check_max_length(max_length)
+    source = Path(source)
+    if source.suffix != ".npy":
+        corpus = Corpus.from_file(source)
+        loaded = load_encoder(encoder, device, dtype)
+        pooling = pooling or DEFAULT_POOLING
+        x = (cache or EmbeddingCache()).files(corpus, loaded, pooling, max_length, batch_size,
+                                              progress=progress)[pooling]
+        return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
+                   "data": corpus.sha256,
+                   "corpus": {"sha256": corpus.sha256, "file": source.name}}
+    given = load_encoder(encoder, "cpu") if encoder else None
+    return open_embeddings(source, pooling=pooling, encoder=given, max_length=max_length)
 
 
 def _same(stored: dict[str, Any], meta: dict[str, Any]) -> bool:
