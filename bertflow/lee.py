@@ -16,7 +16,8 @@ import numpy as np
 from .errors import BertflowError
 from .sts import spearman
 
-__all__ = ["background_sentences", "documents", "judgement_spearman", "sentences", "similarities"]
+__all__ = ["background_sentences", "document_vectors", "documents", "judgement_spearman",
+           "rated_sentences", "sentences", "similarities"]
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"']?\s+(?=[\"'(]?[A-Z0-9])")
 
@@ -43,6 +44,21 @@ def documents() -> list[str]:
     """The 50 rated documents (`lee.cor`, one per line; Latin-1 for its one '£')."""
     text = _file("lee.cor").read_bytes().decode("latin-1")
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def rated_sentences() -> list[str]:
+    """The sentences of the 50 rated documents, document after document."""
+    return [s for document in documents() for s in sentences(document)]
+
+
+def document_vectors(sentence_vectors: np.ndarray) -> np.ndarray:
+    """The 50 rated documents' vectors, each the mean of its sentences' vectors (the rows of
+    `sentence_vectors`, one per sentence of `rated_sentences`)."""
+    owner = np.repeat(np.arange(50), [len(sentences(d)) for d in documents()])
+    if len(sentence_vectors) != len(owner):
+        raise BertflowError(f"expected {len(owner)} sentence vectors, got "
+                            f"{len(sentence_vectors)}")
+    return np.stack([sentence_vectors[owner == i].mean(0) for i in range(50)])
 
 
 def background_sentences() -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,9 @@ __all__ = [
     "read_sick",
     "read_sts_subset",
     "read_stsb",
+    "read_stsb_splits",
     "score",
+    "sentences_of",
     "spearman",
     "undefined",
 ]
@@ -77,7 +79,13 @@ class Task:
 
     def sentences(self) -> list[str]:
         """Every distinct sentence of the scored pairs."""
-        return list(dict.fromkeys(s for pairs in self.test for s in pairs.sentences()))
+        return sentences_of(self.test)
+
+
+def sentences_of(pairs: Iterable[Pairs]) -> list[str]:
+    """Every distinct sentence of these pairs, in first-seen order (each `Pairs` its first
+    sentences, then its second ones)."""
+    return list(dict.fromkeys(s for each in pairs for s in each.sentences()))
 
 
 def read_stsb(folder: str | os.PathLike, split: str) -> Pairs:
@@ -96,6 +104,13 @@ def read_stsb(folder: str | os.PathLike, split: str) -> Pairs:
         second.append(b)
         gold.append(score)
     return _pairs(f"STS-B {split}", path, first, second, gold)
+
+
+def read_stsb_splits(folder: str | os.PathLike,
+                     splits: Sequence[str] = ("train", "dev", "test")) -> dict[str, Pairs]:
+    """STS-B's `splits` by name (see `read_stsb`); `sentences_of(...values())` gives the
+    sentences of them all, the task's unlabeled corpus."""
+    return {split: read_stsb(folder, split) for split in splits}
 
 
 def read_sick(folder: str | os.PathLike, split: str) -> Pairs:
@@ -162,7 +177,7 @@ def load_task(data: str | os.PathLike, name: str) -> Task | None:
     if not folder.is_dir():
         return None
     if name == "STS-B":
-        splits = [read_stsb(folder, s) for s in ("train", "dev", "test")]
+        splits = list(read_stsb_splits(folder).values())
         test = (splits[2],)
     elif name == "SICK-R":
         splits = [read_sick(folder, s) for s in _SICK_FILES]
@@ -170,8 +185,7 @@ def load_task(data: str | os.PathLike, name: str) -> Task | None:
     else:
         splits = [read_sts_subset(folder, s) for s in STS_SUBSETS[name]]
         test = tuple(splits)
-    unlabeled = tuple(dict.fromkeys(s for pairs in splits for s in pairs.sentences()))
-    return Task(name, test, unlabeled)
+    return Task(name, test, tuple(sentences_of(splits)))
 
 
 def load_tasks(

@@ -12,7 +12,9 @@ from bertflow.sts import (
     read_sick,
     read_sts_subset,
     read_stsb,
+    read_stsb_splits,
     score,
+    sentences_of,
 )
 
 
@@ -117,6 +119,19 @@ def test_tasks_and_their_target_sentences(tmp_path):
     assert load_task(tmp_path, "STS15") is None
     with pytest.raises(BertflowError, match="no data folder"):
         load_tasks(tmp_path / "nope")
+
+
+def test_all_sentences_of_stsb_are_its_unlabeled_corpus(tmp_path):
+    write_stsb(tmp_path / "STSBenchmark")
+    splits = read_stsb_splits(tmp_path / "STSBenchmark")
+    assert list(splits) == ["train", "dev", "test"] and splits["dev"].name == "STS-B dev"
+    sentences = sentences_of(splits.values())
+    assert tuple(sentences) == load_task(tmp_path, "STS-B").unlabeled
+    assert sentences[:2] == ["train a 0", "train a 1"] and len(sentences) == 24
+    two = read_stsb_splits(tmp_path / "STSBenchmark", ("train", "dev"))
+    assert sentences_of(two.values()) == sentences[:16]
+    pairs = Pairs("p", ["a", "b", "a"], ["b", "c", "a"], np.zeros(3))
+    assert sentences_of([pairs, pairs]) == ["a", "b", "c"]
 
 
 def test_both_aggregations_against_scipy():
