@@ -1,5 +1,6 @@
 """Pictures of anisotropy: the singular spectrum, random-pair cosines, token norms against
-frequency, and a 2-D view, before and after a transform."""
+frequency, and a 2-D view, before and after a transform (`diagnose`: a head, or a flow fit on
+the sentences themselves)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,23 @@ from pathlib import Path
 
 import numpy as np
 
+from .cache import EmbeddingCache
+from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .encoder import Encoder
 from .errors import BertflowError
+from .flow import FlowConfig
 from .folders import PLOTS_FOLDER
-from .isotropy import effective_rank, mean_pair_cosine, pair_cosines, singular_values
+from .head import FlowHead
+from .isotropy import (
+    effective_rank,
+    isotropy_measures,
+    mean_pair_cosine,
+    pair_cosines,
+    singular_values,
+)
+from .train import TrainConfig
 
-__all__ = ["PLOTS", "plot_all", "token_frequencies"]
+__all__ = ["PLOTS", "diagnose", "plot_all", "token_frequencies"]
 
 PLOTS = PLOTS_FOLDER.files  # spectrum.png, cosines.png, token_norms.png, projection.png
 _BEFORE, _AFTER = "#c0392b", "#2471a3"
@@ -55,6 +67,42 @@ def plot_all(
 
     PLOTS_FOLDER.write(out, fill)
     return [Path(out) / name for name in PLOTS]
+
+
+def diagnose(
+    sentences: Sequence[str],
+    out: str | os.PathLike,
+    encoder: Encoder,
+    *,
+    head: FlowHead | None = None,
+    pooling: str | None = None,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    corpus: Sequence[str] | None = None,
+    cache: EmbeddingCache | None = None,
+    flow: FlowConfig | None = None,
+    train: TrainConfig | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool | None = None,
+) -> tuple[list[Path], dict[str, float | None], dict[str, float | None]]:
+    """Plot `sentences`' embeddings before and after `head` (its pooling and max length; a
+    given `pooling` must be the head's), or, without a head, after a flow fit on them with
+    `flow` and `train`, into folder `out` (`plot_all`; token frequencies from `corpus`,
+    default the sentences). Returns the plots and the isotropy measures before and after."""
+    if head is not None:
+        head.check(dim=encoder.width(head.pooling or pooling or DEFAULT_POOLING),
+                   encoder=encoder.id, pooling=pooling)
+    pooling = (head.pooling if head else None) or pooling or DEFAULT_POOLING
+    max_length = (head.max_length if head else None) or max_length
+    x = np.asarray((cache or EmbeddingCache()).encode(sentences, encoder, pooling, max_length,
+                                                      batch_size, progress=progress))
+    if head is None:
+        head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
+                            flow=flow or FlowConfig(), train=train or TrainConfig(),
+                            progress=progress is not False)
+    z = head.transform(x)
+    title = f"{encoder.id.name}, {pooling} pooling, {len(sentences)} sentences"
+    paths = plot_all(x, z, out, encoder=encoder, corpus=corpus or sentences, title=title)
+    return paths, isotropy_measures(x), isotropy_measures(z)
 
 
 def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:

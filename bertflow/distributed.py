@@ -13,8 +13,8 @@ import os
 import torch
 import torch.distributed as dist
 
-__all__ = ["barrier", "broadcast_error", "init", "is_main", "launched", "leave", "local_device",
-           "rank", "world_size"]
+__all__ = ["barrier", "broadcast_error", "init", "is_main", "join", "launched", "leave",
+           "local_device", "rank", "world_size"]
 
 _TIMEOUT = datetime.timedelta(hours=6)  # a rank may wait that long for a slower shard
 
@@ -32,6 +32,16 @@ def init(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=_TIMEOUT)
+
+
+def join(device: str) -> str:
+    """Join the job torchrun describes on this process's own device of kind `device` (``auto``,
+    ``cpu``, ``cuda``, ``cuda:N``): the device it uses."""
+    from .encoder import resolve_device
+
+    chosen = local_device(resolve_device(device))
+    init(chosen)
+    return str(chosen)
 
 
 def local_device(device: torch.device) -> torch.device:

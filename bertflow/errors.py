@@ -1,6 +1,6 @@
 """The one exception type bertflow raises for bad input."""
 
-__all__ = ["BertflowError", "PeerError", "first_line"]
+__all__ = ["BertflowError", "PeerError", "first_line", "one_line"]
 
 
 class BertflowError(ValueError):
@@ -18,3 +18,20 @@ def first_line(error: BaseException) -> str:
     """The first non-empty line of an exception's message, or its type's name."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[0] if lines else type(error).__name__
+
+
+def one_line(error: Exception) -> str:
+    """What a failure says in one line: bertflow's own message, a file error with its file,
+    or anything else with its kind and a pointer to --debug."""
+    if isinstance(error, BertflowError):
+        return str(error)
+    from .files import disk_error
+
+    full = disk_error(error, getattr(error, "filename", None) or "a file")
+    if full is not None:
+        return str(full)
+    if isinstance(error, OSError):
+        name = f": {error.filename}" if error.filename else ""
+        return f"{error.strerror or first_line(error)}{name}"
+    return (f"unexpected {type(error).__name__}: {first_line(error)} (run with --debug for "
+            "the traceback)")

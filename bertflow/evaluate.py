@@ -4,16 +4,26 @@ isotropy, and return one row per (task, aggregation)."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .cache import EmbeddingCache
+from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
+from .encoder import Encoder
+from .files import read_sentences
+from .flow import FlowConfig
+from .head import FlowHead
 from .isotropy import isotropy_measures
-from .methods import Method
+from .methods import Fitted, Method, default_d, default_k, make_method
 from .sts import TASKS, Task, score
+from .train import TrainConfig
 
-__all__ = ["AGGREGATIONS", "evaluate", "format_table", "summarise", "undefined_notes"]
+__all__ = ["AGGREGATIONS", "evaluate", "evaluate_head", "evaluate_method", "format_table",
+           "summarise", "undefined_notes"]
 
 AGGREGATIONS = ("all", "wmean")
 Embed = Callable[[Sequence[str]], np.ndarray]
@@ -111,3 +121,66 @@ def _cell(row: dict[str, Any] | None) -> str:
         return "n/a"
     value = row["spearman"]
     return "" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def evaluate_head(
+    tasks: dict[str, Task],
+    missing: Sequence[str],
+    head: FlowHead,
+    encoder: Encoder,
+    cache: EmbeddingCache,
+    *,
+    name: str,
+    pooling: str | None = None,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool | None = None,
+) -> list[dict[str, Any]]:
+    """`evaluate` a fitted head (called `name` in the rows) on embeddings of `encoder` with
+    its pooling (`pooling`, when given, must be the head's) and its max length (`max_length`
+    for a head that records none), through `cache`."""
+    head.check(dim=encoder.width(head.pooling or DEFAULT_POOLING), encoder=encoder.id)
+    if pooling is not None:
+        head.check(pooling=pooling)
+    pooling, max_length = head.pooling or DEFAULT_POOLING, head.max_length or max_length
+    corpus = head.training_info.get("corpus") or {}
+    labels = {"encoder": encoder.id.name, "pooling": pooling, "method": "flow", "head": name,
+              "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
+    embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
+    return evaluate(tasks, missing, embed, lambda: Fitted(head), None, labels)
+
+
+def evaluate_method(
+    tasks: dict[str, Task],
+    missing: Sequence[str],
+    method: str,
+    encoder: Encoder,
+    cache: EmbeddingCache,
+    *,
+    pooling: str = DEFAULT_POOLING,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    fit_on: str | os.PathLike = "target",
+    k: int | None = None,
+    d: int | None = None,
+    flow: FlowConfig | None = None,
+    train: TrainConfig | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    progress: bool | None = None,
+) -> list[dict[str, Any]]:
+    """`evaluate` a method of `METHODS`, fit on each task's own sentences (``"target"``) or
+    on the sentences of the text file `fit_on`, on embeddings of `encoder` with `pooling`
+    through `cache`. `k` and `d` default to `default_k` and `default_d` of the width."""
+    sentences = "target" if fit_on == "target" else read_sentences(fit_on)
+    width = encoder.width(pooling)
+    k = k if k is not None else default_k(width)
+    d = d if d is not None else default_d(width)
+
+    def make() -> Method:
+        return make_method(method, k=k, d=d, flow=flow, train=train,
+                           progress=progress is not False)
+
+    labels = {"encoder": encoder.id.name, "pooling": pooling, "method": method,
+              **make().describe(),
+              "fit_on": "target" if fit_on == "target" else Path(fit_on).name}
+    embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
+    return evaluate(tasks, missing, embed, make, sentences, labels)

@@ -1,0 +1,365 @@
+"""A head fit into a folder as `bertflow fit` runs it: from a corpus or an embeddings file,
+resumable from a checkpoint file, logged to TensorBoard, scored on STS-B dev after each epoch.
+
+`FitJob` says what to fit and where everything lives; `fit_head` runs it. The files a run
+touches are checked before any work: the head folder, the checkpoint (never an input or an
+output of the run, nor someone else's file), the log folder (a new subfolder per run, removed
+again when the run fails and cannot be resumed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from . import distributed
+from .cache import EmbeddingCache, training_embeddings
+from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LENGTH
+from .errors import BertflowError, first_line
+from .files import meta_path, same_file
+from .flow import FlowConfig
+from .head import FlowHead, check_destination, nll_text
+from .train import Checkpoint, TrainConfig, TrainState, log_hparams, open_checkpoint
+
+__all__ = ["FitJob", "FittedHead", "fit_head"]
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class FitJob:
+    """What `bertflow fit` fits and where: the embeddings of `source` (a text file, encoded
+    with `encoder`, `pooling` and `max_length` through the embedding `cache`, or a `.npy` from
+    `bertflow encode`), into the head folder `out`, by `method` (``flow``, or a closed-form
+    baseline: ``whitening``, ``whitening-k`` keeping `k` components, ``abtt`` removing `d`
+    directions). A flow is fit with `flow`, `train` and `standardize` (see `FlowHead.fit`),
+    saving its state to `checkpoint` after each epoch (and continuing from it with `resume`),
+    logging to a new subfolder of `logdir`, and scoring STS-B dev of the data folder `dev_sts`
+    after each epoch."""
+
+    source: Path
+    out: Path
+    method: str = "flow"
+    k: int | None = None
+    d: int | None = None
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    standardize: bool = True
+    encoder: str | None = None
+    pooling: str | None = None
+    max_length: int = DEFAULT_MAX_LENGTH
+    batch_size: int = DEFAULT_BATCH_SIZE
+    device: str = "auto"
+    dtype: str = "float32"
+    cache: Path | None = None
+    checkpoint: Path | None = None
+    resume: bool = False
+    logdir: Path | None = None
+    dev_sts: Path | None = None
+
+
+class FittedHead(NamedTuple):
+    """What `fit_head` made: the head (saved in `FitJob.out`) and its TensorBoard folder."""
+
+    head: FlowHead
+    logs: Path | None
+
+
+def fit_head(job: FitJob, *, say: Say | None = None,
+             progress: bool | None = None) -> FittedHead | None:
+    """Run `job`: fit the head and save it in `job.out`. `say` receives the lines a person
+    follows the run by (each epoch's numbers, what a checkpoint is taken for); `progress`
+    shows bars where they help (None), always (True) or never (False). Under torchrun every
+    process calls it and only the first gets the result (the others None)."""
+    say = say if distributed.is_main() else None
+    if job.method != "flow":
+        return _fit_linear(job, progress)
+    check_destination(job.out)
+    dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
+    saved = None
+    if job.checkpoint is not None:
+        _check_checkpoint_path(job.checkpoint, _fit_paths(job))
+        saved = open_checkpoint(job.checkpoint, keep=not job.resume)
+    x, origin = _embeddings(job, progress)
+    if job.checkpoint is not None and isinstance(getattr(x, "path", None), Path):
+        _check_checkpoint_path(job.checkpoint, [("the embeddings file", x.path, False),
+                                                ("its sidecar", meta_path(x.path), False)])
+    run = _run_record(job, origin)
+    state = _state_to_resume(job, saved, run, say)
+    measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
+    recorded = saved.logs if saved is not None and state is not None else None
+    return _train(job, x, origin, run, state, recorded, measure, say, progress)
+
+
+def _fit_linear(job: FitJob, progress: bool | None) -> FittedHead | None:
+    check_destination(job.out)
+    x, origin = _embeddings(job, progress)
+    if not distributed.is_main():
+        return None
+    head = FlowHead.fit_linear(x, job.method, k=job.k, d=job.d, encoder=origin["encoder"],
+                               pooling=origin["pooling"], max_length=origin["max_length"],
+                               corpus=origin["corpus"])
+    head.save(job.out)
+    return FittedHead(head, None)
+
+
+def _embeddings(job: FitJob, progress: bool | None) -> tuple[Any, dict[str, Any]]:
+    return training_embeddings(job.source, encoder=job.encoder, pooling=job.pooling,
+                               max_length=job.max_length, batch_size=job.batch_size,
+                               cache=EmbeddingCache(job.cache), device=job.device,
+                               dtype=job.dtype, progress=progress)
+
+
+def _run_record(job: FitJob, origin: dict[str, Any]) -> dict[str, Any]:
+    """The settings and data a checkpoint of this job belongs to."""
+    return {
+        "flow": job.flow.to_dict(),
+        "train": job.train.to_dict(),
+        "standardize": job.standardize,
+        "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
+        "pooling": origin["pooling"],
+        "max_length": origin["max_length"],
+        "data": origin["data"],
+    }
+
+
+def _state_to_resume(job: FitJob, saved: Checkpoint | None, run: dict[str, Any],
+                     say: Say | None) -> TrainState | None:
+    """The state the job continues from: the checkpoint's, when resuming a run of these
+    settings and data (or of fewer epochs, extended); a checkpoint of another run is
+    refused."""
+    if saved is not None:
+        saved.check(job.checkpoint, run, extended=job.resume, keep=not job.resume)
+    state = saved.state if saved is not None and job.resume else None
+    if say is not None and state is not None and saved.run != run:
+        train = job.train
+        stopped = bool(train.patience) and state.bad_epochs >= train.patience
+        say(f"extending the run in {job.checkpoint} from {saved.run['train']['epochs']} to "
+            f"{train.epochs} epochs: from step {state.step + 1} on, the learning rate follows "
+            f"the cosine over {train.epochs} epochs" + (
+                f" (but it stopped early, after {train.patience} epochs without a better "
+                "held-out NLL: it ends there)" if stopped else ""))
+    if say is not None and state is None and (saved is not None or job.resume):
+        say(f"{job.checkpoint} holds an earlier state of this run: starting afresh "
+            "(--resume continues it)" if saved is not None else
+            f"no checkpoint at {job.checkpoint} yet: starting afresh")
+    return state
+
+
+def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
+           state: TrainState | None, recorded: str | None, measure: Any, say: Say | None,
+           progress: bool | None) -> FittedHead | None:
+    """Fit, with the checkpoint written after each epoch and the logs in their folder; save
+    the head. A failed run leaves `--logdir` as it was unless a checkpoint can resume it."""
+    main = distributed.is_main()
+    logs = None
+    if job.logdir is not None and main:
+        logs = _RunLogs(job.logdir, job.train.seed, recorded)
+    epoch_end = _EpochEnd(job, run, logs.folder.name if logs else recorded, state, say, main)
+    done = False  # the head fitted and saved
+    try:
+        writer = logs.open(state) if logs is not None else None
+        head = _fit_flow(job, x, origin, state, writer, epoch_end, measure, progress)
+        if main:
+            head.save(job.out)
+        done = True
+        if writer is not None:
+            hparams = {**run, "encoder": origin["encoder"].name if origin["encoder"] else None,
+                       "data": origin["corpus"].get("file"),
+                       "corpus_size": head.training_info["corpus"]["size"]}
+            log_hparams(writer, hparams, head.history, epoch_end.step)
+    finally:
+        if logs is not None:
+            resumable = state is not None and logs.folder.name == recorded
+            logs.close(keep=done or epoch_end.written or resumable)
+    return FittedHead(head, logs.folder if logs else None) if main else None
+
+
+def _fit_flow(job: FitJob, x: Any, origin: dict[str, Any], state: TrainState | None,
+              writer: Any, epoch_end: _EpochEnd, measure: Any,
+              progress: bool | None) -> FlowHead:
+    try:
+        return FlowHead.fit(
+            x,
+            encoder=origin["encoder"],
+            pooling=origin["pooling"],
+            max_length=origin["max_length"],
+            flow=job.flow,
+            train=job.train,
+            standardize=job.standardize,
+            corpus=origin["corpus"],
+            writer=writer,
+            state=state,
+            on_epoch_end=epoch_end,
+            measure=measure,
+            progress=progress is not False,
+        )
+    except (RuntimeError, KeyError, TypeError, ValueError) as e:
+        if state is None or isinstance(e, BertflowError):
+            raise
+        raise BertflowError(f"{job.checkpoint} does not fit this run ({first_line(e)})") \
+            from None
+
+
+class _EpochEnd:
+    """After each epoch (first process only): say its numbers and save the checkpoint."""
+
+    def __init__(self, job: FitJob, run: dict[str, Any], logs: str | None,
+                 state: TrainState | None, say: Say | None, main: bool):
+        self.job, self.run, self.logs, self.say, self.main = job, run, logs, say, main
+        self.step = state.step if state is not None else 0  # the last step done
+        self.written = False  # whether a checkpoint of this run names its log folder
+
+    def __call__(self, state: TrainState) -> None:
+        if not self.main:
+            return
+        self.step = state.step
+        if self.say is not None:
+            e = state.history.epochs[-1]
+            dev = f", dev Spearman {e['dev_spearman']:.2f}" if "dev_spearman" in e else ""
+            self.say(f"epoch {int(e['epoch'])}/{self.job.train.epochs}: train "
+                     f"{e['train_nll']:.3f} val {nll_text(e)}, val cosine "
+                     f"{e['val_cosine']:.3f}{dev}")
+        if self.job.checkpoint is not None:
+            state.save(self.job.checkpoint, self.run, logs=self.logs)
+            self.written = True
+
+
+class _RunLogs:
+    """A run's TensorBoard folder inside `logdir`: the one named by the checkpoint a run
+    resumes (`recorded`), else a new TIME-seedN; and the folders made for it, innermost first
+    (the run's folder, then any missing parents, `logdir` included)."""
+
+    def __init__(self, logdir: Path, seed: int, recorded: str | None):
+        self.made = [p for p in (logdir, *logdir.parents) if not p.exists()]
+        self.writer: Any = None
+        if recorded and recorded == Path(recorded).name and recorded not in (".", ".."):
+            self.folder = logdir / recorded
+            if not self.folder.exists():
+                self.made.insert(0, self.folder)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            return
+        logdir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in itertools.count(1):
+            self.folder = logdir / f"{stamp}-seed{seed}{f'-{n}' if n > 1 else ''}"
+            try:
+                self.folder.mkdir()
+            except FileExistsError:
+                continue
+            self.made.insert(0, self.folder)
+            return
+
+    def open(self, state: TrainState | None) -> Any:
+        """The run's `SummaryWriter`; a resumed run hides what the interrupted one logged
+        after its checkpoint."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(self.folder),
+                                    purge_step=state.step + 1 if state is not None else None)
+        return self.writer
+
+    def close(self, keep: bool) -> None:
+        """Close the writer; unless `keep`, remove the run's folder with its logs if this run
+        made it, then the parents made for it while they are empty. Nothing else is
+        touched."""
+        if self.writer is not None:
+            self.writer.close()
+        if keep:
+            return
+        for path in self.made:
+            if path == self.folder:
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            try:
+                path.rmdir()
+            except OSError:
+                return
+
+
+def _read_dev(data: Path) -> Any:
+    """The STS-B dev pairs of `--dev-sts DATA` (DATA/STSBenchmark, or DATA itself)."""
+    from .sts import read_stsb
+
+    for folder in (data / "STSBenchmark", data):
+        if (folder / "sts-dev.csv").is_file():
+            return read_stsb(folder, "dev")
+    raise BertflowError(f"--dev-sts {data} holds no STSBenchmark/sts-dev.csv (STS-B in "
+                        "SentEval's layout)")
+
+
+def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
+                 progress: bool | None) -> Callable[[Any], dict[str, float]]:
+    """What `--dev-sts` measures after each epoch: the Spearman × 100 of the STS-B dev pairs'
+    cosines in the latent space of the model being fit (NaN where undefined), the sentences
+    embedded with the training embeddings' encoder, precision, pooling and max length, through
+    the embedding cache."""
+    import numpy as np
+    import torch
+
+    from .encoder import load_encoder
+    from .sts import pair_spearman
+
+    made_by = origin["encoder"]
+    if made_by is None:
+        raise BertflowError(f"--dev-sts needs the encoder that made {job.source}, which has no "
+                            "sidecar naming one; pass --encoder with it")
+    if job.encoder is None and made_by.name != DEFAULT_ENCODER_NAME:
+        raise BertflowError(f"--dev-sts needs the encoder that made {job.source} "
+                            f"({made_by.name}); pass --encoder with its folder")
+    if job.checkpoint is not None:
+        _check_checkpoint_path(job.checkpoint, [
+            ("the embedding cache", EmbeddingCache(job.cache).root, True),
+            ("the --dev-sts folder", job.dev_sts, True)])
+    precision = (getattr(x, "meta", None) or {}).get("precision") or job.dtype
+    encoder = load_encoder(job.encoder, job.device, precision)
+    if encoder.id.fingerprint != made_by.fingerprint:
+        raise BertflowError(f"--dev-sts: {job.source} was made by encoder {made_by}, not by "
+                            f"{encoder.id}")
+    sentences = dev.sentences()
+    vectors = np.array(EmbeddingCache(job.cache).encode(
+        sentences, encoder, origin["pooling"], origin["max_length"], job.batch_size,
+        progress=progress), dtype=np.float32)
+
+    def measure(model: torch.nn.Module) -> dict[str, float]:
+        z = model(torch.from_numpy(vectors))[0].double().cpu().numpy()
+        value = pair_spearman(dev, sentences, z)
+        return {"dev_spearman": math.nan if value is None else value}
+
+    return measure
+
+
+def _fit_paths(job: FitJob) -> list[tuple[str, Path, bool]]:
+    """What a fit reads and writes besides its checkpoint: (what, path, whether a folder)."""
+    paths = [("the input", job.source, False), ("the --out folder", job.out, True)]
+    if job.source.suffix == ".npy":
+        paths.append(("the input's sidecar", meta_path(job.source), False))
+    else:
+        paths.append(("the embedding cache", EmbeddingCache(job.cache).root, True))
+    if job.logdir is not None:
+        paths.append(("the --logdir folder", job.logdir, True))
+    if job.encoder is not None and Path(job.encoder).is_dir():
+        paths.append(("the encoder folder", Path(job.encoder), True))
+    return paths
+
+
+def _check_checkpoint_path(checkpoint: Path, paths: list[tuple[str, Path, bool]]) -> None:
+    """Refuse a checkpoint that is one of `paths`, inside one that is a folder, or above one
+    (compared resolved, and by inode where both exist: symbolic and hard links), or a link."""
+    for what, path, folder in paths:
+        if same_file(checkpoint, path):
+            raise BertflowError(f"--checkpoint {checkpoint} is {what}; give it a path of its own")
+        inside = folder and path.resolve() in checkpoint.resolve().parents
+        if inside or checkpoint.resolve() in path.resolve().parents:
+            where = "inside" if inside else "a folder above"
+            raise BertflowError(f"--checkpoint {checkpoint} is {where} {what} {path}; "
+                                "give it a path of its own")
+    if checkpoint.is_symlink():
+        raise BertflowError(f"--checkpoint {checkpoint} is a symbolic link; give the path it "
+                            "points to")
