@@ -1,0 +1,420 @@
+"""The `bertflow` command line's arguments: one parser per command, every option with its
+type, default and help. Imports nothing heavy, so that `bertflow --help` is instant."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import textwrap
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .constants import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_ENCODER_NAME,
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_POOLING,
+    DTYPES,
+    LINEAR_METHODS,
+    METHODS,
+    POOLINGS,
+    TASKS,
+)
+
+__all__ = ["EXPORT_FORMATS", "build_parser", "check_fit_options", "flow_configs"]
+
+EXPORT_FORMATS = ("sentence-transformers", "onnx", "torch-export")
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option with its default (where it has one worth showing); descriptions as
+    written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if any(action.default is v for v in (None, False, argparse.SUPPRESS)) \
+                or "%(default)" in text:
+            return text
+        return super()._get_help_string(action) or text
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(run: Mapping[str, Callable[[argparse.Namespace], None]]) -> _Parser:
+    """The parser of every command; a command's parsed arguments carry `run`, the function
+    of `run` (by the command's name) that carries it out."""
+    parser = _Parser(prog="bertflow", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a failure (or set BERTFLOW_DEBUG=1)")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, add in _COMMANDS.items():
+        add(commands).set_defaults(run=run[name])
+    return parser
+
+
+def flow_configs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The `FlowConfig` and `TrainConfig` of the flow and training options; those not given
+    are `TrainConfig`'s defaults."""
+    from .flow import FlowConfig
+    from .train import TrainConfig
+
+    flow = FlowConfig(args.levels, args.depth, args.coupling, args.hidden, args.linear)
+    overrides = {
+        k: getattr(args, k)
+        for k in ("epochs", "batch_size", "lr", "val_fraction", "patience")
+        if getattr(args, k, None) is not None
+    }
+    return flow, TrainConfig(seed=args.seed, **overrides)
+
+
+def check_fit_options(args: argparse.Namespace) -> None:
+    """Refuse `fit` options that belong to another method, and checkpoint, resume and log
+    options that cannot work."""
+    from .errors import BertflowError
+
+    if args.method != "flow":
+        flow_only = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--resume",
+                     args.resume), ("--logdir", args.logdir), ("--dev-sts", args.dev_sts)) if given]
+        if flow_only:
+            raise BertflowError(f"{', '.join(flow_only)} apply to --method flow only")
+        if (args.k is not None and args.method != "whitening-k") or (
+                args.d is not None and args.method != "abtt"):
+            raise BertflowError("--k applies to --method whitening-k, --d to --method abtt")
+        return
+    if args.k is not None or args.d is not None:
+        raise BertflowError("--k and --d apply to --method whitening-k and abtt")
+    if args.checkpoint is not None and args.checkpoint.is_dir():
+        raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
+    if args.resume and args.checkpoint is None:
+        raise BertflowError("--resume needs --checkpoint FILE")
+    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
+        raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
+
+
+def _encode_command(commands: Any) -> argparse.ArgumentParser:
+    p = _command(commands, "encode", "embed a corpus (one sentence per line) into .npy", """
+        Embed every line of CORPUS with a frozen encoder and a pooling into EMB.npy (float32,
+        one row per line) and its sidecar EMB.meta.json; resumable, and across processes
+        under torchrun.""")
+    p.add_argument("corpus", type=Path, help="text file, one sentence per line")
+    p.add_argument("--out", type=Path, required=True, help="EMB.npy (+ EMB.meta.json)")
+    _encoder_options(p)
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted encode of the same request where it stopped")
+    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP + ", read and filled")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor fill the cache")
+    _quiet(p)
+    return p
+
+
+def _fit_command(commands: Any) -> argparse.ArgumentParser:
+    p = _command(commands, "fit", "fit a flow head on a corpus or on embeddings", """
+        Fit a Glow by maximum likelihood on the embeddings of CORPUS (encoded and cached) or
+        of EMB.npy, and save it as a head folder that records its encoder and pooling. With
+        --method whitening, whitening-k or abtt, fit that baseline in closed form instead, as
+        a head of the same format.""")
+    p.add_argument("input", type=Path, help="CORPUS.txt, or EMB.npy made by `bertflow encode`")
+    p.add_argument("--out", type=Path, required=True, help="folder to write the head to")
+    p.add_argument("--method", choices=("flow", *LINEAR_METHODS), default="flow",
+                   help="the flow, or a closed-form baseline: BERT-whitening, whitening to "
+                        "--k components, all-but-the-top (--d directions)")
+    p.add_argument("--k", type=_positive, default=None,
+                   help="components kept by whitening-k (default: a third of the dimension)")
+    p.add_argument("--d", type=_natural, default=None,
+                   help="directions removed by abtt (default: a hundredth of the dimension)")
+    _encoder_options(p, pooling_default=None,
+                     pooling_help=f"the embeddings' sidecar's, else {DEFAULT_POOLING}")
+    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
+    g = _flow_options(p)
+    g.add_argument("--logdir", type=Path, default=None,
+                   help="write TensorBoard logs to a new subfolder TIME-seedN of this folder "
+                        "(removed if the fit fails and cannot be resumed; a run resumed from "
+                        "--checkpoint continues the subfolder the checkpoint names)")
+    g.add_argument("--checkpoint", type=Path, default=None,
+                   help="training state, saved each epoch; a file of its own: never an input "
+                        "or output of the run, nor an existing file other than a checkpoint "
+                        "of this same run")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint, a run of the same settings and data; a "
+                        "larger --epochs extends it (from where it resumes, the learning rate "
+                        "follows the cosine over the new total)")
+    g.add_argument("--dev-sts", type=Path, default=None, metavar="DATA",
+                   help="after each epoch, score the STS-B dev set of DATA (SentEval's layout: "
+                        "DATA/STSBenchmark/sts-dev.csv), embedded like the training "
+                        "embeddings, and print and log its Spearman")
+    _quiet(g)
+    return p
+
+
+def _transform_command(commands: Any) -> argparse.ArgumentParser:
+    p = _command(commands, "transform", "apply a head to sentences or embeddings", """
+        Transform sentences (encoded with the head's encoder and pooling) or embeddings from
+        `bertflow encode` with a head, into OUT.npy and a sidecar that records the head.""")
+    p.add_argument("--head", type=Path, required=True, help=_HEAD_HELP)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--sentences", type=Path, help="text file, one sentence per line")
+    source.add_argument("--embeddings", type=Path, help="EMB.npy made by `bertflow encode`")
+    p.add_argument("--out", type=Path, required=True, help="OUT.npy (+ OUT.meta.json)")
+    p.add_argument("--encoder", default=None, help=_ENCODER_OF_HEAD)
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="how --embeddings without a sidecar were pooled (checked against the "
+                   "head)")
+    p.add_argument("--encode-batch-size", dest="encode_batch_size", type=_positive,
+                   default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
+    _device_options(p)
+    _quiet(p)
+    return p
+
+
+def _eval_command(commands: Any) -> argparse.ArgumentParser:
+    p = _command(commands, "eval", "score the STS tasks of a data folder", """
+        Spearman correlation × 100 of cosine similarity with human scores on the STS tasks
+        found in DATA (SentEval's layout), for a fitted head or for a method fit on each task's
+        own sentences (no scores) or on a text file.""")
+    p.add_argument("--data", type=Path, required=True, help="folder in SentEval's layout")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
+    which.add_argument("--method", choices=METHODS, default=None, help="default: flow")
+    p.add_argument("--fit-on", default=None,
+                   help="'target' (each task's own sentences, no scores; the default) or a "
+                        "text file of sentences")
+    p.add_argument("--k", type=_positive, default=None,
+                   help="components kept by whitening-k (default: a third of the dimension)")
+    p.add_argument("--d", type=_natural, default=None,
+                   help="directions removed by abtt (default: a hundredth of the dimension)")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
+                   help="tasks to score, where DATA has them")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    _encoder_options(p, pooling_default=None,
+                     pooling_help=f"the head's, else {DEFAULT_POOLING}")
+    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
+    _quiet(_flow_options(p))
+    return p
+
+
+def _diagnose_command(commands: Any) -> argparse.ArgumentParser:
+    p = _command(commands, "diagnose", "plot anisotropy before and after a flow", """
+        Four PNG plots of SENTENCES' embeddings before and after a head (or a flow fit on
+        them): singular-value spectrum, pair cosines, token norms by frequency, projection.""")
+    p.add_argument("sentences", type=Path, help="text file, one sentence per line")
+    p.add_argument("--out", type=Path, required=True, help="folder for the PNG plots")
+    p.add_argument("--head", type=Path, default=None,
+                   help="apply this head (default: fit a flow on the sentences)")
+    p.add_argument("--corpus", type=Path, default=None,
+                   help="text whose token frequencies to plot (default: the sentences)")
+    _encoder_options(p, pooling_default=None,
+                     pooling_help=f"the head's, else {DEFAULT_POOLING}")
+    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
+    _quiet(_flow_options(p))
+    return p
+
+
+def _export_command(commands: Any) -> argparse.ArgumentParser:
+    p = _command(commands, "export", "write a head for use without bertflow's CLI", """
+        A sentence-transformers folder (encoder, pooling and head; load it with
+        bertflow.pipeline.load_pipeline), a self-contained ONNX file, or a torch.export
+        program.""")
+    p.add_argument("--head", type=Path, required=True, help=_HEAD_HELP)
+    p.add_argument("--format", required=True, choices=EXPORT_FORMATS, help="what to write")
+    p.add_argument("--out", type=Path, required=True,
+                   help="a folder (sentence-transformers), HEAD.onnx or HEAD.pt2")
+    p.add_argument("--encoder", default=None,
+                   help="encoder of a sentence-transformers pipeline (default: the head's)")
+    p.add_argument("--normalize", action="store_true",
+                   help="end the sentence-transformers pipeline with L2 normalisation")
+    return p
+
+
+def _index_command(commands: Any) -> argparse.ArgumentParser:
+    p = _command(commands, "index", "build a FAISS index of a corpus for search", """
+        Encode CORPUS (one item per line), transform it with a head, and write a FAISS index
+        of unit vectors (inner product = cosine) that `bertflow search` queries.""")
+    p.add_argument("corpus", type=Path, help="text file, one item per line")
+    p.add_argument("--out", type=Path, required=True, help="index folder")
+    p.add_argument("--head", type=Path, default=None,
+                   help="transform with this head (its encoder and pooling); default: raw "
+                        "pooled vectors")
+    _encoder_options(p, pooling_default=None,
+                     pooling_help=f"the head's, else {DEFAULT_POOLING}")
+    p.add_argument("--kind", choices=("flat", "hnsw"), default="flat",
+                   help="exact inner product or an HNSW graph")
+    p.add_argument("--dims", type=_positive, default=None,
+                   help="keep this many principal components (smaller index; default: all)")
+    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
+    _quiet(p)
+    p.set_defaults(max_length=None)  # default: the head's, else 128
+    return p
+
+
+def _search_command(commands: Any) -> argparse.ArgumentParser:
+    p = _command(commands, "search", "query an index built by `bertflow index`", """
+        The K nearest items of each query, by cosine after the index's head, with the line
+        of the corpus each item came from.""")
+    p.add_argument("--index", type=Path, required=True, help="folder made by `bertflow index`")
+    queries = p.add_mutually_exclusive_group(required=True)
+    queries.add_argument("--query", action="append", help="a query; repeat for several")
+    queries.add_argument("--queries", type=Path, help="text file, one query per line")
+    p.add_argument("--k", type=_positive, default=10, help="hits per query")
+    p.add_argument("--encoder", default=None, help="encoder (default: the index's)")
+    _device_options(p)
+    p.add_argument("--json", action="store_true", help="print JSON lines")
+    return p
+
+
+def _info_command(commands: Any) -> argparse.ArgumentParser:
+    p = _command(commands, "info", "describe a head, or list the ready heads", """
+        What a head is (encoder, pooling, flow, how it was fit). Without HEAD, the ready heads
+        that come with bertflow, loadable by name.""")
+    p.add_argument("head", type=Path, nargs="?", default=None, help=_HEAD_HELP)
+    p.add_argument("--json", action="store_true", help="print the head's config.json")
+    return p
+
+
+_COMMANDS = {"encode": _encode_command, "fit": _fit_command, "transform": _transform_command,
+             "eval": _eval_command, "diagnose": _diagnose_command,
+             "export": _export_command, "index": _index_command,
+             "search": _search_command, "info": _info_command}
+
+_DESCRIPTION = """\
+Isotropic sentence embeddings with a normalizing flow (BERT-flow): encode a corpus, fit a flow
+head on it, and use the head to transform embeddings before cosine similarity, in STS
+evaluation, plots, exports and search. `bertflow COMMAND --help` tells more."""
+_HEAD_HELP = "a head folder, or the name of a ready head (`bertflow info` lists them)"
+_ENCODER_OF_HEAD = ("encoder folder (default: the one the head records, checked against its "
+                    "fingerprint)")
+_CACHE_HELP = "embedding cache folder (default: $BERTFLOW_CACHE, else ~/.cache/bertflow)"
+
+
+def _command(commands: Any, name: str, summary: str, description: str) -> argparse.ArgumentParser:
+    return commands.add_parser(name, help=summary,
+                               description=textwrap.dedent(description).strip())
+
+
+def _quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bars or epoch lines")
+
+
+def _encoder_options(
+    p: argparse.ArgumentParser,
+    pooling_default: str | None = DEFAULT_POOLING,
+    pooling_help: str | None = None,
+) -> None:
+    p.add_argument("--encoder", default=None,
+                   help=f"Hugging Face encoder folder (default: {DEFAULT_ENCODER_NAME}, which "
+                        "comes with bertflow)")
+    p.add_argument(
+        "--pooling", choices=POOLINGS, default=pooling_default,
+        help="how token states become one vector" + (
+            "" if pooling_default else f" (default: {pooling_help or DEFAULT_POOLING})"),
+    )
+    p.add_argument("--max-length", type=_max_length, default=DEFAULT_MAX_LENGTH,
+                   help="tokens per sentence; longer sentences are truncated")
+    p.add_argument("--encode-batch-size", dest="encode_batch_size", type=_positive,
+                   default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
+    _device_options(p)
+
+
+def _device_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto",
+                   help="auto (CUDA when present), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="precision of the encoder (embeddings and files stay float32)")
+
+
+def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    g = p.add_argument_group("flow")
+    g.add_argument("--levels", type=_positive, default=3,
+                   help="levels of the multi-scale Glow (half the features leave after each)")
+    g.add_argument("--depth", type=_positive, default=3,
+                   help="steps per level (ActNorm, mixing, coupling)")
+    g.add_argument("--coupling", choices=("additive", "affine"), default="additive",
+                   help="coupling layer")
+    g.add_argument("--hidden", type=_positive, default=32, help="conditioner width")
+    g.add_argument("--linear", choices=("reverse", "lu"), default="reverse",
+                   help="mixing layer: fixed reversal (as released) or learned LU")
+    g.add_argument("--no-standardize", action="store_true", help="feed raw embeddings to the flow")
+    g = p.add_argument_group("training")
+    g.add_argument("--seed", type=_seed, default=0, help="seeds the split, order and weights")
+    g.add_argument("--epochs", type=_positive, default=None,
+                   help="passes over the data (default: TrainConfig's)")
+    g.add_argument("--batch-size", type=_positive, default=None,
+                   help="embeddings per flow minibatch (default: TrainConfig's)")
+    g.add_argument("--lr", type=_positive_float, default=None,
+                   help="Adam's learning rate, decayed along a cosine (default: TrainConfig's)")
+    g.add_argument("--val-fraction", type=_fraction, default=None,
+                   help="held-out share of the rows, in [0, 1) (default: TrainConfig's)")
+    g.add_argument("--patience", type=_natural, default=None,
+                   help="epochs without a better held-out NLL before stopping; 0 never stops "
+                        "(default: TrainConfig's)")
+    return g
+
+
+# Types of the numeric options: a bad value is argparse's one-line usage error (exit 2), given
+# before any work, whatever else the command would do first.
+
+def _integer(text: str, low: int, high: int | None = None) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low or (high is not None and value >= high):
+        bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
+        raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    return _integer(text, 1)
+
+
+def _natural(text: str) -> int:
+    return _integer(text, 0)
+
+
+def _max_length(text: str) -> int:
+    return _integer(text, 2)
+
+
+def _seed(text: str) -> int:
+    return _integer(text, 0, 2**32)
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _finite(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _finite(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def _version() -> str:
+    from . import __version__
+
+    return f"bertflow {__version__}"
+
+
