@@ -127,10 +127,7 @@ def _fit_command(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--method", choices=("flow", *LINEAR_METHODS), default="flow",
                    help="the flow, or a closed-form baseline: BERT-whitening, whitening to "
                         "--k components, all-but-the-top (--d directions)")
-    p.add_argument("--k", type=_positive, default=None,
-                   help="components kept by whitening-k (default: a third of the dimension)")
-    p.add_argument("--d", type=_natural, default=None,
-                   help="directions removed by abtt (default: a hundredth of the dimension)")
+    _baseline_options(p)
     _encoder_options(p, pooling_default=None,
                      pooling_help=f"the embeddings' sidecar's, else {DEFAULT_POOLING}")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
@@ -187,17 +184,11 @@ def _eval_command(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--fit-on", default=None,
                    help="'target' (each task's own sentences, no scores; the default) or a "
                         "text file of sentences")
-    p.add_argument("--k", type=_positive, default=None,
-                   help="components kept by whitening-k (default: a third of the dimension)")
-    p.add_argument("--d", type=_natural, default=None,
-                   help="directions removed by abtt (default: a hundredth of the dimension)")
+    _baseline_options(p)
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
                    help="tasks to score, where DATA has them")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    _encoder_options(p, pooling_default=None,
-                     pooling_help=f"the head's, else {DEFAULT_POOLING}")
-    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
-    _quiet(_flow_options(p))
+    _head_or_flow_options(p)
     return p
 
 
@@ -211,10 +202,7 @@ def _diagnose_command(commands: Any) -> argparse.ArgumentParser:
                    help="apply this head (default: fit a flow on the sentences)")
     p.add_argument("--corpus", type=Path, default=None,
                    help="text whose token frequencies to plot (default: the sentences)")
-    _encoder_options(p, pooling_default=None,
-                     pooling_help=f"the head's, else {DEFAULT_POOLING}")
-    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
-    _quiet(_flow_options(p))
+    _head_or_flow_options(p)
     return p
 
 
@@ -243,8 +231,7 @@ def _index_command(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--head", type=Path, default=None,
                    help="transform with this head (its encoder and pooling); default: raw "
                         "pooled vectors")
-    _encoder_options(p, pooling_default=None,
-                     pooling_help=f"the head's, else {DEFAULT_POOLING}")
+    _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING)
     p.add_argument("--kind", choices=("flat", "hnsw"), default="flat",
                    help="exact inner product or an HNSW graph")
     p.add_argument("--dims", type=_positive, default=None,
@@ -291,6 +278,7 @@ evaluation, plots, exports and search. `bertflow COMMAND --help` tells more."""
 _HEAD_HELP = "a head folder, or the name of a ready head (`bertflow info` lists them)"
 _ENCODER_OF_HEAD = ("encoder folder (default: the one the head records, checked against its "
                     "fingerprint)")
+_HEADS_POOLING = f"the head's, else {DEFAULT_POOLING}"
 _CACHE_HELP = "embedding cache folder (default: $BERTFLOW_CACHE, else ~/.cache/bertflow)"
 
 
@@ -301,6 +289,21 @@ def _command(commands: Any, name: str, summary: str, description: str) -> argpar
 
 def _quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars or epoch lines")
+
+
+def _baseline_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=_positive, default=None,
+                   help="components kept by whitening-k (default: a third of the dimension)")
+    p.add_argument("--d", type=_natural, default=None,
+                   help="directions removed by abtt (default: a hundredth of the dimension)")
+
+
+def _head_or_flow_options(p: argparse.ArgumentParser) -> None:
+    """The encoder (the head's by default), the cache, and the flow fit where no head is
+    given."""
+    _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING)
+    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
+    _quiet(_flow_options(p))
 
 
 def _encoder_options(
