@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from nflows.distributions import StandardNormal
@@ -23,6 +22,7 @@ from nflows.transforms import (
 )
 from torch import Tensor, nn
 
+from .config import DictConfig
 from .errors import BertflowError
 
 __all__ = [
@@ -180,7 +180,7 @@ class StandardScaler(Transform):
 
 
 @dataclass(frozen=True)
-class FlowConfig:
+class FlowConfig(DictConfig):
     """Architecture of a Glow; the defaults are those of the BERT-flow release.
 
     `linear` is the mixing layer of each step: ``"reverse"``, the fixed reversal of the
@@ -194,6 +194,8 @@ class FlowConfig:
     feature of the second half has passed through 2 couplings of the level, of the first half
     through 1.
     """
+
+    KIND = "flow config"
 
     levels: int = 3
     depth: int = 3
@@ -217,16 +219,6 @@ class FlowConfig:
             raise BertflowError(
                 f"factor_out must be 'first' or 'second', not {self.factor_out!r}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> FlowConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = set(value) - names
-        if unknown:
-            raise BertflowError(f"unknown flow config keys: {', '.join(sorted(unknown))}")
-        return cls(**value)
 
 
 class Glow(Flow):

@@ -11,7 +11,7 @@ import pickle
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from . import distributed
+from .config import DictConfig
 from .errors import BertflowError
 from .files import atomic_file, check_finite
 from .flow import bits_per_dim, log_likelihood
@@ -52,7 +53,7 @@ class SummaryWriter(Protocol):
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(DictConfig):
     """How to fit: Adam at `lr`, minibatches of `batch_size`, early stopping on held-out NLL.
 
     The learning rate decays from `lr` to 0 along a cosine over all epochs
@@ -66,6 +67,8 @@ class TrainConfig:
     AdamWeightDecay, which the release fits its flow with, has none) make the optimiser the
     release's; with `max_grad_norm` the global gradient norm is clipped.
     """
+
+    KIND = "training config"
 
     epochs: int = 1
     batch_size: int = 64
@@ -102,16 +105,6 @@ class TrainConfig:
         if not self.eps > 0:
             raise BertflowError(f"eps must be positive, got {self.eps}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> TrainConfig:
-        names = {f.name for f in fields(cls)}
-        unknown = set(value) - names
-        if unknown:
-            raise BertflowError(f"unknown training config keys: {', '.join(sorted(unknown))}")
-        return cls(**value)
 
 
 @dataclass
