@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +35,11 @@ from .st_api import (
     as_sentences,
     check_options,
     convert,
+    output_options,
     similarity,
     similarity_pairwise,
 )
-from .train import Moments, Rows, SummaryWriter, TrainConfig, TrainState, as_rows, fit, moments
+from .train import Moments, Rows, TrainConfig, as_rows, fit, moments
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination", "corpus_digest",
            "nll_text", "ready_heads"]
@@ -53,8 +54,11 @@ class FlowHead(nn.Module):
     fit by `fit_linear`, a closed-form linear map $z = (x - \mu) W$ (whitening, whitening-k,
     all-but-the-top: `method`), the baselines as heads.
 
-    Carries what it needs to be used safely: the embedding dimension, the encoder and pooling
-    that made its training embeddings, and how it was trained. `save` writes `config.json`,
+    `standardize` is the first step, a `StandardScaler` of the training embeddings' statistics
+    (None: the Glow takes the embeddings as they are). The head carries what it needs to be
+    used safely: the embedding dimension, the `encoder`, `pooling` and `max_length` that made
+    its training embeddings, and how it was fit (`training_info`, the "training" of its
+    config; the keyword's old name, `training`, is still taken). `save` writes `config.json`,
     `model.safetensors` and their manifest; `load` rebuilds the head from those files alone.
     """
 
@@ -200,31 +204,28 @@ class FlowHead(nn.Module):
         batch_size: int = DEFAULT_BATCH_SIZE,
         progress: bool | None = None,
         *,
-        show_progress_bar: bool | None = None,
-        convert_to_numpy: bool = True,
-        convert_to_tensor: bool = False,
-        normalize_embeddings: bool = False,
         device: str | torch.device | None = None,
-        **kwargs: Any,
+        **options: Any,
     ) -> Any:
         """Embed sentences with this head's pooling and transform them, after checking that
         `encoder` (default: the one the head records, else the package's default encoder) is
         the one the head was fit on.
 
-        It takes sentence-transformers' `encode` options as `Encoder.encode` does (one string
-        gives one vector; tensors; `normalize_embeddings` after the head; other keywords, such
-        as MTEB's, ignored). `device` is where the encoder runs (an encoder given by name is
+        `options` are sentence-transformers' `encode` options, as `Encoder.encode` takes them
+        (`show_progress_bar`; `convert_to_numpy`, `convert_to_tensor`; one string gives one
+        vector; `normalize_embeddings`, applied after the head; other keywords, such as
+        MTEB's, ignored). `device` is where the encoder runs (an encoder given by name is
         loaded there); the head itself runs on the CPU."""
-        check_options(kwargs, device)
+        check_options(options, device)
         if self.pooling is None:
             raise BertflowError("this head does not record its pooling; encode, then transform")
+        output = output_options(options)
         sentences, single = as_sentences(sentences)
         encoder = resolve_encoder(encoder, self.encoder, "auto" if device is None else device)
         self.check(dim=encoder.width(self.pooling), encoder=encoder.id)
         x = encoder.encode(sentences, self.pooling, self.max_length or 128, batch_size, progress,
-                           show_progress_bar=show_progress_bar, device=device)
-        return convert(self.transform(x), single, convert_to_numpy, convert_to_tensor,
-                       normalize_embeddings)
+                           device=device, **options)
+        return convert(self.transform(x), single, **output)
 
     def get_sentence_embedding_dimension(self) -> int:
         """The width of what `encode` returns: the head's output dimension
@@ -256,16 +257,17 @@ class FlowHead(nn.Module):
         train: TrainConfig = TrainConfig(),
         standardize: bool = True,
         corpus: dict[str, Any] | None = None,
-        writer: SummaryWriter | None = None,
-        state: TrainState | None = None,
-        on_epoch_end: Callable[[TrainState], None] | None = None,
-        measure: Callable[[nn.Module], dict[str, float]] | None = None,
-        progress: bool = False,
+        **training: Any,
     ) -> FlowHead:
         """Fit a head to embeddings `x` (rows, dim): an array, or `Rows` such as an
         `EmbeddingFile`, which is read a block at a time and never held whole (the
         standardisation statistics are streamed too). With `standardize`, a `StandardScaler`
-        of the data's statistics comes before the Glow. `head.history` holds the epochs."""
+        of the data's statistics comes before the Glow. `encoder`, `pooling` and `max_length`
+        (what made `x`) and `corpus` (what it was made from) are recorded in the head.
+
+        `training` goes to `bertflow.train.fit`: `writer` (TensorBoard's `SummaryWriter`),
+        `state` (a `TrainState` to resume), `on_epoch_end`, `measure` and `progress`.
+        `head.history` holds the epochs."""
         data, stats = _training_rows(x)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train.seed)
@@ -275,8 +277,7 @@ class FlowHead(nn.Module):
             scaler = StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
                                                  torch.from_numpy(stats.std).float())
         head = cls(glow, scaler, encoder=encoder, pooling=pooling, max_length=max_length)
-        head.history = fit(head, data, train, state=state, writer=writer,
-                           on_epoch_end=on_epoch_end, measure=measure, progress=progress)
+        head.history = fit(head, data, train, **training)
         best = head.history.best
         head.training_info = {
             "corpus": _corpus_record(corpus, stats, data),
@@ -298,14 +299,13 @@ class FlowHead(nn.Module):
         *,
         k: int | None = None,
         d: int | None = None,
-        encoder: EncoderId | None = None,
-        pooling: str | None = None,
-        max_length: int | None = None,
         corpus: dict[str, Any] | None = None,
+        **origin: Any,
     ) -> FlowHead:
         """A baseline as a head, fit in closed form on embeddings `x` (an array or `Rows`, read
         a block at a time): ``whitening``, ``whitening-k`` (keeping `k` components, default a
-        third of the dimension) or ``abtt`` (removing `d` directions, default a hundredth)."""
+        third of the dimension) or ``abtt`` (removing `d` directions, default a hundredth).
+        `origin` (`encoder`, `pooling`, `max_length`) and `corpus` are recorded as by `fit`."""
         data, stats = _training_rows(x)
         mean, cov = covariance(data, "the training embeddings")
         dim = data.shape[1]
@@ -320,8 +320,7 @@ class FlowHead(nn.Module):
                                 f"{', '.join(LINEAR_METHODS)}")
         training = {"corpus": _corpus_record(corpus, stats, data), "method": method,
                     "out_dim": linear.out_features}
-        return cls(None, linear=linear, encoder=encoder, pooling=pooling,
-                   max_length=max_length, training_info=training)
+        return cls(None, linear=linear, training_info=training, **origin)
 
     def summary(self) -> str:
         """What the head computes, in one line."""

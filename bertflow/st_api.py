@@ -17,6 +17,7 @@ __all__ = [
     "as_sentences",
     "check_options",
     "convert",
+    "output_options",
     "similarity",
     "similarity_pairwise",
 ]
@@ -59,6 +60,13 @@ def check_options(options: dict[str, Any], device: Any = None) -> None:
                                 f"bertflow (only {name}={neutral!r})")
     if isinstance(device, (list, tuple)):
         raise BertflowError("encode on several devices is not supported; give one device")
+
+
+def output_options(options: dict[str, Any]) -> dict[str, bool]:
+    """Take `convert`'s options (`convert_to_numpy`, `convert_to_tensor`,
+    `normalize_embeddings`) out of `options`, the keyword arguments of an `encode` call."""
+    names = ("convert_to_numpy", "convert_to_tensor", "normalize_embeddings")
+    return {name: options.pop(name) for name in names if name in options}
 
 
 def convert(

@@ -305,3 +305,21 @@ def test_training_info_is_given_under_its_own_name_or_its_old_one():
     glow = Glow(4, FlowConfig(levels=1, depth=2))
     assert FlowHead(glow, training_info={"seed": 3}).training_info == {"seed": 3}
     assert FlowHead(glow, training={"seed": 4}).training_info == {"seed": 4}  # its old name
+
+
+def test_a_head_describes_itself_in_rows():
+    from bertflow.head import corpus_digest, nll_text
+
+    x = np.random.default_rng(0).normal(size=(60, 8)).astype(np.float32)
+    head = FlowHead.fit(x, pooling="cls", flow=FlowConfig(levels=1, depth=2),
+                        train=TrainConfig(epochs=1), corpus={"file": "c.txt", "sha256": "ab" * 32})
+    rows = dict(head.details())
+    assert list(rows)[:3] == ["dim", "encoder", "pooling"] and rows["dim"] == "8"
+    assert rows["corpus"] == f"60 rows, sha256 {'ab' * 8}" and rows["standardize"] == "yes"
+    assert rows["epochs"] == "best 1 of 1" and rows["val NLL"] == nll_text(head.training_info)
+    assert head.tagline() == "?, cls pooling, 8-d, fit on 60 sentences"
+    assert nll_text({"val_nll": 1.5, "val_bits_per_dim": 0.25}) == "1.500 nats (0.2500 bits/dim)"
+    assert nll_text({"val_nll": None}) is None
+    assert corpus_digest({"npy_sha256": "cd"}) == "cd" and corpus_digest({}) is None
+    linear = dict(FlowHead.fit_linear(x, "whitening-k", k=3).details())
+    assert linear["dim"] == "8 → 3" and linear["val NLL"] == "unknown"
