@@ -16,7 +16,6 @@ numbers.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
@@ -25,27 +24,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import parser
 from sentence_transformers import SentenceTransformer
 
 from bertflow import load_encoder
 from bertflow.encoder import Encoder, default_encoder_path, resolve_device
 from bertflow.files import read_sentences
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--sentences", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--profile", action="store_true",
-                        help="print where bertflow's encode spends its time, per operator")
-    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
-    args = parser.parse_args()
+    options = parser(__doc__, "data", "out")
+    options.add_argument("--sentences", type=int, default=2000)
+    options.add_argument("--rounds", type=int, default=5)
+    options.add_argument("--device", default="auto")
+    options.add_argument("--batch-size", type=int, default=32)
+    options.add_argument("--json", type=Path, default=None)
+    options.add_argument("--profile", action="store_true",
+                         help="print where bertflow's encode spends its time, per operator")
+    args = options.parse_args()
 
     device = resolve_device(args.device)
     sentences = read_sentences(args.data / "unlabeled" / "wiki-sample.txt")[: args.sentences]

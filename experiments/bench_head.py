@@ -10,7 +10,6 @@ Writes experiments/results/bench_head.md.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -19,21 +18,19 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import torch
+from common import REPO, parser
 
 from bertflow import FlowHead
 from bertflow.export import export_onnx, export_program
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head", type=Path,
-                        default=REPO / "checkpoints" / "minilm-first_last-wiki")
-    parser.add_argument("--rows", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
-    args = parser.parse_args()
+    options = parser(__doc__, "out")
+    options.add_argument("--head", type=Path,
+                         default=REPO / "checkpoints" / "minilm-first_last-wiki")
+    options.add_argument("--rows", type=int, default=10_000)
+    options.add_argument("--rounds", type=int, default=7)
+    args = options.parse_args()
 
     head = FlowHead.load(args.head)
     x = np.random.default_rng(0).normal(size=(args.rows, head.dim)).astype(np.float32)

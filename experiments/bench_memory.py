@@ -26,20 +26,18 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import parser
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a "
-                        "temporary one, removed at the end)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--real-sizes", type=int, nargs="*", default=[10_000, 100_000])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
-    args = parser.parse_args()
+    options = parser(__doc__, "data", "out")
+    options.add_argument("--work", type=Path, default=None, help="scratch folder (default: a "
+                         "temporary one, removed at the end)")
+    options.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    options.add_argument("--real-sizes", type=int, nargs="*", default=[10_000, 100_000])
+    options.add_argument("--device", default="cpu")
+    options.add_argument("--json", type=Path, default=None)
+    args = options.parse_args()
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-memory-"))
     work.mkdir(parents=True, exist_ok=True)

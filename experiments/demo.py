@@ -17,26 +17,24 @@ scores the STS-B test pairs.
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from common import REPO, parser
 
 from bertflow import POOLINGS, FlowHead, TrainConfig, lee, load_encoder, mean_pair_cosine, sts
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--out", type=Path, default=REPO / "checkpoints" / "demo")
-    parser.add_argument("--poolings", nargs="+", choices=POOLINGS, default=list(POOLINGS))
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    options = parser(__doc__, "data")
+    options.add_argument("--out", type=Path, default=REPO / "checkpoints" / "demo",
+                         help="folder for the heads")
+    options.add_argument("--poolings", nargs="+", choices=POOLINGS, default=list(POOLINGS))
+    options.add_argument("--seed", type=int, default=0)
+    args = options.parse_args()
     began = time.perf_counter()
     encoder = load_encoder()
     print(f"encoder: {encoder.id}, {encoder.dim}-d")
@@ -59,12 +57,10 @@ def main() -> None:
         return rows
 
     corpus = lee.background_sentences()
-    documents = [lee.sentences(d) for d in lee.documents()]
-    rated = [s for d in documents for s in d]
-    owner = np.repeat(np.arange(len(documents)), [len(d) for d in documents])
+    rated = lee.rated_sentences()
 
     def lee_score(x: np.ndarray) -> float:
-        return lee.judgement_spearman(np.stack([x[owner == i].mean(0) for i in range(50)]))
+        return lee.judgement_spearman(lee.document_vectors(x))
 
     rows = compare(encoder.encode(corpus, args.poolings), encoder.encode(rated, args.poolings),
                    "lee", "lee_background.cor", lee_score)
@@ -74,13 +70,13 @@ def main() -> None:
 
     stsb = args.data / "STSBenchmark"
     if stsb.is_dir():
-        splits = [sts.read_stsb(stsb, s) for s in ("train", "dev", "test")]
-        sentences = list(dict.fromkeys(s for p in splits for s in p.sentences()))
+        splits = sts.read_stsb_splits(stsb)
+        sentences = sts.sentences_of(splits.values())
         x = encoder.encode(sentences, args.poolings)
         rows = compare(x, x, "stsb", "STS-B train+dev+test sentences",
-                       lambda v: sts.pair_spearman(splits[2], sentences, v))
+                       lambda v: sts.pair_spearman(splits["test"], sentences, v))
         print(f"\nSTS-B: heads fit on its {len(sentences)} sentences (no scores); cosine over "
-              f"them, Spearman over the {len(splits[2])} test pairs")
+              f"them, Spearman over the {len(splits['test'])} test pairs")
         _table(rows)
     else:
         print(f"\n(no STSBenchmark/ in {args.data}: STS-B rows skipped)")

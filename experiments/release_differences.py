@@ -43,7 +43,6 @@ Writes experiments/results/release_differences.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -53,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import parser
 from nflows.transforms import CompositeTransform
 from torch import Tensor, nn
 
@@ -63,7 +63,6 @@ from bertflow.files import write_json
 from bertflow.flow import ActNorm, AdditiveCoupling, StandardScaler, robust_std
 from bertflow.train import as_rows, fit, moments
 
-REPO = Path(__file__).resolve().parent.parent
 DIM = 384  # all-MiniLM-L6-v2's width, every pooling
 SCALE = DIM * math.log(2) / 2  # bertflow's loss over the release's
 RELEASE_OPTIMISER = TrainConfig(weight_decay=0.01, eps=1e-6 * SCALE, bias_correction=False,
@@ -179,16 +178,13 @@ def fit_head(x: np.ndarray, variant: Variant, train: TrainConfig) -> FlowHead:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--cache", type=Path, default=REPO / "experiments" / "cache")
-    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--only", nargs="+", choices=list(VARIANTS), default=None,
-                        help="run only these rows; the others are kept from the .json")
-    parser.add_argument("--table", action="store_true",
-                        help="only rebuild the .md from the .json of an earlier run")
-    args = parser.parse_args()
+    options = parser(__doc__, "data", "cache", "out")
+    options.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    options.add_argument("--only", nargs="+", choices=list(VARIANTS), default=None,
+                         help="run only these rows; the others are kept from the .json")
+    options.add_argument("--table", action="store_true",
+                         help="only rebuild the .md from the .json of an earlier run")
+    args = options.parse_args()
     began = time.perf_counter()
     if args.table:
         rows = json.loads((args.out / "release_differences.json").read_text())
@@ -196,11 +192,11 @@ def main() -> None:
         return
 
     encoder, cache = load_encoder(), EmbeddingCache(args.cache)
-    splits = [sts.read_stsb(args.data / "STSBenchmark", s) for s in ("train", "dev", "test")]
-    sentences = list(dict.fromkeys(s for p in splits for s in p.sentences()))
-    occurrences = [s for p in splits for pair in zip(p.first, p.second, strict=True)
+    splits = sts.read_stsb_splits(args.data / "STSBenchmark")
+    sentences = sts.sentences_of(splits.values())
+    occurrences = [s for p in splits.values() for pair in zip(p.first, p.second, strict=True)
                    for s in pair]
-    dev = splits[1]
+    dev = splits["dev"]
     _check_dropout_pass(encoder, sentences[:64])
 
     clean: dict[int, dict[str, np.ndarray]] = {}
@@ -341,10 +337,10 @@ def _table(rows: list[dict], seeds: Sequence[int]) -> str:
         per_seed = [np.mean([mean(difference, p, s) for p in mine]) for s in seeds]
         base = [np.mean([mean("bertflow defaults", p, s) for p in mine]) for s in seeds]
         deltas = np.subtract(per_seed, base)
-        spread = np.std(deltas, ddof=1) if len(seeds) > 1 else 0.0
+        deviation = np.std(deltas, ddof=1) if len(seeds) > 1 else 0.0
         lines.append(f"| {difference} | "
                      + " | ".join("" if c is None else f"{c:.1f}" for c in cells)
-                     + f" | {np.mean(per_seed):.2f} | {np.mean(deltas):+.2f} ± {spread:.2f} |")
+                     + f" | {np.mean(per_seed):.2f} | {np.mean(deltas):+.2f} ± {deviation:.2f} |")
     return "\n".join(lines)
 
 

@@ -19,108 +19,40 @@ Writes experiments/results/retrieval.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
+from common import parser, tuned_flows, tuned_method
 from scipy.stats import spearmanr
 
-from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, load_encoder, sts
+from bertflow import POOLINGS, FlowHead, load_encoder, sts
 from bertflow.cache import EmbeddingCache
 from bertflow.density import auroc, novelty, typicality
 from bertflow.files import read_sentences, write_json
 from bertflow.methods import make_method
 from bertflow.retrieval import Index, relevant_pairs, retrieval_scores
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "experiments" / "results"
 DIMS = (16, 32, 64, 128, 256, 384)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--encoder", default=None, help="encoder folder (default: MiniLM)")
-    parser.add_argument("--generic", type=Path,
-                        default=REPO.parent / "shared" / "data" / "unlabeled" / "wiki-sample.txt")
-    parser.add_argument("--tuned", type=Path, default=RESULTS / "tune_flow.json")
-    parser.add_argument("--cache", type=Path, default=REPO / "experiments" / "cache")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser(__doc__, "data", "encoder", "generic", "tuned", "cache", "out").parse_args()
     began = time.perf_counter()
 
     encoder = load_encoder(args.encoder)
     cache = EmbeddingCache(args.cache)
-    tuned = json.loads(args.tuned.read_text())["best"] if args.tuned.exists() else {}
     tasks, missing = sts.load_tasks(args.data, ["STS-B", "SICK-R"])
 
     def embed(sentences, pooling):
-        return np.asarray(cache.encode(sentences, encoder, pooling))
+        return cache.embedder(encoder, pooling)(sentences)
 
-    rows: list[dict] = []
-    for name, task in tasks.items():
-        items = task.sentences()
-        relevant = relevant_pairs(task.test[0])
-        for pooling in POOLINGS:
-            fit_x, x = embed(task.unlabeled, pooling), embed(items, pooling)
-            for label, method in _methods(pooling, tuned, encoder.width(pooling)):
-                z = method.fit(fit_x).transform(x)
-                scores = retrieval_scores(Index.from_embeddings(z, items), z, relevant)
-                rows.append({"part": "retrieval", "task": name, "pooling": pooling,
-                             "method": label, **scores.to_dict()})
-                print(json.dumps(rows[-1]), flush=True)
-
+    rows = retrieval(tasks, embed, tuned_flows(args.tuned), encoder.width)
     if "STS-B" in tasks:
-        task = tasks["STS-B"]
-        items, relevant = task.sentences(), relevant_pairs(task.test[0])
-        for pooling in ("cls", "first_last"):
-            fit_x, x = embed(task.unlabeled, pooling), embed(items, pooling)
-            flow = make_method("flow").fit(fit_x)
-            z = flow.transform(x)
-            for dims in DIMS:
-                for label, vectors, reduce in (
-                    ("flow + PCA", z, dims),
-                    (f"whitening-{dims}", make_method("whitening-k", k=dims).fit(fit_x)
-                     .transform(x), None),
-                    ("raw + PCA", x, dims),
-                ):
-                    index = Index.from_embeddings(vectors, items, dims=reduce)
-                    scores = retrieval_scores(index, vectors, relevant)
-                    rows.append({"part": "dims", "task": "STS-B", "pooling": pooling,
-                                 "method": label.split("-")[0], "dims": dims,
-                                 **scores.to_dict()})
-                    print(json.dumps(rows[-1]), flush=True)
-
-        train = list(dict.fromkeys(
-            s for split in ("train", "dev")
-            for s in sts.read_stsb(args.data / "STSBenchmark", split).sentences()))
-        seen = set(train)
-        in_domain = [s for s in items if s not in seen]
-        generic = read_sentences(args.generic)
-        held = set(np.random.default_rng(0).choice(len(generic), len(in_domain), False).tolist())
-        out_domain = [generic[i] for i in sorted(held)]
-        rest = [s for i, s in enumerate(generic) if i not in held]
-        words = np.array([len(s.split()) for s in in_domain + out_domain])
-        for pooling in POOLINGS:
-            sts_x, wiki_x = embed(in_domain, pooling), embed(out_domain, pooling)
-            fit_x = embed(train, pooling)
-            head = FlowHead.fit(fit_x)  # fit on STS-B train+dev: Wikipedia is out of domain
-            near, far, seen_nll = (novelty(head, v) for v in (sts_x, wiki_x, fit_x))
-            wiki_head = FlowHead.fit(embed(rest, pooling))  # and the other way round
-            rows.append({
-                "part": "density", "pooling": pooling,
-                "auroc_nll": auroc(near, far),
-                "auroc_typicality": auroc(typicality(near, seen_nll), typicality(far, seen_nll)),
-                "auroc_nll_reverse": auroc(novelty(wiki_head, wiki_x),
-                                           novelty(wiki_head, sts_x)),
-                "length_spearman": float(spearmanr(words, np.concatenate([near, far]))[0]),
-                "in_domain": len(near), "out_of_domain": len(far),
-                "median_nll_train": float(np.median(seen_nll)),
-                "median_nll_in": float(np.median(near)),
-                "median_nll_out": float(np.median(far))})
-            print(json.dumps(rows[-1]), flush=True)
+        rows += smaller_vectors(tasks["STS-B"], embed)
+        train = sts.sentences_of(sts.read_stsb_splits(args.data / "STSBenchmark",
+                                                      ("train", "dev")).values())
+        rows += density(tasks["STS-B"], train, read_sentences(args.generic), embed)
 
     minutes = (time.perf_counter() - began) / 60
     args.out.mkdir(parents=True, exist_ok=True)
@@ -129,14 +61,86 @@ def main() -> None:
     print(f"{len(rows)} rows in {minutes:.1f} min")
 
 
+def retrieval(tasks: dict, embed, tuned: dict, width) -> list[dict]:
+    """1. Recall@1, recall@10 and MRR of each method, fit on the task's own sentences."""
+    rows = []
+    for name, task in tasks.items():
+        items = task.sentences()
+        relevant = relevant_pairs(task.test[0])
+        for pooling in POOLINGS:
+            fit_x, x = embed(task.unlabeled, pooling), embed(items, pooling)
+            for label, method in _methods(pooling, tuned, width(pooling)):
+                z = method.fit(fit_x).transform(x)
+                scores = retrieval_scores(Index.from_embeddings(z, items), z, relevant)
+                rows.append(_row({"part": "retrieval", "task": name, "pooling": pooling,
+                                  "method": label, **scores.to_dict()}))
+    return rows
+
+
+def smaller_vectors(task, embed) -> list[dict]:
+    """2. Recall against kept dimensions: the flow and raw pooling followed by PCA, and
+    whitening-k, on STS-B."""
+    items, relevant = task.sentences(), relevant_pairs(task.test[0])
+    rows = []
+    for pooling in ("cls", "first_last"):
+        fit_x, x = embed(task.unlabeled, pooling), embed(items, pooling)
+        flow = make_method("flow").fit(fit_x)
+        z = flow.transform(x)
+        for dims in DIMS:
+            for label, vectors, reduce in (
+                ("flow + PCA", z, dims),
+                (f"whitening-{dims}", make_method("whitening-k", k=dims).fit(fit_x)
+                 .transform(x), None),
+                ("raw + PCA", x, dims),
+            ):
+                index = Index.from_embeddings(vectors, items, dims=reduce)
+                scores = retrieval_scores(index, vectors, relevant)
+                rows.append(_row({"part": "dims", "task": "STS-B", "pooling": pooling,
+                                  "method": label.split("-")[0], "dims": dims,
+                                  **scores.to_dict()}))
+    return rows
+
+
+def density(task, train: list[str], generic: list[str], embed) -> list[dict]:
+    """3. Out of domain by density: heads fit on STS-B train+dev (A) and on the Wikipedia
+    sample (B) tell the unseen STS-B test sentences from as many Wikipedia ones."""
+    seen = set(train)
+    in_domain = [s for s in task.sentences() if s not in seen]
+    held = set(np.random.default_rng(0).choice(len(generic), len(in_domain), False).tolist())
+    out_domain = [generic[i] for i in sorted(held)]
+    rest = [s for i, s in enumerate(generic) if i not in held]
+    words = np.array([len(s.split()) for s in in_domain + out_domain])
+    rows = []
+    for pooling in POOLINGS:
+        sts_x, wiki_x = embed(in_domain, pooling), embed(out_domain, pooling)
+        fit_x = embed(train, pooling)
+        head = FlowHead.fit(fit_x)  # fit on STS-B train+dev: Wikipedia is out of domain
+        near, far, seen_nll = (novelty(head, v) for v in (sts_x, wiki_x, fit_x))
+        wiki_head = FlowHead.fit(embed(rest, pooling))  # and the other way round
+        rows.append(_row({
+            "part": "density", "pooling": pooling,
+            "auroc_nll": auroc(near, far),
+            "auroc_typicality": auroc(typicality(near, seen_nll), typicality(far, seen_nll)),
+            "auroc_nll_reverse": auroc(novelty(wiki_head, wiki_x), novelty(wiki_head, sts_x)),
+            "length_spearman": float(spearmanr(words, np.concatenate([near, far]))[0]),
+            "in_domain": len(near), "out_of_domain": len(far),
+            "median_nll_train": float(np.median(seen_nll)),
+            "median_nll_in": float(np.median(near)),
+            "median_nll_out": float(np.median(far))}))
+    return rows
+
+
+def _row(row: dict) -> dict:
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def _methods(pooling: str, tuned: dict, dim: int):
     yield "raw", make_method("raw")
     yield "whitening", make_method("whitening")
     yield "flow", make_method("flow")
     if pooling in tuned:
-        yield "flow (tuned on dev)", make_method(
-            "flow", flow=FlowConfig.from_dict(tuned[pooling]["flow"]),
-            train=TrainConfig.from_dict(tuned[pooling]["train"]))
+        yield "flow (tuned on dev)", tuned_method(tuned[pooling])
 
 
 def _markdown(rows: list[dict], encoder: str, minutes: float, missing: list[str]) -> str:

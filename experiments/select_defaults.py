@@ -16,18 +16,16 @@ Writes experiments/results/select_defaults.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
+from common import parser
 
 from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, lee, load_encoder, sts
 from bertflow.cache import EmbeddingCache
 from bertflow.files import write_json
 
-REPO = Path(__file__).resolve().parent.parent
 CANDIDATES = {  # name: (flow, training, standardise first)
     "release (reverse mixing), 1 epoch": (FlowConfig(), TrainConfig(epochs=1), True),
     "release (reverse mixing), 3 epochs": (FlowConfig(), TrainConfig(epochs=3, patience=0), True),
@@ -48,29 +46,23 @@ SPREAD = ("release (reverse mixing), 1 epoch", "affine coupling, 1 epoch",
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--cache", type=Path, default=REPO / "experiments" / "cache")
-    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
-    args = parser.parse_args()
+    args = parser(__doc__, "data", "cache", "out").parse_args()
     began = time.perf_counter()
 
     encoder, cache = load_encoder(), EmbeddingCache(args.cache)
-    splits = [sts.read_stsb(args.data / "STSBenchmark", s) for s in ("train", "dev", "test")]
-    stsb = list(dict.fromkeys(s for p in splits for s in p.sentences()))
+    splits = sts.read_stsb_splits(args.data / "STSBenchmark")
+    stsb = sts.sentences_of(splits.values())
     background = lee.background_sentences()
-    documents = [lee.sentences(d) for d in lee.documents()]
-    rated = [s for d in documents for s in d]
-    owner = np.repeat(np.arange(50), [len(d) for d in documents])
+    rated = lee.rated_sentences()
     x_stsb = cache.encode(stsb, encoder, list(POOLINGS))
     x_background = cache.encode(background, encoder, list(POOLINGS))
     x_rated = cache.encode(rated, encoder, list(POOLINGS))
 
     def dev(v: np.ndarray) -> float:
-        return sts.pair_spearman(splits[1], stsb, v)
+        return sts.pair_spearman(splits["dev"], stsb, v)
 
     def lee_score(v: np.ndarray) -> float:
-        return lee.judgement_spearman(np.stack([v[owner == i].mean(0) for i in range(50)]))
+        return lee.judgement_spearman(lee.document_vectors(v))
 
     def run(pooling: str, name: str, seed: int) -> dict:
         flow, train, standardize = CANDIDATES[name]

@@ -12,40 +12,25 @@ fit on each task's own sentences without scores ("target") and on a generic text
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from pathlib import Path
 
-import numpy as np
+from common import parser, tuned_flows, tuned_method
 
-from bertflow import POOLINGS, FlowConfig, TrainConfig, load_encoder
+from bertflow import POOLINGS, load_encoder
 from bertflow.cache import EmbeddingCache
 from bertflow.evaluate import evaluate, format_table
 from bertflow.files import read_sentences, write_json
 from bertflow.methods import default_d, default_k, make_method
 from bertflow.sts import load_tasks
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "experiments" / "results"
-
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--encoder", action="append", default=None,
-                        help="encoder folder; repeat for several (default: all-MiniLM-L6-v2)")
-    parser.add_argument("--generic", type=Path,
-                        default=REPO.parent / "shared" / "data" / "unlabeled" / "wiki-sample.txt")
-    parser.add_argument("--tuned", type=Path, default=RESULTS / "tune_flow.json")
-    parser.add_argument("--cache", type=Path, default=REPO / "experiments" / "cache")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser(__doc__, "data", "encoders", "generic", "tuned", "cache", "out").parse_args()
     began = time.perf_counter()
 
     tasks, missing = load_tasks(args.data)
     generic = read_sentences(args.generic)
-    tuned = json.loads(args.tuned.read_text())["best"] if args.tuned.exists() else {}
+    tuned = tuned_flows(args.tuned)
     cache = EmbeddingCache(args.cache)
     rows = []
     for source in args.encoder or [None]:
@@ -56,9 +41,7 @@ def main() -> None:
         for pooling in POOLINGS:
             width = encoder.width(pooling)  # static: the word embeddings' width
             k, d = default_k(width), default_d(width)
-            def embed(sentences, pooling=pooling, encoder=encoder):
-                return np.asarray(cache.encode(sentences, encoder, pooling))
-
+            embed = cache.embedder(encoder, pooling)
             methods = [("raw", {}), ("standardize", {}), ("whitening", {}),
                        ("whitening-k", {"k": k}), ("abtt", {"d": d}), ("flow", {})]
             if pooling in tuned:
@@ -93,9 +76,7 @@ def main() -> None:
 
 def _factory(method: str, options: dict, k: int, d: int):
     if "tuned" in options:
-        flow = FlowConfig.from_dict(options["tuned"]["flow"])
-        train = TrainConfig.from_dict(options["tuned"]["train"])
-        return (lambda: make_method("flow", flow=flow, train=train)), "flow (tuned on dev)"
+        return (lambda: tuned_method(options["tuned"])), "flow (tuned on dev)"
     name = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}"}.get(method, method)
     return (lambda: make_method(method, k=options.get("k", k), d=options.get("d", d))), name
 

@@ -11,19 +11,18 @@ fits already there (fits are seeded, so a stored row is what a new fit would giv
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import time
 from pathlib import Path
 
 import numpy as np
+from common import parser
 
 from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, load_encoder, sts
 from bertflow.cache import EmbeddingCache
 from bertflow.files import write_json
 
-REPO = Path(__file__).resolve().parent.parent
 GRID = {
     "lr": (1e-3, 3e-4, 1e-4),
     "epochs": (1, 3),
@@ -33,17 +32,12 @@ GRID = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
-    parser.add_argument("--encoder", default=None, help="encoder folder (default: MiniLM)")
-    parser.add_argument("--cache", type=Path, default=REPO / "experiments" / "cache")
-    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "results")
-    args = parser.parse_args()
+    args = parser(__doc__, "data", "encoder", "cache", "out").parse_args()
     began = time.perf_counter()
 
     encoder = load_encoder(args.encoder)
-    splits = [sts.read_stsb(args.data / "STSBenchmark", s) for s in ("train", "dev", "test")]
-    sentences = list(dict.fromkeys(s for p in splits for s in p.sentences()))
+    splits = sts.read_stsb_splits(args.data / "STSBenchmark")
+    sentences = sts.sentences_of(splits.values())
     x = EmbeddingCache(args.cache).encode(sentences, encoder, list(POOLINGS))
 
     log = args.cache / "tune_flow.rows.jsonl"
@@ -51,7 +45,7 @@ def main() -> None:
     reused = 0
     rows = []
     for pooling in POOLINGS:
-        raw = sts.pair_spearman(splits[1], sentences, np.asarray(x[pooling]))
+        raw = sts.pair_spearman(splits["dev"], sentences, np.asarray(x[pooling]))
         for lr, epochs, coupling, linear in itertools.product(*GRID.values()):
             flow = FlowConfig(coupling=coupling, linear=linear)
             train = TrainConfig(lr=lr, epochs=epochs, patience=0)
@@ -63,7 +57,8 @@ def main() -> None:
                 reused += 1
                 continue
             head = FlowHead.fit(x[pooling], flow=flow, train=train)
-            row["stsb_dev"] = sts.pair_spearman(splits[1], sentences, head.transform(x[pooling]))
+            row["stsb_dev"] = sts.pair_spearman(splits["dev"], sentences,
+                                                head.transform(x[pooling]))
             rows.append(row)
             with log.open("a") as f:
                 f.write(json.dumps(row) + "\n")
