@@ -43,6 +43,6 @@ def test_readme_block_runs_as_written(tmp_path, kind, code, line):
     command = ["bash", "-euo", "pipefail", "-c", code] if kind == "sh" else [
         sys.executable, "-c", code]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+                          timeout=1800)
     assert done.returncode == 0, (f"README.md line {line} ({kind}) failed:\n{code}\n"
                                   f"--- stderr ---\n{done.stderr[-4000:]}")
