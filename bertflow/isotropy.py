@@ -70,13 +70,15 @@ def condition_number(x: np.ndarray) -> float:
 
 def partition_isotropy(x: np.ndarray) -> float:
     r"""$I(W) = \min_c Z(c) / \max_c Z(c)$ with $Z(c) = \sum_i \exp(c^\top w_i)$ (Mu &
-    Viswanath, 2018), $c$ ranging over the eigenvectors of $W^\top W$, on L2-normalised rows
-    so that methods with different output scales compare, as cosine does. 1 is perfectly
-    isotropic; on unit vectors every vector pointing one way gives $1/e$."""
+    Viswanath, 2018), $c$ ranging over the eigenvectors of $W^\top W$ with both signs
+    ($Z(c) \ne Z(-c)$), on L2-normalised rows so that methods with different output scales
+    compare, as cosine does. 1 is perfectly isotropic; on unit vectors every vector pointing
+    one way, $u$, gives $Z(u) = n e$ and $Z(-u) = n / e$, so $I = 1/e^2$."""
     w = np.asarray(x, dtype=np.float64)
     w = w / np.maximum(np.linalg.norm(w, axis=1, keepdims=True), 1e-12)
     _, _, directions = np.linalg.svd(w, full_matrices=False)
-    log_z = logsumexp(w @ directions.T, axis=0)
+    projections = w @ directions.T
+    log_z = logsumexp(np.concatenate([projections, -projections], axis=1), axis=0)
     return float(np.exp(log_z.min() - log_z.max()))
 
 

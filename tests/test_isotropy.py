@@ -26,8 +26,37 @@ def test_a_narrow_cone_scores_as_anisotropic():
     assert mean_pair_cosine(x) > 0.95
     assert effective_rank(x) < 15
     assert condition_number(x) > 500
-    # on unit vectors Z ranges over [n/e, n e]: a perfect cone gives 1/e
+    # on unit vectors Z ranges over [n/e, n e]: a perfect cone gives 1/e²
     assert partition_isotropy(x) < 0.4
+
+
+def test_partition_isotropy_of_a_cone_counts_both_signs_of_each_direction():
+    # every row one unit vector u (plus noise): Z(u) = n e, Z(-u) = n / e, so I = 1/e²
+    rng = np.random.default_rng(3)
+    u = rng.normal(size=16)
+    x = u / np.linalg.norm(u) + 1e-7 * rng.normal(size=(300, 16))
+    assert partition_isotropy(x) == pytest.approx(math.exp(-2), rel=1e-5)
+    assert partition_isotropy(-x) == pytest.approx(math.exp(-2), rel=1e-5)
+
+
+def test_partition_isotropy_of_symmetric_sets():
+    assert partition_isotropy(np.concatenate([np.eye(6), -np.eye(6)])) == pytest.approx(1.0)
+    # ±e1 three times, ±e2 twice, ±e3 once: W^T W = diag(6, 4, 2), and the m copies of ±e_j
+    # give Z(±e_j) = m (e + 1/e) + 2 (6 - m)
+    w = np.repeat(np.eye(3), [3, 2, 1], axis=0)
+    w = np.concatenate([w, -w])
+    z = [m * (math.e + 1 / math.e) + 2 * (6 - m) for m in (3, 2, 1)]
+    assert partition_isotropy(w) == pytest.approx(min(z) / max(z), rel=1e-12)
+
+
+def test_partition_isotropy_against_a_brute_force_sum():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(40, 5)) * np.array([3.0, 1.5, 1.0, 0.5, 0.2]) + 0.8
+    w = [[v / math.sqrt(sum(v * v for v in row)) for v in row] for row in x.tolist()]
+    _, vectors = np.linalg.eigh(np.array(w).T @ np.array(w))
+    z = [sum(math.exp(sign * sum(a * b for a, b in zip(c, row, strict=True))) for row in w)
+         for c in vectors.T.tolist() for sign in (1, -1)]
+    assert partition_isotropy(x) == pytest.approx(min(z) / max(z), rel=1e-9)
 
 
 def test_effective_rank_and_condition_number_on_a_known_spectrum():
