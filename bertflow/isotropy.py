@@ -1,4 +1,5 @@
-"""How isotropic a set of embeddings is: cosines, spectrum, and the partition function."""
+"""How isotropic a set of embeddings is: cosines, spectrum, the partition function, and the
+alignment and uniformity of unit vectors."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import numpy as np
 import torch
 from scipy.special import logsumexp
 
+from .errors import BertflowError
+
 __all__ = [
+    "alignment",
     "condition_number",
     "effective_rank",
     "isotropy_measures",
@@ -16,21 +20,16 @@ __all__ = [
     "pair_cosines",
     "partition_isotropy",
     "singular_values",
+    "uniformity",
 ]
 
 
 def pair_cosines(x: np.ndarray | torch.Tensor, pairs: int = 10000, seed: int = 0) -> np.ndarray:
     """Cosine similarities of `pairs` random pairs of distinct rows of `x`."""
-    if not isinstance(x, torch.Tensor):
-        x = torch.from_numpy(np.array(x, dtype=np.float64))
-    n = x.shape[0]
-    if n < 2:
+    x = _tensor(x)
+    if x.shape[0] < 2:
         return np.full(0, np.nan)
-    g = torch.Generator().manual_seed(seed)
-    i = torch.randint(n, (pairs,), generator=g)
-    j = (i + torch.randint(1, n, (pairs,), generator=g)) % n
-    x = x.detach().cpu()
-    u, v = (torch.nn.functional.normalize(x[k].double(), dim=1) for k in (i, j))
+    u, v = (_unit(x[k]) for k in _random_pairs(x.shape[0], pairs, seed))
     return (u * v).sum(1).numpy()
 
 
@@ -91,3 +90,55 @@ def isotropy_measures(x: np.ndarray) -> dict[str, float | None]:
         "isotropy": partition_isotropy(x),
     }
     return {k: (v if math.isfinite(v) else None) for k, v in values.items()}
+
+
+def alignment(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
+              alpha: float = 2) -> float:
+    r"""$\ell_\text{align} = \mathbb{E}_{(x, y)} \lVert f(x) - f(y) \rVert^\alpha$ over the
+    positive pairs $(x_i, y_i)$, rows of `x` and `y`, with $f$ the L2 normalisation (Wang &
+    Isola, 2020): 0 when every pair coincides, 4 (for $\alpha = 2$) when every pair is
+    antipodal; lower is better. NaN without pairs."""
+    x, y = _tensor(x), _tensor(y)
+    if x.shape != y.shape:
+        raise BertflowError(f"alignment needs pairs of rows of one shape, got "
+                            f"{tuple(x.shape)} and {tuple(y.shape)}")
+    if x.shape[0] == 0:
+        return math.nan
+    return float((_unit(x) - _unit(y)).norm(dim=1).pow(alpha).mean())
+
+
+def uniformity(x: np.ndarray | torch.Tensor, t: float = 2, pairs: int = 10000,
+               seed: int = 0) -> float:
+    r"""$\ell_\text{uniform} = \log \mathbb{E}_{u \ne v} \exp(-t \lVert f(u) - f(v) \rVert^2)$
+    over pairs of distinct rows, with $f$ the L2 normalisation (Wang & Isola, 2020): 0 when
+    every row points one way, $-2t$ in the limit of unit vectors spread uniformly over a
+    sphere of high dimension; lower is better. Every pair when there are at most `pairs` of
+    them, else `pairs` random ones drawn with `seed`. NaN for fewer than two rows."""
+    x = _tensor(x)
+    n = x.shape[0]
+    if n < 2:
+        return math.nan
+    if n * (n - 1) // 2 <= pairs:
+        i, j = torch.triu_indices(n, n, offset=1)
+    else:
+        i, j = _random_pairs(n, pairs, seed)
+    squared = (_unit(x[i]) - _unit(x[j])).pow(2).sum(1)
+    return float(torch.logsumexp(-t * squared, 0) - math.log(len(squared)))
+
+
+def _tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    return torch.from_numpy(np.array(x, dtype=np.float64))
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(x.double(), dim=1)
+
+
+def _random_pairs(n: int, pairs: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row indices `i`, `j` of `pairs` random pairs with i ≠ j, drawn with `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    i = torch.randint(n, (pairs,), generator=g)
+    j = (i + torch.randint(1, n, (pairs,), generator=g)) % n
+    return i, j

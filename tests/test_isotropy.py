@@ -2,13 +2,17 @@ import math
 
 import numpy as np
 import pytest
+from scipy.special import gammaln, i0, ive
 
+from bertflow import BertflowError
 from bertflow.isotropy import (
+    alignment,
     condition_number,
     effective_rank,
     isotropy_measures,
     mean_pair_cosine,
     partition_isotropy,
+    uniformity,
 )
 
 
@@ -77,3 +81,42 @@ def test_partition_isotropy_is_scale_free_and_dead_dimensions_give_none():
     measures = isotropy_measures(x)
     assert measures["condition_number"] is None
     assert set(measures) == {"mean_cosine", "effective_rank", "condition_number", "isotropy"}
+
+
+def test_alignment_of_identical_antipodal_and_orthogonal_pairs():
+    x = np.random.default_rng(5).normal(size=(50, 8))
+    assert alignment(x, 3 * x) == pytest.approx(0, abs=1e-12)
+    assert alignment(x, -x) == pytest.approx(4)
+    assert alignment(x, -x, alpha=1) == pytest.approx(2)
+    e = np.eye(8)
+    assert alignment(e, np.roll(e, 1, axis=0)) == pytest.approx(2)
+    assert math.isnan(alignment(x[:0], x[:0]))
+    with pytest.raises(BertflowError, match="one shape"):
+        alignment(x, x[:10])
+
+
+def test_uniformity_of_one_direction_and_of_a_circle():
+    assert uniformity(np.ones((30, 4)) + 1e-9) == pytest.approx(0, abs=1e-12)
+    assert math.isnan(uniformity(np.ones((1, 4))))
+    # n equally spaced points on the circle, every pair: |u - v|^2 = 2 - 2 cos(2 pi k / n),
+    # and sum_{k=0}^{n-1} exp(4 cos(2 pi k / n)) = n I0(4) to machine precision
+    n = 400
+    angle = 2 * np.pi * np.arange(n) / n
+    circle = np.stack([np.cos(angle), np.sin(angle)], axis=1)
+    expected = -4 + math.log((n * i0(4) - math.exp(4)) / (n - 1))
+    assert uniformity(circle, pairs=n * n) == pytest.approx(expected, rel=1e-9)
+    # t = 1: log E exp(-(2 - 2 cos)) = -2 + log I0(2) in the limit of many points
+    assert uniformity(circle, t=1, pairs=2000, seed=1) == pytest.approx(
+        -2 + math.log(i0(2)), abs=0.05)
+
+
+def test_uniformity_on_a_high_dimensional_sphere():
+    # cos s of two uniform points of S^{d-1}: E exp(k s) = Γ(d/2) (k/2)^{1-d/2} I_{d/2-1}(k)
+    d, t = 64, 2.0
+    k = 2 * t
+    expected = -2 * t + gammaln(d / 2) + (1 - d / 2) * math.log(k / 2) \
+        + math.log(ive(d / 2 - 1, k)) + k
+    x = np.random.default_rng(6).normal(size=(4000, d)) * 7
+    assert uniformity(x, t=t) == pytest.approx(expected, abs=0.01)
+    assert uniformity(x, t=t) == uniformity(x, t=t)  # seeded
+    assert uniformity(x, t=t, seed=1) != uniformity(x, t=t)
