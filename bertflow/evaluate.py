@@ -1,5 +1,5 @@
 """The STS harness: fit a method on unlabeled sentences, score the seven tasks, measure
-isotropy, and return one row per (task, aggregation)."""
+isotropy, alignment and uniformity, and return one row per (task, aggregation)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,17 @@ from .encoder import Encoder
 from .files import read_sentences
 from .flow import FlowConfig
 from .head import FlowHead
-from .isotropy import isotropy_measures
+from .isotropy import alignment, isotropy_measures, uniformity
 from .methods import Fitted, Method, default_d, default_k, make_method
-from .sts import TASKS, Task, score
+from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 from .train import TrainConfig
 
-__all__ = ["AGGREGATIONS", "evaluate", "evaluate_head", "evaluate_method", "format_table",
-           "summarise", "undefined_notes"]
+__all__ = ["AGGREGATIONS", "MEASURES", "evaluate", "evaluate_head", "evaluate_method",
+           "format_table", "pair_measures", "summarise", "undefined_notes"]
 
 AGGREGATIONS = ("all", "wmean")
+MEASURES = ("mean_cosine", "effective_rank", "condition_number", "isotropy", "alignment",
+            "uniformity")  # of the scored embeddings, in every row
 Embed = Callable[[Sequence[str]], np.ndarray]
 
 
@@ -45,7 +47,9 @@ def evaluate(
     `labels` (encoder, pooling, method, fit_on) are copied into every row. No gold score is
     ever used to fit. A task whose Spearman is undefined (constant gold scores or constant
     predicted similarities) gets ``spearman`` None and the reason under ``undefined``, and is
-    left out of the average; no row holds a NaN.
+    left out of the average; no row holds a NaN. Each row carries the `MEASURES` of the
+    task's scored embeddings (`isotropy_measures`, `pair_measures`); the average's are the
+    mean over its tasks.
     """
     shared = None
     if fit_on is None:
@@ -65,7 +69,7 @@ def evaluate(
         sentences = task.sentences()
         vectors = method.transform(embed(sentences))
         scores = score(task.test, sentences, vectors)
-        measures = isotropy_measures(vectors)
+        measures = {**isotropy_measures(vectors), **pair_measures(task.test, sentences, vectors)}
         for a in AGGREGATIONS:
             row = {**labels, "task": name, "aggregation": a, "spearman": scores[a], **measures}
             if scores[a] is None:
@@ -84,11 +88,21 @@ def summarise(rows: list[dict[str, Any]], labels: dict[str, Any]) -> list[dict[s
         row = {**labels, "task": "avg", "aggregation": aggregation,
                "spearman": float(np.mean([r["spearman"] for r in scored])),
                "tasks": [r["task"] for r in scored]}
-        for key in ("mean_cosine", "effective_rank", "condition_number", "isotropy"):
+        for key in MEASURES:
             values = [r[key] for r in scored if r.get(key) is not None]
             row[key] = float(np.mean(values)) if values and len(values) == len(scored) else None
         out.append(row)
     return out
+
+
+def pair_measures(subsets: Sequence[Pairs], sentences: Sequence[str],
+                  vectors: np.ndarray) -> dict[str, float | None]:
+    """Wang & Isola's `alignment` of the pairs of `subsets` with gold ≥ 4 (`positive_pairs`)
+    and `uniformity` of random pairs of all `vectors`, where `vectors[i]` embeds
+    `sentences[i]`; None where undefined (no positive pair, fewer than two sentences)."""
+    values = {"alignment": alignment(*pair_vectors(positive_pairs(subsets), sentences, vectors)),
+              "uniformity": uniformity(vectors)}
+    return {k: (v if math.isfinite(v) else None) for k, v in values.items()}
 
 
 def format_table(rows: list[dict[str, Any]], aggregation: str = "all") -> str:

@@ -17,6 +17,7 @@ from .errors import BertflowError
 from .files import split_lines
 
 __all__ = [
+    "POSITIVE_GOLD",
     "STS_SUBSETS",
     "TASKS",
     "Pairs",
@@ -25,6 +26,8 @@ __all__ = [
     "load_task",
     "load_tasks",
     "pair_spearman",
+    "pair_vectors",
+    "positive_pairs",
     "read_sick",
     "read_sts_subset",
     "read_stsb",
@@ -42,6 +45,7 @@ STS_SUBSETS = {
     "STS15": ("answers-forums", "answers-students", "belief", "headlines", "images"),
     "STS16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
 }
+POSITIVE_GOLD = 4.0  # a pair scored at least this (of 5) is a paraphrase: SimCSE's positives
 _FOLDERS = {**{t: f"{t}-en-test" for t in STS_SUBSETS}, "STS-B": "STSBenchmark", "SICK-R": "SICK"}
 _SICK_FILES = {
     "train": "SICK_train.txt",
@@ -251,12 +255,7 @@ def score(
     row = {s: i for i, s in enumerate(sentences)}
     predicted, golds, per_subset, sizes, reasons = [], [], [], [], []
     for pairs in subsets:
-        try:
-            a = vectors[[row[s] for s in pairs.first]]
-            b = vectors[[row[s] for s in pairs.second]]
-        except KeyError as e:
-            raise BertflowError(f"no vector for sentence {e.args[0]!r} of {pairs.name}") from None
-        similarity = cosine(a, b)
+        similarity = cosine(*pair_vectors(pairs, row, vectors))
         predicted.append(similarity)
         golds.append(pairs.gold)
         per_subset.append(spearman(similarity, pairs.gold))
@@ -271,6 +270,34 @@ def score(
         "wmean": None if why["wmean"] else float(np.average(per_subset, weights=sizes)),
         "undefined": {k: v for k, v in why.items() if v is not None},
     }
+
+
+def pair_vectors(pairs: Pairs, sentences: Sequence[str] | dict[str, int],
+                 vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The vectors of the first and of the second sentence of each pair, where `vectors[i]`
+    embeds `sentences[i]` (or sentence `s` is row `sentences[s]`, given as a dict)."""
+    row = sentences if isinstance(sentences, dict) else {s: i for i, s in enumerate(sentences)}
+    try:
+        return vectors[[row[s] for s in pairs.first]], vectors[[row[s] for s in pairs.second]]
+    except KeyError as e:
+        raise BertflowError(f"no vector for sentence {e.args[0]!r} of {pairs.name}") from None
+
+
+def positive_pairs(subsets: Iterable[Pairs], threshold: float = POSITIVE_GOLD) -> Pairs:
+    """The pairs of `subsets` whose gold score is at least `threshold`, as one `Pairs`: the
+    positives of Wang & Isola's alignment, gold ≥ 4 as SimCSE takes them on STS-B (0-5; the
+    same threshold on SICK's 1-5 scale). It may be empty."""
+    first: list[str] = []
+    second: list[str] = []
+    gold, names = [np.zeros(0)], []
+    for pairs in subsets:
+        keep = np.flatnonzero(pairs.gold >= threshold)
+        first += [pairs.first[i] for i in keep]
+        second += [pairs.second[i] for i in keep]
+        gold.append(pairs.gold[keep])
+        names.append(pairs.name)
+    return Pairs(f"gold ≥ {threshold:g} in {', '.join(names)}", first, second,
+                 np.concatenate(gold))
 
 
 def _check_gold(score: float, text: str, path: Path, number: int) -> float:

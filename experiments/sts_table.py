@@ -69,7 +69,8 @@ def main() -> None:
             f"the data folder: {', '.join(missing) or 'none'}; `avg` is over the tasks present.\n"]
     for aggregation in ("all", "wmean"):
         text += [f"\n## Aggregation `{aggregation}`\n", format_table(rows, aggregation), ""]
-    text += ["\n## Isotropy of the scored embeddings (7-task average)\n", _isotropy(rows)]
+    text += ["\n## Isotropy, alignment and uniformity of the scored embeddings "
+             "(7-task average)\n", _isotropy(rows)]
     (args.out / "sts_table.md").write_text("\n".join(text) + "\n")
     print(f"{len(rows)} rows in {minutes:.1f} min")
 
@@ -83,18 +84,22 @@ def _factory(method: str, options: dict, k: int, d: int):
 
 def _isotropy(rows: list[dict]) -> str:
     lines = ["| encoder | pooling | method | fit on | mean cosine | effective rank | "
-             "condition number | I(W) |", "|---|---|---|---|---:|---:|---:|---:|"]
+             "condition number | I(W) | alignment | uniformity |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["task"] == "avg" and r["aggregation"] == "all":
-            cells = [_number(r[k], f) for k, f in (("mean_cosine", ".3f"), ("effective_rank",
-                     ".1f"), ("condition_number", ".3g"), ("isotropy", ".3f"))]
+            cells = [_number(r.get(k), f, "inf" if k == "condition_number" else "n/a")
+                     for k, f in (("mean_cosine", ".3f"), ("effective_rank", ".1f"),
+                                  ("condition_number", ".3g"), ("isotropy", ".3f"),
+                                  ("alignment", ".3f"), ("uniformity", ".3f"))]
             lines.append(f"| {r['encoder']} | {r['pooling']} | {r['method']} | {r['fit_on']} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _number(value: float | None, spec: str) -> str:
-    return "inf" if value is None else format(value, spec)
+def _number(value: float | None, spec: str, none: str = "inf") -> str:
+    """A measure, or `none` for None: an infinite condition number, an undefined measure."""
+    return none if value is None else format(value, spec)
 
 
 if __name__ == "__main__":

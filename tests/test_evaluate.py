@@ -5,15 +5,17 @@ import pytest
 
 from bertflow import BertflowError
 from bertflow.cli import main
-from bertflow.evaluate import evaluate, format_table
+from bertflow.evaluate import evaluate, format_table, pair_measures
+from bertflow.isotropy import uniformity
 from bertflow.methods import make_method
-from bertflow.sts import load_tasks
+from bertflow.sts import Pairs, load_tasks
 
 from .conftest import WORDS
 from .test_sts import write_sick, write_sts_year, write_stsb
 
 KEYS = {"encoder", "pooling", "method", "fit_on", "task", "aggregation", "spearman",
-        "mean_cosine", "effective_rank", "condition_number", "isotropy"}
+        "mean_cosine", "effective_rank", "condition_number", "isotropy", "alignment",
+        "uniformity"}
 
 
 @pytest.fixture
@@ -79,6 +81,23 @@ def test_harness_rows_for_every_task_and_both_aggregations(data, tiny_encoder):
     assert len(tasks["STS-B"].unlabeled) > len(tasks["STS-B"].sentences())
     table = format_table(rows)
     assert "| tiny | mean | whitening | target | missing |" in table
+    # alignment needs pairs with gold ≥ 4: STS-B has them, the SICK-R and STS14 here do not
+    assert 0 < by["STS-B", "all"]["alignment"] < 4
+    assert by["SICK-R", "all"]["alignment"] is None and avg["alignment"] is None
+    assert avg["uniformity"] == pytest.approx(np.mean([by[t, "all"]["uniformity"]
+                                                       for t in ("STS14", "STS-B", "SICK-R")]))
+
+
+def test_pair_measures_take_the_pairs_with_gold_of_at_least_four():
+    sentences = ["a", "b", "c", "d", "e"]
+    vectors = np.array([[1.0, 0], [2, 0], [0, 1], [0, -3], [-1, 0]])
+    pairs = Pairs("toy", ["a", "c", "a", "c"], ["b", "c", "e", "d"],
+                  np.array([4.0, 5, 3.9, 0]))
+    measures = pair_measures([pairs], sentences, vectors)
+    assert measures["alignment"] == 0  # a ~ b and c ~ c; a, e and c, d are left out
+    assert measures["uniformity"] == pytest.approx(uniformity(vectors))
+    assert pair_measures([Pairs("none", ["a"], ["e"], np.array([1.0]))], sentences,
+                         vectors)["alignment"] is None
 
 
 def test_eval_command_end_to_end(data, tmp_path, capsys, tiny_encoder_dir, corpus_file):

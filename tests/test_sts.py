@@ -9,6 +9,7 @@ from bertflow.sts import (
     Pairs,
     load_task,
     load_tasks,
+    positive_pairs,
     read_sick,
     read_sts_subset,
     read_stsb,
@@ -227,3 +228,15 @@ def test_undefined_spearman_is_none_with_a_reason():
     got = score([varied], sentences, same)
     assert got["all"] is None and got["undefined"]["all"] == "constant predicted similarities"
     json.dumps(got, allow_nan=False)
+
+
+def test_positive_pairs_pool_the_subsets_with_gold_of_at_least_four(tmp_path):
+    write_sick(tmp_path / "SICK")  # relatedness 1 to 3 (of 1-5): no positive
+    write_stsb(tmp_path / "STSBenchmark", rows_per_split=6)  # gold 0, 1.1, ..., 5.5
+    sick = read_sick(tmp_path / "SICK", "test")
+    dev, test = (read_stsb(tmp_path / "STSBenchmark", s) for s in ("dev", "test"))
+    positives = positive_pairs([dev, sick, test])
+    assert positives.first == ["dev a 4", "dev a 5", "test a 4", "test a 5"]
+    assert positives.second == ["dev b 4", "dev b 5", "test b 4", "test b 5"]
+    np.testing.assert_allclose(positives.gold, [4.4, 5.5, 4.4, 5.5])
+    assert len(positive_pairs([sick])) == 0 and len(positive_pairs([sick], 3)) == 1
