@@ -77,7 +77,7 @@ class ScalerOnly:
         if self.scaler is None:
             raise BertflowError("fit the standardisation before transforming")
         with torch.no_grad():
-            return self.scaler(torch.from_numpy(np.asarray(x, dtype=np.float32)))[0].numpy()
+            return self.scaler(torch.from_numpy(np.array(x, dtype=np.float32)))[0].numpy()
 
     def describe(self) -> dict[str, Any]:
         return {}
