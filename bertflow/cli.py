@@ -173,7 +173,8 @@ def _diagnose(args: argparse.Namespace) -> None:
     paths, before, after = diagnose(
         sentences, args.out, encoder, head=head, pooling=args.pooling,
         max_length=args.max_length, corpus=corpus, cache=EmbeddingCache(args.cache), flow=flow,
-        train=train, batch_size=args.encode_batch_size, progress=_progress(args))
+        train=train, batch_size=args.encode_batch_size, progress=_progress(args),
+        data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
     for key in before:
         print(f"{key:18}{_number(before[key]):>12}{_number(after[key]):>12}")

@@ -194,14 +194,22 @@ def _eval_command(commands: Any) -> argparse.ArgumentParser:
 
 def _diagnose_command(commands: Any) -> argparse.ArgumentParser:
     p = _command(commands, "diagnose", "plot anisotropy before and after a flow", """
-        Four PNG plots of SENTENCES' embeddings before and after a head (or a flow fit on
-        them): singular-value spectrum, pair cosines, token norms by frequency, projection.""")
+        PNG plots of SENTENCES' embeddings before and after a head (or a flow fit on them):
+        singular-value spectrum, pair cosines, projection; of the encoder's input word
+        embeddings: norms by token frequency, top two singular directions coloured by
+        frequency, singular values; and, with --data, every method's alignment against
+        uniformity on STS-B.""")
     p.add_argument("sentences", type=Path, help="text file, one sentence per line")
     p.add_argument("--out", type=Path, required=True, help="folder for the PNG plots")
     p.add_argument("--head", type=Path, default=None,
                    help="apply this head (default: fit a flow on the sentences)")
     p.add_argument("--corpus", type=Path, default=None,
                    help="text whose token frequencies to plot (default: the sentences)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="folder in SentEval's layout: also plot alignment_uniformity.png, "
+                        "every method fit on SENTENCES (the flow: --head, if given) placed by "
+                        "its uniformity and alignment on the STS-B dev and test pairs "
+                        "(alignment: those with gold ≥ 4); without it, that plot is left out")
     _head_or_flow_options(p)
     return p
 

@@ -1,20 +1,23 @@
 """Pictures of anisotropy: the singular spectrum, random-pair cosines, token norms against
 frequency, and a 2-D view, before and after a transform (`diagnose`: a head, or a flow fit on
-the sentences themselves)."""
+the sentences themselves); every method's alignment and uniformity on STS-B; and the input word
+embeddings' degeneration (Gao et al., 2019): their top two singular directions by frequency,
+and their singular values."""
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .cache import EmbeddingCache
-from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
+from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING, METHODS
 from .encoder import Encoder
 from .errors import BertflowError
+from .evaluate import pair_measures
 from .flow import FlowConfig
 from .folders import PLOTS_FOLDER
 from .head import FlowHead
@@ -25,11 +28,16 @@ from .isotropy import (
     pair_cosines,
     singular_values,
 )
+from .methods import Fitted, default_d, default_k, make_method
+from .sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
 from .train import TrainConfig
 
-__all__ = ["PLOTS", "diagnose", "plot_all", "token_frequencies"]
+__all__ = ["PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all",
+           "token_frequencies"]
 
-PLOTS = PLOTS_FOLDER.files  # spectrum.png, cosines.png, token_norms.png, projection.png
+PLOTS = PLOTS_FOLDER.files  # alignment_uniformity.png only where STS-B was given
+STSB_SPLITS = ("dev", "test")  # the STS-B pairs of the alignment and uniformity plot
+Points = Mapping[str, Mapping[str, "float | None"]]
 _BEFORE, _AFTER = "#c0392b", "#2471a3"
 
 
@@ -42,31 +50,38 @@ def plot_all(
     corpus: Sequence[str],
     title: str,
     after_label: str = "after the flow",
+    points: Points | None = None,
+    points_title: str = "",
 ) -> list[Path]:
-    """Write the four PNGs of `PLOTS` into folder `out`, replaced as a whole; a folder that
-    holds anything else is refused."""
+    """Write the PNGs of `PLOTS` into folder `out`, replaced as a whole (a folder that holds
+    anything else is refused), and return their paths: `alignment_uniformity.png` only with
+    `points`, each method's alignment and uniformity by its label (`method_points`), under
+    `points_title`."""
     out = PLOTS_FOLDER.check_destination(out)
-    try:
-        import matplotlib
-    except ImportError:
-        raise BertflowError("diagnose draws with matplotlib: pip install 'bertflow[plots]'") \
-            from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figures = {
-        "spectrum.png": _spectrum(plt, before, after, title, after_label),
-        "cosines.png": _cosines(plt, before, after, title, after_label),
-        "token_norms.png": _token_norms(plt, encoder, corpus),
-        "projection.png": _projection(plt, before, after, title, after_label),
+    plt = _pyplot()
+    counts = token_frequencies(encoder, corpus)
+    weights = encoder.model.get_input_embeddings().weight.detach().double().cpu().numpy()
+    figures: dict[str, Callable[[], object]] = {
+        "spectrum.png": lambda: _spectrum(plt, before, after, title, after_label),
+        "cosines.png": lambda: _cosines(plt, before, after, title, after_label),
+        "token_norms.png": lambda: _token_norms(plt, encoder, weights, counts, len(corpus)),
+        "projection.png": lambda: _projection(plt, before, after, title, after_label),
+        "token_projection.png": lambda: _token_projection(plt, encoder, weights, counts,
+                                                          len(corpus)),
+        "token_spectrum.png": lambda: _token_spectrum(plt, encoder, weights),
     }
+    if points is not None:
+        figures["alignment_uniformity.png"] = lambda: _alignment_uniformity(
+            plt, points, f"{points_title}\n{title}" if points_title else title)
+
     def fill(tmp: Path) -> None:
-        for name, figure in figures.items():
+        for name, draw in figures.items():
+            figure = draw()
             figure.savefig(tmp / name, dpi=110, bbox_inches="tight")
             plt.close(figure)
 
     PLOTS_FOLDER.write(out, fill)
-    return [Path(out) / name for name in PLOTS]
+    return [Path(out) / name for name in PLOTS if name in figures]
 
 
 def diagnose(
@@ -83,26 +98,58 @@ def diagnose(
     train: TrainConfig | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool | None = None,
+    data: str | os.PathLike | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> tuple[list[Path], dict[str, float | None], dict[str, float | None]]:
     """Plot `sentences`' embeddings before and after `head` (its pooling and max length; a
     given `pooling` must be the head's), or, without a head, after a flow fit on them with
     `flow` and `train`, into folder `out` (`plot_all`; token frequencies from `corpus`,
-    default the sentences). Returns the plots and the isotropy measures before and after."""
+    default the sentences). With `data`, a folder in SentEval's layout, also plot every
+    method's alignment and uniformity on its STS-B dev and test pairs (`method_points`, the
+    methods fit on `sentences`), which `say` reports; without it that plot is left out, and
+    `say` says so. Returns the plots and the isotropy measures before and after."""
+    stsb = None if data is None else list(read_stsb_splits(Path(data) / "STSBenchmark",
+                                                           STSB_SPLITS).values())
     if head is not None:
         head.check(dim=encoder.width(head.pooling or pooling or DEFAULT_POOLING),
                    encoder=encoder.id, pooling=pooling)
     pooling = (head.pooling if head else None) or pooling or DEFAULT_POOLING
     max_length = (head.max_length if head else None) or max_length
-    x = np.asarray((cache or EmbeddingCache()).encode(sentences, encoder, pooling, max_length,
-                                                      batch_size, progress=progress))
+    embed = (cache or EmbeddingCache()).embedder(encoder, pooling, max_length, batch_size,
+                                                 progress)
+    x = embed(sentences)
+    label = "flow" if head is None else f"the head ({head.method})"
     if head is None:
         head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
                             flow=flow or FlowConfig(), train=train or TrainConfig(),
                             progress=progress is not False)
     z = head.transform(x)
+    points, about = None, ""
+    if stsb is not None:
+        points = method_points(x, stsb, embed(sentences_of(stsb)), head, flow_label=label)
+        about = _about(stsb)
+    _report(say, points, about)
     title = f"{encoder.id.name}, {pooling} pooling, {len(sentences)} sentences"
-    paths = plot_all(x, z, out, encoder=encoder, corpus=corpus or sentences, title=title)
+    paths = plot_all(x, z, out, encoder=encoder, corpus=corpus or sentences, title=title,
+                     points=points, points_title=about)
     return paths, isotropy_measures(x), isotropy_measures(z)
+
+
+def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: FlowHead,
+                  flow_label: str = "flow") -> dict[str, dict[str, float | None]]:
+    """The alignment and uniformity (`pair_measures`) of `pairs`, whose sentences
+    (`sentences_of(pairs)`) `y` embeds, after each method of `METHODS` fit on embeddings `x`
+    (whitening-k and abtt keeping `default_k` and removing `default_d` of the width), the flow
+    being `head`, by label (whitening-k as whitening-K, abtt as abtt-D, the flow as
+    `flow_label`)."""
+    k, d = default_k(x.shape[1]), default_d(x.shape[1])
+    labels = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}", "flow": flow_label}
+    sentences = sentences_of(pairs)
+    points = {}
+    for name in METHODS:
+        method = Fitted(head) if name == "flow" else make_method(name, k=k, d=d).fit(x)
+        points[labels.get(name, name)] = pair_measures(pairs, sentences, method.transform(y))
+    return points
 
 
 def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:
@@ -111,6 +158,40 @@ def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:
     for ids in encoder.tokenizer(list(corpus), add_special_tokens=False)["input_ids"]:
         counts.update(ids)
     return counts
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise BertflowError("diagnose draws with matplotlib: pip install 'bertflow[plots]'") \
+            from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _about(stsb: Sequence[Pairs]) -> str:
+    return (f"STS-B {'+'.join(STSB_SPLITS)}: {len(positive_pairs(stsb))} pairs with gold ≥ 4, "
+            f"{len(sentences_of(stsb))} sentences; methods fit on the diagnosed sentences")
+
+
+def _report(say: Callable[[str], None] | None, points: Points | None, about: str) -> None:
+    if say is None:
+        return
+    if points is None:
+        say("alignment_uniformity.png left out: it needs STS-B (a data folder in SentEval's "
+            "layout: --data DATA)")
+        return
+    say(f"alignment and uniformity ({about}):")
+    say(f"  {'':24}{'alignment':>11}{'uniformity':>11}")
+    for label, values in points.items():
+        say(f"  {label:24}{_value(values['alignment']):>11}{_value(values['uniformity']):>11}")
+
+
+def _value(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _spectrum(plt, before, after, title, after_label):
@@ -143,10 +224,9 @@ def _cosines(plt, before, after, title, after_label):
     return figure
 
 
-def _token_norms(plt, encoder: Encoder, corpus: Sequence[str]):
-    counts = token_frequencies(encoder, corpus)
+def _token_norms(plt, encoder: Encoder, weights: np.ndarray, counts: Counter[int],
+                 corpus_size: int):
     ids = np.array(sorted(counts))
-    weights = encoder.model.get_input_embeddings().weight.detach().float().cpu().numpy()
     norms = np.linalg.norm(weights[ids], axis=1)
     frequency = np.array([counts[i] for i in ids])
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -163,10 +243,74 @@ def _token_norms(plt, encoder: Encoder, corpus: Sequence[str]):
     axis.plot(centres, medians, "k-o", ms=3, label="median per frequency bin")
     axis.legend()
     axis.set_xscale("log")
-    axis.set(xlabel=f"token frequency in the corpus ({len(corpus)} sentences)",
+    axis.set(xlabel=f"token frequency in the corpus ({corpus_size} sentences)",
              ylabel="L2 norm of the static token embedding",
              title=f"Token embedding norm against frequency ({encoder.id.name})\n"
                    f"{len(ids)} tokens; Pearson r(log frequency, norm) = {rho:.2f}")
+    return figure
+
+
+def _token_projection(plt, encoder: Encoder, weights: np.ndarray, counts: Counter[int],
+                      corpus_size: int):
+    """Every row of the input word-embedding matrix on its top two right-singular directions,
+    uncentred as in Gao et al. (2019), coloured by log10 of the token's count in the corpus;
+    tokens the corpus never uses in grey, under the others."""
+    _, _, vt = np.linalg.svd(weights, full_matrices=False)
+    points = weights @ vt[:2].T
+    count = np.zeros(len(weights))
+    for token, n in counts.items():
+        count[token] = n
+    seen = np.flatnonzero(count > 0)
+    seen = seen[np.argsort(count[seen], kind="stable")]  # the most frequent drawn last
+    unseen = count == 0
+    figure, axis = plt.subplots(figsize=(6.5, 5), layout="constrained")
+    axis.scatter(points[unseen, 0], points[unseen, 1], s=2, color="#bbbbbb", alpha=0.5,
+                 label=f"never in the corpus ({int(unseen.sum())} tokens)")
+    dots = axis.scatter(points[seen, 0], points[seen, 1], s=3, c=np.log10(count[seen]),
+                        cmap="viridis", alpha=0.8, vmin=0)
+    figure.colorbar(dots, ax=axis, label=f"log10 count in the corpus ({corpus_size} sentences)")
+    axis.plot(0, 0, "k+")
+    axis.legend(loc="best", markerscale=4, fontsize=8)
+    axis.set(xlabel="first singular direction", ylabel="second singular direction",
+             title=f"Input word embeddings on their top two singular directions\n(uncentred, "
+                   f"as Gao et al. 2019; {encoder.id.name}, {len(weights)} tokens × "
+                   f"{weights.shape[1]})")
+    return figure
+
+
+def _token_spectrum(plt, encoder: Encoder, weights: np.ndarray):
+    """Singular values of the input word-embedding matrix over the largest, on a log scale:
+    uncentred (Gao et al.'s view, whose first value is the common direction) and centred."""
+    figure, axis = plt.subplots(figsize=(5.5, 3.8))
+    for matrix, label, colour in ((weights, "uncentred (as Gao et al.)", _BEFORE),
+                                  (weights - weights.mean(0), "centred", _AFTER)):
+        s = np.linalg.svd(matrix, compute_uv=False)
+        axis.semilogy(np.arange(1, len(s) + 1), s / s[0], color=colour, label=label)
+    axis.set(xlabel="index", ylabel="singular value / largest",
+             title=f"Singular values of the input word embeddings\n{encoder.id.name}, "
+                   f"{len(weights)} tokens × {weights.shape[1]}")
+    axis.legend()
+    return figure
+
+
+def _alignment_uniformity(plt, points: Points, title: str):
+    """Each method's uniformity (x) against its alignment (y), as in SimCSE's Figure 2 (Gao
+    et al., 2021): lower left is better."""
+    figure, axis = plt.subplots(figsize=(6, 4.5))
+    shown = [(label, v["uniformity"], v["alignment"]) for label, v in points.items()
+             if v["uniformity"] is not None and v["alignment"] is not None]
+    for i, (label, u, a) in enumerate(shown):  # labelled by marker: close points overlap
+        axis.scatter(u, a, s=50, color=f"C{i}", marker="os^Dv<>P"[i % 8], zorder=3,
+                     alpha=0.8, label=f"{label} ({u:.2f}, {a:.3f})")
+    if shown:
+        axis.legend(fontsize=7, title="method (uniformity, alignment)", title_fontsize=7)
+    else:
+        axis.text(0.5, 0.5, "no pair with gold ≥ 4", ha="center", transform=axis.transAxes)
+    axis.margins(0.2)
+    axis.grid(alpha=0.3)
+    axis.set(xlabel="uniformity: log mean exp(−2‖u − v‖²) over random pairs",
+             ylabel="alignment: mean ‖u − v‖² over pairs with gold ≥ 4",
+             title=f"Alignment and uniformity (lower left is better)\n{title}")
     return figure
 
 

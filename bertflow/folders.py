@@ -176,7 +176,8 @@ class FolderFormat:
     `config` file, where it has one, beside a "format_version" of at most `version`); `name`
     and `noun` name it in messages. `files` are those the first format wrote, without a
     manifest: a folder written so is recognised by its config's format, or, for a kind without
-    a config, by holding nothing else.
+    a config, by holding nothing else (for such a kind, `files` may name later files too: a
+    folder holding some of them is still recognised).
     """
 
     kind: str
@@ -238,7 +239,10 @@ INDEX_FOLDER = FolderFormat("bertflow-index", "an index", "index", version=2,
                                    "head/config.json", "head/model.safetensors"))
 PIPELINE_FOLDER = FolderFormat("bertflow-pipeline", "a bertflow sentence-transformers export",
                                "sentence-transformers export")
+# Every plot a plots folder may hold. The first four are all a folder written before
+# manifests held; such a folder still holds nothing else, so it is still recognised.
 PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plots",
                             files=("spectrum.png", "cosines.png", "token_norms.png",
-                                   "projection.png"))
+                                   "projection.png", "alignment_uniformity.png",
+                                   "token_projection.png", "token_spectrum.png"))
 _FORMATS = {f.kind: f for f in (HEAD_FOLDER, INDEX_FOLDER, PIPELINE_FOLDER, PLOTS_FOLDER)}
