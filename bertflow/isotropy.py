@@ -82,7 +82,9 @@ def partition_isotropy(x: np.ndarray) -> float:
 
 
 def isotropy_measures(x: np.ndarray) -> dict[str, float | None]:
-    """The four measures reported beside every score; an infinite value becomes None."""
+    """The four measures of the embeddings alone reported beside every score (alignment and
+    uniformity, which need the gold pairs, come from `evaluate.pair_measures`); an infinite
+    value becomes None."""
     values = {
         "mean_cosine": mean_pair_cosine(x),
         "effective_rank": effective_rank(x),
