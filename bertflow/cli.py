@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from .commands import build_parser as _parser
-from .commands import check_fit_options, flow_configs
+from .commands import check_fit_options, flow_options
 from .constants import DEFAULT_POOLING
 from .errors import BertflowError, PeerError, one_line
 
@@ -80,10 +80,8 @@ def _fit(args: argparse.Namespace) -> None:
     from .runs import FitJob, fit_head
 
     check_fit_options(args)
-    flow, train = flow_configs(args) if args.method == "flow" else (None, None)
     job = FitJob(args.input, args.out, args.method, args.k, args.d,
-                 **({"flow": flow, "train": train} if flow is not None else {}),
-                 standardize=not args.no_standardize, encoder=args.encoder,
+                 recipe=flow_options(args), encoder=args.encoder,
                  pooling=args.pooling, max_length=args.max_length,
                  batch_size=args.encode_batch_size, device=args.device, dtype=args.dtype,
                  cache=args.cache, checkpoint=args.checkpoint, resume=args.resume,
@@ -132,7 +130,6 @@ def _eval(args: argparse.Namespace) -> None:
         raise BertflowError("--fit-on does not apply to --head: the head is already fit")
     if args.json is not None and args.json.is_dir():
         raise BertflowError(f"--json {args.json} is a folder")
-    flow, train = flow_configs(args)
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
@@ -147,7 +144,7 @@ def _eval(args: argparse.Namespace) -> None:
         rows = evaluate_method(tasks, missing, args.method or "flow", encoder,
                                EmbeddingCache(args.cache), pooling=args.pooling or
                                DEFAULT_POOLING, fit_on=args.fit_on or "target", k=args.k,
-                               d=args.d, flow=flow, train=train, **common)
+                               d=args.d, recipe=flow_options(args), **common)
     if args.json is not None:
         write_json(args.json, rows)
     for aggregation in ("all", "wmean"):
@@ -165,15 +162,14 @@ def _diagnose(args: argparse.Namespace) -> None:
     from .files import read_sentences
     from .head import FlowHead
 
-    flow, train = flow_configs(args)
     sentences = read_sentences(args.sentences)
     corpus = read_sentences(args.corpus) if args.corpus else None
     head = FlowHead.load(args.head) if args.head else None
     encoder = _load_encoder(args, head.encoder if head is not None else None)
     paths, before, after = diagnose(
         sentences, args.out, encoder, head=head, pooling=args.pooling,
-        max_length=args.max_length, corpus=corpus, cache=EmbeddingCache(args.cache), flow=flow,
-        train=train, batch_size=args.encode_batch_size, progress=_progress(args),
+        max_length=args.max_length, corpus=corpus, cache=EmbeddingCache(args.cache),
+        recipe=flow_options(args), batch_size=args.encode_batch_size, progress=_progress(args),
         data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
     for key in before:

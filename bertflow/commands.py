@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .constants import (
+    BEFORE,
     DEFAULT_BATCH_SIZE,
     DEFAULT_ENCODER_NAME,
     DEFAULT_MAX_LENGTH,
@@ -22,7 +23,7 @@ from .constants import (
     TASKS,
 )
 
-__all__ = ["EXPORT_FORMATS", "build_parser", "check_fit_options", "flow_configs"]
+__all__ = ["EXPORT_FORMATS", "build_parser", "check_fit_options", "flow_options"]
 
 EXPORT_FORMATS = ("sentence-transformers", "onnx", "torch-export")
 
@@ -61,19 +62,20 @@ def build_parser(run: Mapping[str, Callable[[argparse.Namespace], None]]) -> _Pa
     return parser
 
 
-def flow_configs(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The `FlowConfig` and `TrainConfig` of the flow and training options; those not given
-    are `TrainConfig`'s defaults."""
-    from .flow import FlowConfig
-    from .train import TrainConfig
+def flow_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flow, training and --before options given, as changes to the recommended recipe of
+    the pooling (`Recipe.updated`)."""
+    given = {k: getattr(args, k) for k in ("levels", "depth", "coupling", "hidden", "linear",
+                                           "seed", "epochs", "batch_size", "lr",
+                                           "val_fraction", "patience")
+             if getattr(args, k, None) is not None}
+    flow = {k: v for k, v in given.items() if k in _FLOW_FIELDS}
+    train = {k: v for k, v in given.items() if k not in _FLOW_FIELDS}
+    return {"flow": flow, "train": train,
+            "before": "none" if args.no_standardize else args.before}
 
-    flow = FlowConfig(args.levels, args.depth, args.coupling, args.hidden, args.linear)
-    overrides = {
-        k: getattr(args, k)
-        for k in ("epochs", "batch_size", "lr", "val_fraction", "patience")
-        if getattr(args, k, None) is not None
-    }
-    return flow, TrainConfig(seed=args.seed, **overrides)
+
+_FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
 
 
 def check_fit_options(args: argparse.Namespace) -> None:
@@ -342,30 +344,35 @@ def _device_options(p: argparse.ArgumentParser) -> None:
 
 
 def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    g = p.add_argument_group("flow")
-    g.add_argument("--levels", type=_positive, default=3,
+    g = p.add_argument_group("flow", "Options left unset take the recommended recipe's "
+                             "values for the pooling (bertflow.recipes).")
+    g.add_argument("--before", choices=BEFORE, default=None,
+                   help="what comes before the flow: per-feature standardisation, full "
+                        "whitening, or nothing")
+    g.add_argument("--no-standardize", action="store_true", help="the same as --before none")
+    g.add_argument("--levels", type=_positive, default=None,
                    help="levels of the multi-scale Glow (half the features leave after each)")
-    g.add_argument("--depth", type=_positive, default=3,
+    g.add_argument("--depth", type=_positive, default=None,
                    help="steps per level (ActNorm, mixing, coupling)")
-    g.add_argument("--coupling", choices=("additive", "affine"), default="additive",
+    g.add_argument("--coupling", choices=("additive", "affine"), default=None,
                    help="coupling layer")
-    g.add_argument("--hidden", type=_positive, default=32, help="conditioner width")
-    g.add_argument("--linear", choices=("reverse", "lu"), default="reverse",
+    g.add_argument("--hidden", type=_positive, default=None, help="conditioner width")
+    g.add_argument("--linear", choices=("reverse", "lu"), default=None,
                    help="mixing layer: fixed reversal (as released) or learned LU")
-    g.add_argument("--no-standardize", action="store_true", help="feed raw embeddings to the flow")
     g = p.add_argument_group("training")
-    g.add_argument("--seed", type=_seed, default=0, help="seeds the split, order and weights")
+    g.add_argument("--seed", type=_seed, default=None,
+                   help="seeds the split, order and weights (default: 0)")
     g.add_argument("--epochs", type=_positive, default=None,
-                   help="passes over the data (default: TrainConfig's)")
+                   help="passes over the data (default: the recipe's)")
     g.add_argument("--batch-size", type=_positive, default=None,
-                   help="embeddings per flow minibatch (default: TrainConfig's)")
+                   help="embeddings per flow minibatch (default: the recipe's)")
     g.add_argument("--lr", type=_positive_float, default=None,
-                   help="Adam's learning rate, decayed along a cosine (default: TrainConfig's)")
+                   help="Adam's learning rate, decayed along a cosine (default: the recipe's)")
     g.add_argument("--val-fraction", type=_fraction, default=None,
-                   help="held-out share of the rows, in [0, 1) (default: TrainConfig's)")
+                   help="held-out share of the rows, in [0, 1) (default: the recipe's)")
     g.add_argument("--patience", type=_natural, default=None,
                    help="epochs without a better held-out NLL before stopping; 0 never stops "
-                        "(default: TrainConfig's)")
+                        "(default: the recipe's)")
     return g
 
 

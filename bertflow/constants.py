@@ -13,6 +13,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_BATCH_SIZE = 32  # sentences per encoder batch
 DEFAULT_MAX_LENGTH = 128  # tokens
 PROGRESS_FROM = 500  # sentences: encoding at least this many shows a progress bar
+BEFORE = ("standardize", "whiten", "none")  # what a flow head applies before its Glow
 METHODS = ("raw", "standardize", "whitening", "whitening-k", "abtt", "flow")
 LINEAR_METHODS = ("whitening", "whitening-k", "abtt")  # those a head can be, besides a flow
 TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")

@@ -10,6 +10,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,6 @@ from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING, 
 from .encoder import Encoder
 from .errors import BertflowError
 from .evaluate import pair_measures
-from .flow import FlowConfig
 from .folders import PLOTS_FOLDER
 from .head import FlowHead
 from .isotropy import (
@@ -29,8 +29,8 @@ from .isotropy import (
     singular_values,
 )
 from .methods import Fitted, default_d, default_k, make_method
+from .recipes import Recipe, recommended
 from .sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
-from .train import TrainConfig
 
 __all__ = ["PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all",
            "token_frequencies"]
@@ -94,20 +94,20 @@ def diagnose(
     max_length: int = DEFAULT_MAX_LENGTH,
     corpus: Sequence[str] | None = None,
     cache: EmbeddingCache | None = None,
-    flow: FlowConfig | None = None,
-    train: TrainConfig | None = None,
+    recipe: Recipe | dict[str, Any] | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool | None = None,
     data: str | os.PathLike | None = None,
     say: Callable[[str], None] | None = None,
 ) -> tuple[list[Path], dict[str, float | None], dict[str, float | None]]:
-    """Plot `sentences`' embeddings before and after `head` (its pooling and max length; a
-    given `pooling` must be the head's), or, without a head, after a flow fit on them with
-    `flow` and `train`, into folder `out` (`plot_all`; token frequencies from `corpus`,
-    default the sentences). With `data`, a folder in SentEval's layout, also plot every
-    method's alignment and uniformity on its STS-B dev and test pairs (`method_points`, the
-    methods fit on `sentences`), which `say` reports; without it that plot is left out, and
-    `say` says so. Returns the plots and the isotropy measures before and after."""
+    """Plot `sentences`' embeddings before and after `head` (its pooling and max length; a given
+    `pooling` must be the head's), or, without a head, after a flow fit on them by `recipe` (a
+    `Recipe`, or changes to the pooling's recommended one), into folder `out` (`plot_all`; token
+    frequencies from `corpus`, default the sentences). With `data`, a folder in SentEval's
+    layout, also plot every method's alignment and uniformity on its STS-B dev and test pairs
+    (`method_points`, the methods fit on `sentences`), which `say` reports; without it that plot
+    is left out, and `say` says so. Returns the plots and the isotropy measures before and
+    after."""
     stsb = None if data is None else list(read_stsb_splits(Path(data) / "STSBenchmark",
                                                            STSB_SPLITS).values())
     if head is not None:
@@ -120,9 +120,10 @@ def diagnose(
     x = embed(sentences)
     label = "flow" if head is None else f"the head ({head.method})"
     if head is None:
+        if not isinstance(recipe, Recipe):
+            recipe = recommended(pooling).updated(**(recipe or {}))
         head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
-                            flow=flow or FlowConfig(), train=train or TrainConfig(),
-                            progress=progress is not False)
+                            **recipe.fit_options(), progress=progress is not False)
     z = head.transform(x)
     points, about = None, ""
     if stsb is not None:

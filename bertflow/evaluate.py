@@ -15,12 +15,11 @@ from .cache import EmbeddingCache
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .encoder import Encoder
 from .files import read_sentences
-from .flow import FlowConfig
 from .head import FlowHead
 from .isotropy import alignment, isotropy_measures, uniformity
-from .methods import Fitted, Method, default_d, default_k, make_method
+from .methods import Fitted, FlowMethod, Method, default_d, default_k, make_method
+from .recipes import Recipe, recommended
 from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
-from .train import TrainConfig
 
 __all__ = ["AGGREGATIONS", "MEASURES", "evaluate", "evaluate_head", "evaluate_method",
            "format_table", "pair_measures", "summarise", "undefined_notes"]
@@ -176,22 +175,26 @@ def evaluate_method(
     fit_on: str | os.PathLike = "target",
     k: int | None = None,
     d: int | None = None,
-    flow: FlowConfig | None = None,
-    train: TrainConfig | None = None,
+    recipe: Recipe | dict[str, Any] | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool | None = None,
 ) -> list[dict[str, Any]]:
     """`evaluate` a method of `METHODS`, fit on each task's own sentences (``"target"``) or
     on the sentences of the text file `fit_on`, on embeddings of `encoder` with `pooling`
-    through `cache`. `k` and `d` default to `default_k` and `default_d` of the width."""
+    through `cache`. `k` and `d` default to `default_k` and `default_d` of the width; the
+    flow is fit by `recipe` (a `Recipe`, or changes to the pooling's recommended one)."""
     sentences = "target" if fit_on == "target" else read_sentences(fit_on)
     width = encoder.width(pooling)
     k = k if k is not None else default_k(width)
     d = d if d is not None else default_d(width)
 
+    if not isinstance(recipe, Recipe):
+        recipe = recommended(pooling).updated(**(recipe or {}))
+
     def make() -> Method:
-        return make_method(method, k=k, d=d, flow=flow, train=train,
-                           progress=progress is not False)
+        if method == "flow":
+            return FlowMethod(**recipe.fit_options(), progress=progress is not False)
+        return make_method(method, k=k, d=d)
 
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": method,
               **make().describe(),

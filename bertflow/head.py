@@ -77,10 +77,13 @@ class FlowHead(nn.Module):
         super().__init__()
         if pooling is not None and pooling not in POOLINGS:
             raise BertflowError(f"unknown pooling {pooling!r}")
-        if (glow is None) == (linear is None):
-            raise BertflowError("a head is a flow or a linear map: give one of glow and linear")
+        if glow is None and linear is None:
+            raise BertflowError("a head is a flow, a linear map, or whitening then a flow: "
+                                "give glow, linear or both")
+        if glow is not None and linear is not None and not linear.invertible:
+            raise BertflowError(f"a flow may come after full whitening, not {linear.method}")
         if linear is not None and standardize is not None:
-            raise BertflowError("a linear head centres in its own map; give no standardisation")
+            raise BertflowError("a linear map centres by itself; give no standardisation")
         self.glow = glow
         self.linear = linear
         self.standardize = standardize
@@ -102,26 +105,32 @@ class FlowHead(nn.Module):
     @property
     def method(self) -> str:
         """``flow``, or the linear map's: ``whitening``, ``whitening-k`` or ``abtt``."""
-        return "flow" if self.linear is None else self.linear.method
+        return "flow" if self.glow is not None else self.linear.method
+
+    @property
+    def before(self) -> StandardScaler | LinearMap | None:
+        """What a flow head applies before its Glow: its standardisation, its whitening, or
+        nothing."""
+        return self.standardize if self.standardize is not None else self.linear
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Embeddings x → (latents z, log|det ∂z/∂x|), the standardisation included (NaN for
         a linear map that projects)."""
-        if self.linear is not None:
+        if self.glow is None:
             return self.linear(x)
         log_det = x.new_zeros(x.shape[0])
-        if self.standardize is not None:
-            x, log_det = self.standardize(x)
+        if self.before is not None:
+            x, log_det = self.before(x)
         z, flow_log_det = self.glow(x)
         return z, log_det + flow_log_det
 
     def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """Latents z → (embeddings x, log|det ∂x/∂z|)."""
-        if self.linear is not None:
+        if self.glow is None:
             return self.linear.inverse(z)
         x, log_det = self.glow.inverse(z)
-        if self.standardize is not None:
-            x, more = self.standardize.inverse(x)
+        if self.before is not None:
+            x, more = self.before.inverse(x)
             log_det = log_det + more
         return x, log_det
 
@@ -256,13 +265,16 @@ class FlowHead(nn.Module):
         flow: FlowConfig = FlowConfig(),
         train: TrainConfig = TrainConfig(),
         standardize: bool = True,
+        whiten: bool = False,
         corpus: dict[str, Any] | None = None,
         **training: Any,
     ) -> FlowHead:
         """Fit a head to embeddings `x` (rows, dim): an array, or `Rows` such as an
         `EmbeddingFile`, which is read a block at a time and never held whole (the
         standardisation statistics are streamed too). With `standardize`, a `StandardScaler`
-        of the data's statistics comes before the Glow. `encoder`, `pooling` and `max_length`
+        of the data's statistics comes before the Glow; with `whiten`, the data's full
+        whitening (`linear.whitening`) does instead, and the flow starts from the whitened
+        embeddings. `encoder`, `pooling` and `max_length`
         (what made `x`) and `corpus` (what it was made from) are recorded in the head.
 
         `training` goes to `bertflow.train.fit`: `writer` (TensorBoard's `SummaryWriter`),
@@ -272,11 +284,9 @@ class FlowHead(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train.seed)
             glow = Glow(data.shape[1], flow)
-        scaler = None
-        if standardize:
-            scaler = StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
-                                                 torch.from_numpy(stats.std).float())
-        head = cls(glow, scaler, encoder=encoder, pooling=pooling, max_length=max_length)
+        scaler, white = _before(data, stats, standardize, whiten)
+        head = cls(glow, scaler, linear=white, encoder=encoder, pooling=pooling,
+                   max_length=max_length)
         head.history = fit(head, data, train, **training)
         best = head.history.best
         head.training_info = {
@@ -324,11 +334,12 @@ class FlowHead(nn.Module):
 
     def summary(self) -> str:
         """What the head computes, in one line."""
-        if self.linear is not None:
+        if self.glow is None:
             return f"{self.method}, a linear map {self.dim} → {self.out_dim}"
         c = self.glow.config
-        return (f"Glow: {c.levels} levels × depth {c.depth}, {c.coupling} coupling, width "
-                f"{c.hidden}, {c.linear} mixing")
+        return (f"{'whitening, then a ' if self.linear is not None else ''}Glow: {c.levels} "
+                f"levels × depth {c.depth}, {c.coupling} coupling, width {c.hidden}, "
+                f"{c.linear} mixing")
 
     def tagline(self) -> str:
         """Its encoder, pooling, width and training corpus size, in one line."""
@@ -348,7 +359,8 @@ class FlowHead(nn.Module):
             ("pooling", self.pooling or "unknown"),
             ("max length", str(self.max_length)),
             ("method", self.summary()),
-            ("standardize", "yes" if self.standardize is not None else "no"),
+            ("standardize", "yes" if self.standardize is not None
+             else "no, whitened" if self.glow is not None and self.linear is not None else "no"),
             ("parameters", f"{sum(t.numel() for t in self.state_dict().values()):,}"),
             ("corpus", f"{corpus.get('size', '?')} rows, sha256 {digest[:16]}"),
             ("seed", str(training.get("seed"))),
@@ -490,6 +502,18 @@ def _head_folder(path: str | os.PathLike) -> Path:
     return path
 
 
+def _before(data: Rows, stats: Moments, standardize: bool,
+            whiten: bool) -> tuple[StandardScaler | None, LinearMap | None]:
+    """What comes before a Glow fit to `data`: its whitening, its standardisation, or
+    nothing."""
+    if whiten:
+        return None, whitening(*covariance(data, "the training embeddings"))
+    if standardize:
+        return StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
+                                           torch.from_numpy(stats.std).float()), None
+    return None, None
+
+
 def _training_rows(x: np.ndarray | Tensor | Rows) -> tuple[Rows, Moments]:
     """The rows to fit a head to, and their statistics: refused when too few or constant."""
     data = as_rows(x)
@@ -520,6 +544,7 @@ class _SavedHead:
     pooling: str | None
     max_length: int | None
     standardized: bool
+    whitened: bool
     training: dict[str, Any]
     weights: str
     checksum: str
@@ -546,6 +571,7 @@ class _SavedHead:
             if max_length is not None:
                 check_max_length(max_length)
             standardized = bool(config["standardize"])
+            whitened = flow is not None and bool(config.get("linear"))
             training = config.get("training") or {}
             if not isinstance(training, dict) or file.parent != path or dim < 1:
                 raise ValueError("bad training record, weights file or dim")
@@ -553,11 +579,12 @@ class _SavedHead:
             problem = f"{type(e).__name__}: {first_line(e)}"
             raise BertflowError(f"{path / _CONFIG} is malformed ({problem})") from None
         return cls(dim, method, flow, out_dim, encoder, pooling, max_length, standardized,
-                   training, file.name, checksum)
+                   whitened, training, file.name, checksum)
 
     def check_header(self, file: Path) -> None:
         if self.flow is not None:
-            _check_weights_header(file, self.dim, self.flow, self.standardized)
+            _check_weights_header(file, self.dim, self.flow, self.standardized,
+                                  self.whitened)
         else:
             _check_linear_header(file, self.dim, self.out_dim, self.standardized)
 
@@ -568,6 +595,8 @@ class _SavedHead:
         linear = None
         if self.flow is None:
             linear = LinearMap(torch.zeros(dim), torch.zeros(dim, self.out_dim), self.method)
+        elif self.whitened:
+            linear = LinearMap(torch.zeros(dim), torch.eye(dim), "whitening")
         return cls(Glow(dim, self.flow) if self.flow is not None else None, scaler,
                    linear=linear, encoder=self.encoder, pooling=self.pooling,
                    max_length=self.max_length, training_info=self.training)
@@ -593,10 +622,11 @@ def _check_linear_header(file: Path, dim: int, out_dim: int, standardized: bool)
                             f"config a ({dim}, {out_dim}) linear map")
 
 
-def _check_weights_header(file: Path, dim: int, flow: FlowConfig, standardized: bool) -> None:
-    """Check the config's dimension, number of flow steps, conditioner width and
-    standardisation against the tensors the weights file's header lists, before a flow of that
-    size is built (the full shapes are checked when the weights are loaded)."""
+def _check_weights_header(file: Path, dim: int, flow: FlowConfig, standardized: bool,
+                          whitened: bool = False) -> None:
+    """Check the config's dimension, number of flow steps, conditioner width,
+    standardisation and whitening against the tensors the weights file's header lists, before
+    a flow of that size is built (the full shapes are checked when the weights are loaded)."""
     header = _header(file)
     shifts = [shape for name, (shape, _) in header.items() if name.endswith(".shift")]
     widths = {shape[0] for name, (shape, _) in header.items() if name.endswith(".net.0.weight")}
@@ -611,6 +641,9 @@ def _check_weights_header(file: Path, dim: int, flow: FlowConfig, standardized: 
         problems.append(f"conditioners of width {sorted(widths)[0]}, not {flow.hidden}")
     if standardized != ("standardize.mean" in header) or (standardized and mean != (dim,)):
         problems.append("another standardisation")
+    if whitened != ("linear.weight" in header) or (
+            whitened and header["linear.weight"][0] != (dim, dim)):
+        problems.append("another whitening")
     kinds = sorted({dtype for _, dtype in header.values()} - {"F32", "I64", "BOOL"})
     if kinds:
         problems.append(f"tensors of type {', '.join(kinds)}")

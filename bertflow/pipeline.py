@@ -282,7 +282,8 @@ def _module_lines(encoder: EncoderModule | None, pooling: str | None, head: Flow
                      f"embeddings ({head.dim}-d in, {head.out_dim}-d out).")
     elif head is not None:
         flow = ", ".join(f"{k}={v}" for k, v in head.glow.config.to_dict().items())
-        scaled = "a standardisation per dimension, then " if head.standardize else ""
+        scaled = ("a standardisation per dimension, then " if head.standardize
+                  else "a full whitening, then " if head.linear is not None else "")
         lines.append(f"3. **Head**: a BERT-flow head, {scaled}a Glow normalizing flow "
                      f"({flow}) that maps the {head.dim}-d pooled embeddings to latents "
                      "distributed as a standard normal.")

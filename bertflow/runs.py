@@ -14,18 +14,23 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from . import distributed
 from .cache import EmbeddingCache, training_embeddings
-from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LENGTH
+from .constants import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_ENCODER_NAME,
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_POOLING,
+)
 from .errors import BertflowError, first_line
 from .files import meta_path, same_file
-from .flow import FlowConfig
 from .head import FlowHead, check_destination, nll_text
-from .train import Checkpoint, TrainConfig, TrainState, log_hparams, open_checkpoint
+from .recipes import Recipe, recommended
+from .train import Checkpoint, TrainState, log_hparams, open_checkpoint
 
 __all__ = ["FitJob", "FittedHead", "fit_head"]
 
@@ -38,7 +43,8 @@ class FitJob:
     with `encoder`, `pooling` and `max_length` through the embedding `cache`, or a `.npy` from
     `bertflow encode`), into the head folder `out`, by `method` (``flow``, or a closed-form
     baseline: ``whitening``, ``whitening-k`` keeping `k` components, ``abtt`` removing `d`
-    directions). A flow is fit with `flow`, `train` and `standardize` (see `FlowHead.fit`),
+    directions). A flow is fit by `recipe`: a `Recipe`, or (a dict, by default empty) the
+    changes to make to the recommended recipe of the embeddings' pooling (`Recipe.updated`),
     saving its state to `checkpoint` after each epoch (and continuing from it with `resume`),
     logging to a new subfolder of `logdir`, and scoring STS-B dev of the data folder `dev_sts`
     after each epoch."""
@@ -48,9 +54,7 @@ class FitJob:
     method: str = "flow"
     k: int | None = None
     d: int | None = None
-    flow: FlowConfig = field(default_factory=FlowConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    standardize: bool = True
+    recipe: Recipe | dict[str, Any] = field(default_factory=dict)
     encoder: str | None = None
     pooling: str | None = None
     max_length: int = DEFAULT_MAX_LENGTH
@@ -87,6 +91,9 @@ def fit_head(job: FitJob, *, say: Say | None = None,
         _check_checkpoint_path(job.checkpoint, _fit_paths(job))
         saved = open_checkpoint(job.checkpoint, keep=not job.resume)
     x, origin = _embeddings(job, progress)
+    if not isinstance(job.recipe, Recipe):
+        job = replace(job, recipe=recommended(origin["pooling"] or DEFAULT_POOLING).updated(
+            **job.recipe))
     if job.checkpoint is not None and isinstance(getattr(x, "path", None), Path):
         _check_checkpoint_path(job.checkpoint, [("the embeddings file", x.path, False),
                                                 ("its sidecar", meta_path(x.path), False)])
@@ -119,9 +126,9 @@ def _embeddings(job: FitJob, progress: bool | None) -> tuple[Any, dict[str, Any]
 def _run_record(job: FitJob, origin: dict[str, Any]) -> dict[str, Any]:
     """The settings and data a checkpoint of this job belongs to."""
     return {
-        "flow": job.flow.to_dict(),
-        "train": job.train.to_dict(),
-        "standardize": job.standardize,
+        "flow": job.recipe.flow.to_dict(),
+        "train": job.recipe.train.to_dict(),
+        "before": job.recipe.before,
         "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
         "pooling": origin["pooling"],
         "max_length": origin["max_length"],
@@ -138,7 +145,7 @@ def _state_to_resume(job: FitJob, saved: Checkpoint | None, run: dict[str, Any],
         saved.check(job.checkpoint, run, extended=job.resume, keep=not job.resume)
     state = saved.state if saved is not None and job.resume else None
     if say is not None and state is not None and saved.run != run:
-        train = job.train
+        train = job.recipe.train
         stopped = bool(train.patience) and state.bad_epochs >= train.patience
         say(f"extending the run in {job.checkpoint} from {saved.run['train']['epochs']} to "
             f"{train.epochs} epochs: from step {state.step + 1} on, the learning rate follows "
@@ -160,7 +167,7 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
     main = distributed.is_main()
     logs = None
     if job.logdir is not None and main:
-        logs = _RunLogs(job.logdir, job.train.seed, recorded)
+        logs = _RunLogs(job.logdir, job.recipe.train.seed, recorded)
     epoch_end = _EpochEnd(job, run, logs.folder.name if logs else recorded, state, say, main)
     done = False  # the head fitted and saved
     try:
@@ -190,9 +197,7 @@ def _fit_flow(job: FitJob, x: Any, origin: dict[str, Any], state: TrainState | N
             encoder=origin["encoder"],
             pooling=origin["pooling"],
             max_length=origin["max_length"],
-            flow=job.flow,
-            train=job.train,
-            standardize=job.standardize,
+            **job.recipe.fit_options(),
             corpus=origin["corpus"],
             writer=writer,
             state=state,
@@ -223,7 +228,7 @@ class _EpochEnd:
         if self.say is not None:
             e = state.history.epochs[-1]
             dev = f", dev Spearman {e['dev_spearman']:.2f}" if "dev_spearman" in e else ""
-            self.say(f"epoch {int(e['epoch'])}/{self.job.train.epochs}: train "
+            self.say(f"epoch {int(e['epoch'])}/{self.job.recipe.train.epochs}: train "
                      f"{e['train_nll']:.3f} val {nll_text(e)}, val cosine "
                      f"{e['val_cosine']:.3f}{dev}")
         if self.job.checkpoint is not None:

@@ -437,3 +437,39 @@ def test_a_head_finds_its_encoder(tmp_path, capsys, corpus_file, tiny_encoder_di
                    tmp_path / "z2.npy")
     assert run(capsys, "transform", "--head", head, "--sentences", corpus_file, "--encoder",
                tiny_encoder_dir, "--out", tmp_path / "z3.npy")[0] == 0
+
+
+def test_fit_and_eval_follow_the_recipe_of_the_pooling_unless_told(
+        tmp_path, capsys, corpus_file, tiny_encoder_dir, monkeypatch):
+    """Options left unset take the pooling's recommended recipe (here: whitening, then a
+    2-level flow for cls); a given option changes only itself."""
+    from bertflow import recipes
+    from bertflow.flow import FlowConfig
+    from bertflow.train import TrainConfig
+
+    monkeypatch.setitem(recipes.RECIPES, "cls", recipes.Recipe(
+        FlowConfig(levels=2, depth=2), TrainConfig(epochs=1, batch_size=16), "whiten"))
+    common = ("--encoder", tiny_encoder_dir, "--pooling", "cls", "--cache", tmp_path / "c")
+    code, _, err = run(capsys, "fit", corpus_file, "--out", tmp_path / "a", *common)
+    assert code == 0, err
+    head = FlowHead.load(tmp_path / "a")
+    assert head.glow.config.levels == 2 and head.linear is not None and head.standardize is None
+    assert head.training_info["config"]["batch_size"] == 16
+    code, _, err = run(capsys, "fit", corpus_file, "--out", tmp_path / "b", *common,
+                       "--before", "standardize", "--levels", "1", "--linear", "lu")
+    assert code == 0, err
+    head = FlowHead.load(tmp_path / "b")
+    assert (head.glow.config.levels, head.glow.config.depth) == (1, 2)
+    assert head.linear is None and head.standardize is not None
+    fits = []
+    monkeypatch.setattr("bertflow.methods.FlowHead.fit",
+                        lambda x, **kw: fits.append(kw) or FlowHead.load(tmp_path / "a"))
+    data = tmp_path / "data" / "STSBenchmark"
+    data.mkdir(parents=True)
+    for split in ("train", "dev", "test"):
+        (data / f"sts-{split}.csv").write_text("".join(
+            f"g\tf\t2012\t{i}\t{i % 5}.0\t{split} sentence {i}\tanother {i} there\n"
+            for i in range(8)))
+    code, _, err = run(capsys, "eval", "--data", tmp_path / "data", *common, "--tasks", "STS-B")
+    assert code == 0, err
+    assert fits and fits[0]["whiten"] and fits[0]["flow"].levels == 2

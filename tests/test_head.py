@@ -323,3 +323,38 @@ def test_a_head_describes_itself_in_rows():
     assert corpus_digest({"npy_sha256": "cd"}) == "cd" and corpus_digest({}) is None
     linear = dict(FlowHead.fit_linear(x, "whitening-k", k=3).details())
     assert linear["dim"] == "8 → 3" and linear["val NLL"] == "unknown"
+
+
+def test_a_head_whitened_before_its_flow_round_trips_and_has_a_density(tmp_path):
+    """`whiten=True`: the training rows' full whitening, then a Glow; the flow starts at the
+    identity, so an unfit-looking head whitens exactly, and it saves, loads and inverts."""
+    rng = np.random.default_rng(0)
+    mix = rng.normal(size=(8, 8))
+    x = (rng.normal(size=(400, 8)) @ mix + 3).astype(np.float32)
+    head = FlowHead.fit(x, flow=FlowConfig(levels=2, depth=2),
+                        train=TrainConfig(epochs=1, lr=1e-12), whiten=True)
+    assert head.method == "flow" and head.standardize is None and head.linear.invertible
+    z = head.transform(x)
+    np.testing.assert_allclose(np.cov(z, rowvar=False), np.eye(8), atol=0.05)
+    folder = head.save(tmp_path / "white")
+    assert json.loads((folder / "config.json").read_text())["linear"] is not None
+    loaded = FlowHead.load(folder)
+    np.testing.assert_array_equal(loaded.transform(x[:5]), z[:5])
+    with torch.no_grad():
+        back = loaded.inverse(torch.from_numpy(z[:5]))[0].numpy()
+    np.testing.assert_allclose(back, x[:5], atol=1e-3)
+    assert np.isfinite(loaded.log_prob(x[:5])).all()
+    assert ("standardize", "no, whitened") in loaded.details()
+    (folder / "config.json").write_text(json.dumps(
+        {**json.loads((folder / "config.json").read_text()), "linear": None}))
+    write_manifest(folder, "bertflow-head")
+    with pytest.raises(BertflowError, match="another whitening"):
+        FlowHead.load(folder)
+
+
+def test_a_flow_after_a_projection_is_refused(head):
+    from bertflow.linear import whitening
+
+    projection = whitening(np.zeros(12), np.eye(12), k=4)
+    with pytest.raises(BertflowError, match="after full whitening, not whitening-k"):
+        FlowHead(head.glow, linear=projection)

@@ -1,0 +1,60 @@
+"""The recommended way to fit a flow head, per pooling: what comes before the Glow, its
+architecture and its training, chosen on STS-B dev and unlabeled text only
+(`experiments/recipe.py`; the evidence is in `experiments/results/recipe.md`).
+
+`bertflow fit` and `bertflow eval --method flow` start from the recipe of their pooling and
+change only what their options name; `FlowHead.fit` keeps the release's flow as its own
+defaults. The corpus is the caller's to give: `corpus` says which kind the recipe was chosen
+on (``"generic"``: general text such as the Wikipedia sample; ``"target"``: the sentences to be
+compared)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .constants import BEFORE, POOLINGS
+from .errors import BertflowError
+from .flow import FlowConfig
+from .train import TrainConfig
+
+__all__ = ["BEFORE", "RECIPES", "Recipe", "recommended"]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A flow head's settings: `before` the Glow (``standardize``: per-feature
+    standardisation, ``whiten``: full whitening, ``none``), its `flow` and its `train`ing;
+    `corpus` is the kind of text it was chosen on."""
+
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    before: str = "standardize"
+    corpus: str = "target"
+
+    def __post_init__(self) -> None:
+        if self.before not in BEFORE:
+            raise BertflowError(f"before must be one of {', '.join(BEFORE)}, not {self.before!r}")
+
+    def updated(self, flow: dict[str, Any] | None = None, train: dict[str, Any] | None = None,
+                before: str | None = None) -> Recipe:
+        """This recipe with the named fields of its flow and training, and `before`,
+        changed."""
+        return replace(self, flow=FlowConfig.from_dict({**self.flow.to_dict(), **(flow or {})}),
+                       train=TrainConfig.from_dict({**self.train.to_dict(), **(train or {})}),
+                       before=before or self.before)
+
+    def fit_options(self) -> dict[str, Any]:
+        """The keywords of `FlowHead.fit` (and `FlowMethod`) this recipe sets."""
+        return {"flow": self.flow, "train": self.train,
+                "standardize": self.before == "standardize", "whiten": self.before == "whiten"}
+
+
+RECIPES: dict[str, Recipe] = {pooling: Recipe() for pooling in POOLINGS}
+
+
+def recommended(pooling: str) -> Recipe:
+    """The recipe for embeddings of `pooling`."""
+    if pooling not in RECIPES:
+        raise BertflowError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+    return RECIPES[pooling]

@@ -1,0 +1,304 @@
+"""Find the flow recipe per pooling without test labels: every lever on STS-B dev, the choice
+read on STS-B test and SICK-R test.
+
+Each row changes one thing from bertflow's flow defaults (the release's Glow, standardised
+inputs, one epoch, fit on the task's own sentences: "target"):
+
+- the fit corpus: target, the Wikipedia sample, the SNLI sentences (dev+test, no labels), or
+  their union (Wikipedia + SNLI + target);
+- the encoder's dropout while the flow is fit, as the release does: N stochastic passes per
+  sentence (each a different dropout mask) instead of the deterministic embeddings;
+- the release's weight decay (0.01, decoupled) and its gradient clipping (1.0 of its loss,
+  133 of bertflow's);
+- what comes before the flow: nothing, standardisation (the default), or full whitening of
+  the fit corpus;
+- depth and width (levels, steps per level, coupling width), LU mixing, affine coupling;
+- how far the flow moves from its start (the identity after standardisation): the learning
+  rate (1e-3, 3e-4, 1e-4), one epoch, a fixed 3 or 10, or early stopping on the held-out NLL.
+
+Baselines (raw, standardisation, whitening, whitening-k, abtt) are scored on every corpus the
+flow is. Then, per pooling, the recipe is built on STS-B dev alone: the best corpus, then each
+further lever kept only where it raises STS-B dev by more than the seed spread; the final
+recipes and the best baselines are refit over several seeds. Test scores are written beside
+every row and never read by the choice.
+
+Fit and scored heads are appended to `CACHE/recipe.rows.jsonl`; a rerun reuses them.
+Writes experiments/results/recipe.{json,md}.
+
+    python experiments/recipe.py [--data DIR] [--seeds 0 1 2]
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import parser
+
+from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, load_encoder, sts
+from bertflow.cache import EmbeddingCache
+from bertflow.files import read_sentences, write_json
+from bertflow.methods import default_d, default_k, make_method
+
+CORPORA = ("target", "wiki", "snli", "union")
+RELEASE_CLIP = 384 * np.log(2) / 2  # 1.0 of the release's loss in bertflow's units
+
+
+@dataclass(frozen=True)
+class Recipe:
+    corpus: str = "target"
+    dropout: int = 0  # stochastic passes per sentence; 0: the deterministic embeddings
+    before: str = "standardize"  # none | standardize | whiten
+    flow: FlowConfig = FlowConfig()
+    train: TrainConfig = TrainConfig()
+
+    def key(self) -> str:
+        return json.dumps({**asdict(self), "flow": self.flow.to_dict(),
+                           "train": self.train.to_dict()}, sort_keys=True)
+
+
+BASE = Recipe()
+LEVERS: dict[str, Callable[[Recipe], Recipe]] = {
+    "defaults": lambda r: r,
+    "corpus: Wikipedia": lambda r: replace(r, corpus="wiki"),
+    "corpus: SNLI": lambda r: replace(r, corpus="snli"),
+    "corpus: union": lambda r: replace(r, corpus="union"),
+    "dropout, 1 pass": lambda r: replace(r, dropout=1),
+    "dropout, 3 passes": lambda r: replace(r, dropout=3),
+    "weight decay 0.01": lambda r: replace(r, train=replace(r.train, weight_decay=0.01)),
+    "clipped as the release": lambda r: replace(r, train=replace(r.train,
+                                                                 max_grad_norm=RELEASE_CLIP)),
+    "nothing before the flow": lambda r: replace(r, before="none"),
+    "whitened before the flow": lambda r: replace(r, before="whiten"),
+    "2 levels": lambda r: replace(r, flow=replace(r.flow, levels=2)),
+    "depth 6": lambda r: replace(r, flow=replace(r.flow, depth=6)),
+    "width 128": lambda r: replace(r, flow=replace(r.flow, hidden=128)),
+    "LU mixing": lambda r: replace(r, flow=replace(r.flow, linear="lu")),
+    "affine coupling": lambda r: replace(r, flow=replace(r.flow, coupling="affine")),
+    "learning rate 3e-4": lambda r: replace(r, train=replace(r.train, lr=3e-4)),
+    "learning rate 1e-4": lambda r: replace(r, train=replace(r.train, lr=1e-4)),
+    "3 epochs": lambda r: replace(r, train=replace(r.train, epochs=3, patience=0)),
+    "10 epochs": lambda r: replace(r, train=replace(r.train, epochs=10, patience=0)),
+    "early stopping (held-out NLL)": lambda r: replace(r, train=replace(r.train, epochs=50,
+                                                                       patience=3)),
+}
+STAGES = (  # the order levers are tried when building a recipe; one value per stage wins
+    ("corpus: Wikipedia", "corpus: SNLI", "corpus: union"),
+    ("nothing before the flow", "whitened before the flow"),
+    ("learning rate 3e-4", "learning rate 1e-4", "3 epochs", "10 epochs",
+     "early stopping (held-out NLL)"),
+    ("dropout, 1 pass", "dropout, 3 passes"),
+    ("weight decay 0.01", "clipped as the release"),
+    ("2 levels", "depth 6", "width 128", "LU mixing", "affine coupling"),
+)
+
+
+@dataclass
+class Data:
+    """Every sentence set and its embeddings per pooling, with dropout passes on demand."""
+
+    encoder: Any
+    cache: EmbeddingCache
+    dropout_dir: Path
+    sets: dict[str, list[str]]
+    stsb: dict[str, sts.Pairs]
+    sick: sts.Pairs
+    vectors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def embed(self, name: str, pooling: str) -> np.ndarray:
+        if name not in self.vectors:
+            self.vectors[name] = self.cache.encode(self.sets[name], self.encoder, list(POOLINGS))
+        return np.asarray(self.vectors[name][pooling])
+
+    def dropped(self, name: str, pooling: str, passes: int) -> np.ndarray:
+        """`passes` stochastic passes over set `name`, stacked; each pass stored once."""
+        from release_differences import dropout_pass
+
+        out = []
+        for i in range(passes):
+            path = self.dropout_dir / f"{name}-{len(self.sets[name])}-{i}.npz"
+            if not path.exists():
+                arrays = dropout_pass(self.encoder, self.sets[name], 128, seed=1000 + i)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(path.with_suffix(".tmp.npz"), **arrays)
+                path.with_suffix(".tmp.npz").replace(path)
+            out.append(np.load(path)[pooling])
+        return np.concatenate(out)
+
+    def corpus(self, recipe: Recipe, target: str, pooling: str) -> np.ndarray:
+        names = {"target": [target], "wiki": ["wiki"], "snli": ["snli"],
+                 "union": ["wiki", "snli", target]}[recipe.corpus]
+        if recipe.dropout:
+            return np.concatenate([self.dropped(n, pooling, recipe.dropout) for n in names])
+        return np.concatenate([self.embed(n, pooling) for n in names])
+
+
+def fit_recipe(recipe: Recipe, x: np.ndarray) -> FlowHead:
+    return FlowHead.fit(x, flow=recipe.flow, train=recipe.train,
+                        standardize=recipe.before == "standardize",
+                        whiten=recipe.before == "whiten")
+
+
+def scores(data: Data, pooling: str, fit: Callable[[str], Any], shared: bool) -> dict:
+    """STS-B dev and test, SICK-R test of the method `fit(target)` returns; `shared`: the same
+    fit serves both tasks (a corpus without the target's sentences)."""
+    on_stsb = fit("stsb")
+    on_sick = on_stsb if shared else fit("sick")
+    stsb = on_stsb.transform(data.embed("stsb", pooling))
+    sick = on_sick.transform(data.embed("sick", pooling))
+    return {"stsb_dev": sts.pair_spearman(data.stsb["dev"], data.sets["stsb"], stsb),
+            "stsb_test": sts.pair_spearman(data.stsb["test"], data.sets["stsb"], stsb),
+            "sick_test": sts.pair_spearman(data.sick, data.sets["sick"], sick)}
+
+
+class Runner:
+    """Rows, stored as they finish and reused on a rerun."""
+
+    def __init__(self, data: Data, log: Path):
+        self.data, self.log = data, log
+        self.done = {}
+        if log.exists():
+            for line in log.read_text().splitlines():
+                row = json.loads(line)
+                self.done[(row["pooling"], row["key"], row["seed"])] = row
+
+    def _row(self, pooling: str, key: str, seed: int, make: Callable[[], dict],
+             labels: dict) -> dict:
+        if (pooling, key, seed) in self.done:
+            return {**self.done[(pooling, key, seed)], **labels}
+        began = time.perf_counter()
+        row = {"pooling": pooling, "key": key, "seed": seed, **make(), **labels,
+               "seconds": round(time.perf_counter() - began, 1)}
+        self.done[(pooling, key, seed)] = row
+        with self.log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k != "key"}), flush=True)
+        return row
+
+    def flow(self, pooling: str, recipe: Recipe, seed: int, **labels: Any) -> dict:
+        recipe = replace(recipe, train=replace(recipe.train, seed=seed))
+
+        def fit(target: str) -> Any:
+            return fit_recipe(recipe, self.data.corpus(recipe, target, pooling))
+
+        return self._row(pooling, recipe.key(), seed,
+                         lambda: scores(self.data, pooling, fit,
+                                        recipe.corpus in ("wiki", "snli")), labels)
+
+    def baseline(self, pooling: str, method: str, corpus: str, **labels: Any) -> dict:
+        width = self.data.embed("stsb", pooling).shape[1]
+        recipe = Recipe(corpus=corpus)
+
+        def fit(target: str) -> Any:
+            m = make_method(method, k=default_k(width), d=default_d(width))
+            return m.fit(self.data.corpus(recipe, target, pooling))
+
+        key = json.dumps({"baseline": method, "corpus": corpus})
+        return self._row(pooling, key, 0, lambda: scores(
+            self.data, pooling, fit, corpus in ("wiki", "snli") or method == "raw"), labels)
+
+
+def build_recipe(runner: Runner, pooling: str, spread: float) -> tuple[Recipe, list[str]]:
+    """Stage by stage, keep the lever with the best STS-B dev if it beats the recipe so far by
+    more than `spread`."""
+    recipe, kept = BASE, []
+    best = runner.flow(pooling, recipe, 0, lever="defaults")["stsb_dev"]
+    for stage in STAGES:
+        tried = {name: runner.flow(pooling, LEVERS[name](recipe), 0, lever=name)["stsb_dev"]
+                 for name in stage}
+        name = max(tried, key=tried.get)
+        if tried[name] > best + spread:
+            recipe, best = LEVERS[name](recipe), tried[name]
+            kept.append(name)
+    return recipe, kept
+
+
+def read_data(args: Any, encoder: Any) -> Data:
+    splits = sts.read_stsb_splits(args.data / "STSBenchmark")
+    sick_splits = [sts.read_sick(args.data / "SICK", s) for s in ("train", "trial", "test")]
+    snli = args.data / "unlabeled" / "snli"
+    snli_sentences = list(dict.fromkeys(
+        s for name in ("s1.dev", "s2.dev", "s1.test", "s2.test")
+        for s in read_sentences(snli / name)))
+    sets = {"stsb": sts.sentences_of(splits.values()), "sick": sts.sentences_of(sick_splits),
+            "wiki": read_sentences(args.generic), "snli": snli_sentences}
+    return Data(encoder, EmbeddingCache(args.cache), args.cache / "dropout", sets, splits,
+                sick_splits[2])
+
+
+def main() -> None:
+    options = parser(__doc__, "data", "cache", "out", "generic")
+    options.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    options.add_argument("--poolings", nargs="+", default=list(POOLINGS))
+    options.add_argument("--spread", type=float, default=0.1,
+                         help="a lever must raise STS-B dev by more than this to be kept")
+    args = options.parse_args()
+    began = time.perf_counter()
+    data = read_data(args, load_encoder())
+    args.cache.mkdir(parents=True, exist_ok=True)
+    runner = Runner(data, args.cache / "recipe.rows.jsonl")
+    rows, chosen = [], {}
+    for pooling in args.poolings:
+        rows.append(runner.baseline(pooling, "raw", "target", table="baseline", name="raw",
+                                    fit_on="-"))
+        for method in ("standardize", "whitening", "whitening-k", "abtt"):
+            for corpus in CORPORA:
+                rows.append(runner.baseline(pooling, method, corpus, table="baseline",
+                                            name=method, fit_on=corpus))
+        rows += [runner.flow(pooling, lever(BASE), 0, table="lever", lever=name)
+                 for name, lever in LEVERS.items()]
+        recipe, kept = build_recipe(runner, pooling, args.spread)
+        chosen[pooling] = {"recipe": json.loads(recipe.key()), "levers": kept}
+        rows += [runner.flow(pooling, recipe, seed, table="recipe", lever=" + ".join(kept))
+                 for seed in args.seeds]
+        rows += [runner.flow(pooling, BASE, seed, table="defaults", lever="defaults")
+                 for seed in args.seeds]
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "recipe.json", {"rows": rows, "chosen": chosen})
+    minutes = (time.perf_counter() - began) / 60
+    (args.out / "recipe.md").write_text(_markdown(rows, chosen, args, minutes))
+    print(f"{len(rows)} rows in {minutes:.1f} min")
+
+
+def _cells(rows: list[dict]) -> str:
+    """STS-B dev, STS-B test, SICK-R test and the test average; mean ± sd over seeds."""
+    values = [[r[k] for r in rows] for k in ("stsb_dev", "stsb_test", "sick_test")]
+    values.append([(a + b) / 2 for a, b in zip(values[1], values[2], strict=True)])
+    if len(rows) == 1:
+        return " | ".join(f"{v[0]:.2f}" for v in values)
+    return " | ".join(f"{np.mean(v):.2f} ± {np.std(v, ddof=1):.2f}" for v in values)
+
+
+def _markdown(rows: list[dict], chosen: dict, args: Any, minutes: float) -> str:
+    head = ["| {} | STS-B dev | STS-B test | SICK-R test | test avg |",
+            "|---|---:|---:|---:|---:|"]
+    text = ["# The flow recipe per pooling, chosen on STS-B dev\n",
+            f"Made by `python experiments/recipe.py --seeds {' '.join(map(str, args.seeds))}` "
+            f"in {minutes:.0f} min (default encoder). Spearman × 100 of cosine. The choice reads "
+            f"STS-B dev only: a lever is kept where it raises it by more than {args.spread}. "
+            "Test columns are reported, never used.\n"]
+    for pooling in args.poolings:
+        mine = [r for r in rows if r["pooling"] == pooling]
+        levers = " + ".join(chosen[pooling]["levers"]) or "the defaults"
+        text += [f"\n## {pooling}\n", f"Recipe: {levers} "
+                 f"(seeds {', '.join(map(str, args.seeds))}).\n", head[0].format("method"),
+                 head[1]]
+        for table, label in (("recipe", "recipe"), ("defaults", "flow defaults")):
+            cells = _cells([r for r in mine if r["table"] == table])
+            text.append(f"| **{label}** | {cells} |")
+        for r in mine:
+            if r["table"] == "baseline":
+                text.append(f"| {r['name']}, fit on {r['fit_on']} | {_cells([r])} |")
+        text += ["", head[0].format("flow, one lever changed from the defaults (seed 0)"),
+                 head[1]]
+        text += [f"| {r['lever']} | {_cells([r])} |" for r in mine if r["table"] == "lever"]
+    return "\n".join(text) + "\n"
+
+
+if __name__ == "__main__":
+    main()
