@@ -50,7 +50,17 @@ class Recipe:
                 "standardize": self.before == "standardize", "whiten": self.before == "whiten"}
 
 
-RECIPES: dict[str, Recipe] = {pooling: Recipe() for pooling in POOLINGS}
+RECIPES: dict[str, Recipe] = {
+    # the cone is wide: whitening on general text, then the release's flow
+    "cls": Recipe(before="whiten", corpus="generic"),
+    # nearly isotropic already: a flow that moves little from the standardised start
+    "mean": Recipe(train=TrainConfig(lr=1e-4)),
+    "first_last": Recipe(train=TrainConfig(lr=3e-4)),
+    "last2": Recipe(train=TrainConfig(lr=3e-4)),
+    # the static token average: longer training and affine coupling
+    "static": Recipe(FlowConfig(coupling="affine"), TrainConfig(epochs=3, patience=0)),
+}
+assert set(RECIPES) == set(POOLINGS)
 
 
 def recommended(pooling: str) -> Recipe:

@@ -1,8 +1,9 @@
 """The main job on the embedded defaults: fit, export, reload and compare, per pooling.
 
-Fits one flow head per pooling on the Lee background corpus (2,682 unlabeled news sentences,
-shipped in gensim's wheel) with the default encoder (all-MiniLM-L6-v2), exports each head
-under checkpoints/demo/, loads it back, and prints before/after numbers:
+Fits one flow head per pooling, by the pooling's recommended recipe (`bertflow.recipes`),
+on the Lee background corpus (2,682 unlabeled news sentences, shipped in gensim's wheel) with
+the default encoder (all-MiniLM-L6-v2), exports each head under checkpoints/demo/, loads it
+back, and prints before/after numbers:
 
 - the mean cosine of random pairs of the 152 sentences of the 50 rated Lee documents;
 - Spearman × 100 against the human ratings of the 1,225 document pairs, a document being the
@@ -25,7 +26,8 @@ import numpy as np
 import torch
 from common import REPO, parser
 
-from bertflow import POOLINGS, FlowHead, TrainConfig, lee, load_encoder, mean_pair_cosine, sts
+from bertflow import POOLINGS, FlowHead, lee, load_encoder, mean_pair_cosine, sts
+from bertflow.recipes import recommended
 
 
 def main() -> None:
@@ -40,10 +42,9 @@ def main() -> None:
     print(f"encoder: {encoder.id}, {encoder.dim}-d")
 
     def fit_export_reload(x: np.ndarray, pooling: str, name: str, corpus: str) -> FlowHead:
-        head = FlowHead.fit(
-            x, encoder=encoder.id, pooling=pooling, max_length=128,
-            corpus={"name": corpus}, train=TrainConfig(seed=args.seed),
-        )
+        recipe = recommended(pooling).updated(train={"seed": args.seed})
+        head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=128,
+                            corpus={"name": corpus}, **recipe.fit_options())
         return FlowHead.load(head.save(args.out / f"{name}-{pooling}"))
 
     def compare(train: dict, test: dict, name: str, corpus: str,

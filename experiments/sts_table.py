@@ -2,8 +2,10 @@
 
 Every method runs in the one harness (`bertflow.evaluate`) on embeddings from the one cache:
 raw pooling, standardisation, BERT-whitening (full and top-k, k = dim/3 as in Su et al.),
-all-but-the-top (d = dim/100, as in Mu & Viswanath), the flow with the defaults, and the
-flow with the configuration `tune_flow.py` picked on STS-B dev for that pooling. Methods are
+all-but-the-top (d = dim/100, as in Mu & Viswanath), the flow with the release's
+defaults, the flow with the configuration `tune_flow.py` picked on STS-B dev for that
+pooling, and the flow by the pooling's recommended recipe (`bertflow.recipes`, chosen by
+`recipe.py`). Methods are
 fit on each task's own sentences without scores ("target") and on a generic text file
 (default: the Wikipedia sample). Writes experiments/results/sts_table.{json,md}.
 
@@ -20,7 +22,8 @@ from bertflow import POOLINGS, load_encoder
 from bertflow.cache import EmbeddingCache
 from bertflow.evaluate import evaluate, format_table
 from bertflow.files import read_sentences, write_json
-from bertflow.methods import default_d, default_k, make_method
+from bertflow.methods import FlowMethod, default_d, default_k, make_method
+from bertflow.recipes import recommended
 from bertflow.sts import load_tasks
 
 
@@ -46,6 +49,7 @@ def main() -> None:
                        ("whitening-k", {"k": k}), ("abtt", {"d": d}), ("flow", {})]
             if pooling in tuned:
                 methods.append(("flow", {"tuned": tuned[pooling]}))
+            methods.append(("flow", {"recipe": recommended(pooling)}))
             for method, options in methods:
                 for fit_on, label in (("target", "target"), (generic, args.generic.name)):
                     if method == "raw" and fit_on is not generic:
@@ -78,6 +82,8 @@ def main() -> None:
 def _factory(method: str, options: dict, k: int, d: int):
     if "tuned" in options:
         return (lambda: tuned_method(options["tuned"])), "flow (tuned on dev)"
+    if "recipe" in options:
+        return (lambda: FlowMethod(**options["recipe"].fit_options())), "flow (recipe)"
     name = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}"}.get(method, method)
     return (lambda: make_method(method, k=options.get("k", k), d=options.get("d", d))), name
 

@@ -1,0 +1,45 @@
+import json
+
+import numpy as np
+import pytest
+
+from bertflow import BertflowError, FlowConfig, FlowHead, TrainConfig
+from bertflow.constants import POOLINGS
+from bertflow.recipes import RECIPES, Recipe, recommended
+
+from .conftest import REPO
+
+
+def test_every_pooling_has_the_recipe_its_experiment_chose():
+    """`bertflow.recipes` holds what experiments/recipe.py chose on STS-B dev, field by field
+    (the seed aside): the library's defaults and the evidence cannot drift apart."""
+    chosen = json.loads((REPO / "experiments" / "results" / "recipe.json").read_text())["chosen"]
+    assert set(chosen) == set(POOLINGS) == set(RECIPES)
+    for pooling, record in chosen.items():
+        recipe, made = recommended(pooling), record["recipe"]
+        assert recipe.flow == FlowConfig.from_dict(made["flow"]), pooling
+        assert recipe.train == TrainConfig.from_dict({**made["train"], "seed": 0}), pooling
+        assert recipe.before == made["before"], pooling
+        corpus = {"wiki": "generic", "snli": "generic", "union": "generic"}.get(
+            made["corpus"], made["corpus"])
+        assert recipe.corpus == corpus, pooling
+
+
+def test_updated_changes_only_what_it_names_and_fits():
+    base = Recipe(FlowConfig(levels=2, depth=2), TrainConfig(epochs=2, lr=3e-4), "whiten")
+    changed = base.updated(flow={"hidden": 8}, train={"seed": 5})
+    assert changed.flow == FlowConfig(levels=2, depth=2, hidden=8)
+    assert changed.train == TrainConfig(epochs=2, lr=3e-4, seed=5)
+    assert changed.before == "whiten" and base.updated(before="none").before == "none"
+    x = np.random.default_rng(0).normal(size=(200, 8)).astype(np.float32)
+    head = FlowHead.fit(x, **changed.fit_options())
+    assert head.linear is not None and head.standardize is None
+    head = FlowHead.fit(x, **changed.updated(before="standardize").fit_options())
+    assert head.linear is None and head.standardize is not None
+
+
+def test_bad_recipes_are_refused():
+    with pytest.raises(BertflowError, match="unknown pooling 'max'"):
+        recommended("max")
+    with pytest.raises(BertflowError, match="before must be one of"):
+        Recipe(before="pca")
