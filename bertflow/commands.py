@@ -207,13 +207,15 @@ def _diagnose_command(commands: Any) -> argparse.ArgumentParser:
                    help="apply this head (default: fit a flow on the sentences)")
     p.add_argument("--corpus", type=Path, default=None,
                    help="text whose token frequencies to plot (default: the sentences)")
-    p.add_argument("--data", type=Path, default=None,
-                   help="folder in SentEval's layout: also plot alignment_uniformity.png, "
-                        "every method fit on SENTENCES (the flow: --head, if given) placed by "
-                        "its uniformity and alignment on the STS-B dev and test pairs "
-                        "(alignment: those with gold ≥ 4); without it, that plot is left out")
+    p.add_argument("--data", type=Path, default=None, help=_ALIGNMENT_HELP)
     _head_or_flow_options(p)
     return p
+
+
+_ALIGNMENT_HELP = (
+    "folder in SentEval's layout: also plot alignment_uniformity.png, every method fit on "
+    "SENTENCES (the flow: --head, if given) placed by its uniformity and alignment on the STS-B "
+    "dev and test pairs (alignment: those with gold ≥ 4); without it, that plot is left out")
 
 
 def _export_command(commands: Any) -> argparse.ArgumentParser:

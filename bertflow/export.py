@@ -32,7 +32,7 @@ class _Transform(nn.Module):
         self.head = head
 
     def forward(self, embeddings: Tensor) -> Tensor:
-        return self.head(embeddings)[0]
+        return self.head.latents(embeddings)
 
 
 def _program(head: FlowHead) -> torch.export.ExportedProgram:

@@ -124,6 +124,15 @@ class FlowHead(nn.Module):
         z, flow_log_det = self.glow(x)
         return z, log_det + flow_log_det
 
+    def latents(self, x: Tensor) -> Tensor:
+        """Embeddings x → latents z alone, no log-determinant (what the exported graphs
+        compute: a whitening's determinant has no ONNX operator)."""
+        if self.linear is not None:
+            x = self.linear.map(x)
+        elif self.standardize is not None:
+            x = self.standardize(x)[0]
+        return x if self.glow is None else self.glow(x)[0]
+
     def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """Latents z → (embeddings x, log|det ∂x/∂z|)."""
         if self.glow is None:

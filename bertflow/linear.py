@@ -52,9 +52,13 @@ class LinearMap(nn.Module):
     def invertible(self) -> bool:
         return self.method == "whitening" and self.out_features == self.features
 
+    def map(self, x: Tensor) -> Tensor:
+        """x → z alone."""
+        return (x - self.mean) @ self.weight
+
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x → (z, log|det W| per row; NaN when the map projects)."""
-        z = (x - self.mean) @ self.weight
+        z = self.map(x)
         log_det = torch.linalg.slogdet(self.weight.double())[1].float() if self.invertible \
             else torch.tensor(math.nan)
         return z, log_det.expand(x.shape[0]).to(x.dtype)

@@ -113,3 +113,22 @@ def test_cli_export_onnx_and_a_corrupted_head(tmp_path, capsys, head):
                  "--out", str(tmp_path / "h2.onnx")]) == 1
     assert "altered or truncated" in capsys.readouterr().err
     assert not (tmp_path / "h2.onnx").exists()
+
+
+def test_a_head_whitened_before_its_flow_exports_to_onnx(tmp_path):
+    """The CLS recipe's head (whitening, then a Glow) exports: the graph computes the latents
+    without the whitening's log-determinant, and gives what `transform` gives."""
+    import onnxruntime
+
+    from bertflow import FlowConfig, FlowHead, TrainConfig
+    from bertflow.export import export_onnx
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(300, 8)) @ rng.normal(size=(8, 8))).astype(np.float32)
+    head = FlowHead.fit(x, flow=FlowConfig(levels=2, depth=2), train=TrainConfig(epochs=1),
+                        whiten=True)
+    path = export_onnx(head, tmp_path / "head.onnx")
+    session = onnxruntime.InferenceSession(str(path))
+    name = session.get_inputs()[0].name
+    got = session.run(None, {name: x[:7]})[0]
+    np.testing.assert_allclose(got, head.transform(x[:7]), atol=1e-4)
