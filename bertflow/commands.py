@@ -71,6 +71,10 @@ def flow_options(args: argparse.Namespace) -> dict[str, Any]:
              if getattr(args, k, None) is not None}
     flow = {k: v for k, v in given.items() if k in _FLOW_FIELDS}
     train = {k: v for k, v in given.items() if k not in _FLOW_FIELDS}
+    if args.no_standardize and args.before not in (None, "none"):
+        from .errors import BertflowError
+
+        raise BertflowError(f"--no-standardize and --before {args.before} contradict each other")
     return {"flow": flow, "train": train,
             "before": "none" if args.no_standardize else args.before}
 

@@ -29,7 +29,7 @@ from .isotropy import (
     singular_values,
 )
 from .methods import Fitted, default_d, default_k, make_method
-from .recipes import Recipe, recommended
+from .recipes import Recipe, resolve
 from .sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
 
 __all__ = ["PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all",
@@ -120,10 +120,9 @@ def diagnose(
     x = embed(sentences)
     label = "flow" if head is None else f"the head ({head.method})"
     if head is None:
-        if not isinstance(recipe, Recipe):
-            recipe = recommended(pooling).updated(**(recipe or {}))
         head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
-                            **recipe.fit_options(), progress=progress is not False)
+                            **resolve(recipe, pooling).fit_options(),
+                            progress=progress is not False)
     z = head.transform(x)
     points, about = None, ""
     if stsb is not None:

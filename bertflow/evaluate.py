@@ -18,7 +18,7 @@ from .files import read_sentences
 from .head import FlowHead
 from .isotropy import alignment, isotropy_measures, uniformity
 from .methods import Fitted, FlowMethod, Method, default_d, default_k, make_method
-from .recipes import Recipe, recommended
+from .recipes import Recipe, resolve
 from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 
 __all__ = ["AGGREGATIONS", "MEASURES", "evaluate", "evaluate_head", "evaluate_method",
@@ -157,7 +157,7 @@ def evaluate_head(
         head.check(pooling=pooling)
     pooling, max_length = head.pooling or DEFAULT_POOLING, head.max_length or max_length
     corpus = head.training_info.get("corpus") or {}
-    labels = {"encoder": encoder.id.name, "pooling": pooling, "method": "flow", "head": name,
+    labels = {"encoder": encoder.id.name, "pooling": pooling, "method": head.method, "head": name,
               "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
     embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
     return evaluate(tasks, missing, embed, lambda: Fitted(head), None, labels)
@@ -188,8 +188,7 @@ def evaluate_method(
     k = k if k is not None else default_k(width)
     d = d if d is not None else default_d(width)
 
-    if not isinstance(recipe, Recipe):
-        recipe = recommended(pooling).updated(**(recipe or {}))
+    recipe = resolve(recipe, pooling)
 
     def make() -> Method:
         if method == "flow":

@@ -196,7 +196,7 @@ class FlowHead(nn.Module):
         out = np.empty((array.shape[0], self.out_dim), dtype=np.float32)
         for start in range(0, array.shape[0], batch_size):
             block = torch.from_numpy(np.array(array[start : start + batch_size], np.float32))
-            out[start : start + batch_size] = self(block)[0].numpy()
+            out[start : start + batch_size] = self.latents(block).numpy()
         bad = ~np.isfinite(out).all(axis=1)
         if bad.any():
             raise BertflowError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +40,9 @@ class LinearMap(nn.Module):
         self.method = method
         self.register_buffer("mean", mean.detach().clone().float())
         self.register_buffer("weight", weight.detach().clone().float())
+        # log|det W|, constant: computed once here and after loading, not on every forward
+        self.register_buffer("log_det", self._slogdet(), persistent=False)
+        self.register_load_state_dict_post_hook(LinearMap._loaded)
 
     @property
     def features(self) -> int:
@@ -52,24 +56,29 @@ class LinearMap(nn.Module):
     def invertible(self) -> bool:
         return self.method == "whitening" and self.out_features == self.features
 
+    def _slogdet(self) -> Tensor:
+        if not self.invertible:
+            return torch.tensor(math.nan)
+        return torch.linalg.slogdet(self.weight.double())[1].float()
+
+    @staticmethod
+    def _loaded(module: LinearMap, incompatible_keys: Any) -> None:
+        module.log_det = module._slogdet()
+
     def map(self, x: Tensor) -> Tensor:
         """x → z alone."""
         return (x - self.mean) @ self.weight
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x → (z, log|det W| per row; NaN when the map projects)."""
-        z = self.map(x)
-        log_det = torch.linalg.slogdet(self.weight.double())[1].float() if self.invertible \
-            else torch.tensor(math.nan)
-        return z, log_det.expand(x.shape[0]).to(x.dtype)
+        return self.map(x), self.log_det.expand(x.shape[0]).to(x.dtype)
 
     def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """z → (x, log|det W⁻¹| per row), for full whitening only."""
         if not self.invertible:
             raise BertflowError(f"a {self.method} head projects: it has no inverse")
         inverse = torch.linalg.inv(self.weight.double()).float()
-        log_det = -torch.linalg.slogdet(self.weight.double())[1].float()
-        return z @ inverse + self.mean, log_det.expand(z.shape[0]).to(z.dtype)
+        return z @ inverse + self.mean, (-self.log_det).expand(z.shape[0]).to(z.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.method}, {self.features} → {self.out_features}"

@@ -165,7 +165,7 @@ class HeadModule(Module):
 
     def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         x = features["sentence_embedding"]
-        features["sentence_embedding"] = self.head(x.float())[0].to(x.dtype)
+        features["sentence_embedding"] = self.head.latents(x.float()).to(x.dtype)
         return features
 
     def on_model_ready(self, model: Any) -> None:

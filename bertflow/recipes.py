@@ -18,7 +18,7 @@ from .errors import BertflowError
 from .flow import FlowConfig
 from .train import TrainConfig
 
-__all__ = ["BEFORE", "RECIPES", "Recipe", "recommended"]
+__all__ = ["BEFORE", "RECIPES", "Recipe", "recommended", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,11 @@ def recommended(pooling: str) -> Recipe:
     if pooling not in RECIPES:
         raise BertflowError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
     return RECIPES[pooling]
+
+
+def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str) -> Recipe:
+    """`recipe` itself, or (a dict of `Recipe.updated`'s keywords, or None) the recommended
+    recipe of `pooling` with those changes."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    return recommended(pooling).updated(**(recipe or {}))

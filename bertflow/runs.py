@@ -29,7 +29,7 @@ from .constants import (
 from .errors import BertflowError, first_line
 from .files import meta_path, same_file
 from .head import FlowHead, check_destination, nll_text
-from .recipes import Recipe, recommended
+from .recipes import Recipe, resolve
 from .train import Checkpoint, TrainState, log_hparams, open_checkpoint
 
 __all__ = ["FitJob", "FittedHead", "fit_head"]
@@ -91,9 +91,7 @@ def fit_head(job: FitJob, *, say: Say | None = None,
         _check_checkpoint_path(job.checkpoint, _fit_paths(job))
         saved = open_checkpoint(job.checkpoint, keep=not job.resume)
     x, origin = _embeddings(job, progress)
-    if not isinstance(job.recipe, Recipe):
-        job = replace(job, recipe=recommended(origin["pooling"] or DEFAULT_POOLING).updated(
-            **job.recipe))
+    job = replace(job, recipe=resolve(job.recipe, origin["pooling"] or DEFAULT_POOLING))
     if job.checkpoint is not None and isinstance(getattr(x, "path", None), Path):
         _check_checkpoint_path(job.checkpoint, [("the embeddings file", x.path, False),
                                                 ("its sidecar", meta_path(x.path), False)])
@@ -128,7 +126,8 @@ def _run_record(job: FitJob, origin: dict[str, Any]) -> dict[str, Any]:
     return {
         "flow": job.recipe.flow.to_dict(),
         "train": job.recipe.train.to_dict(),
-        "before": job.recipe.before,
+        "standardize": job.recipe.before == "standardize",
+        **({"whiten": True} if job.recipe.before == "whiten" else {}),
         "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
         "pooling": origin["pooling"],
         "max_length": origin["max_length"],

@@ -460,6 +460,7 @@ def test_fit_and_eval_follow_the_recipe_of_the_pooling_unless_told(
     assert code == 0, err
     head = FlowHead.load(tmp_path / "b")
     assert (head.glow.config.levels, head.glow.config.depth) == (1, 2)
+    assert head.glow.config.linear == "lu" and head.training_info["config"]["batch_size"] == 16
     assert head.linear is None and head.standardize is not None
     fits = []
     monkeypatch.setattr("bertflow.methods.FlowHead.fit",
@@ -473,3 +474,8 @@ def test_fit_and_eval_follow_the_recipe_of_the_pooling_unless_told(
     code, _, err = run(capsys, "eval", "--data", tmp_path / "data", *common, "--tasks", "STS-B")
     assert code == 0, err
     assert fits and fits[0]["whiten"] and fits[0]["flow"].levels == 2
+
+
+def test_contradicting_before_options_are_refused(tmp_path, capsys, corpus_file):
+    assert_refused(capsys, ["fit", corpus_file, "--out", tmp_path / "h", "--no-standardize",
+                            "--before", "whiten"], "contradict each other", tmp_path / "h")

@@ -343,6 +343,7 @@ def test_a_head_whitened_before_its_flow_round_trips_and_has_a_density(tmp_path)
     with torch.no_grad():
         back = loaded.inverse(torch.from_numpy(z[:5]))[0].numpy()
     np.testing.assert_allclose(back, x[:5], atol=1e-3)
+    np.testing.assert_array_equal(loaded.log_prob(x[:5]), head.log_prob(x[:5]))
     assert np.isfinite(loaded.log_prob(x[:5])).all()
     assert ("standardize", "no, whitened") in loaded.details()
     (folder / "config.json").write_text(json.dumps(
