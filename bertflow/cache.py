@@ -225,7 +225,8 @@ def training_embeddings(
 ) -> tuple[EmbeddingFile, dict[str, Any]]:
     """The embeddings of `source` to fit a head to, read from disk as needed, and where they
     came from: its encoder (an `EncoderId`, or None when unknown), pooling, max length, the
-    digest of the data (``data``) and what a head records of its corpus (``corpus``).
+    digest of the data (``data``), what a head records of its corpus (``corpus``) and, for a
+    text file, the `Encoder` that embedded it (``loaded``), for reuse.
 
     A text file is encoded with `encoder` (default: the package's) on `device` in `dtype`, and
     `pooling` (default first_last), through `cache` (default: `default_cache()`). A `.npy`
@@ -241,7 +242,7 @@ def training_embeddings(
                                               progress=progress)[pooling]
         return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
                    "data": corpus.sha256,
-                   "corpus": {"sha256": corpus.sha256, "file": source.name}}
+                   "corpus": {"sha256": corpus.sha256, "file": source.name}, "loaded": loaded}
     given = load_encoder(encoder, "cpu") if encoder else None
     return open_embeddings(source, pooling=pooling, encoder=given, max_length=max_length)
 

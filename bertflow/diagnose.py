@@ -61,14 +61,15 @@ def plot_all(
     plt = _pyplot()
     counts = token_frequencies(encoder, corpus)
     weights = encoder.model.get_input_embeddings().weight.detach().double().cpu().numpy()
+    _, singular, directions = np.linalg.svd(weights, full_matrices=False)  # uncentred, once
     figures: dict[str, Callable[[], object]] = {
         "spectrum.png": lambda: _spectrum(plt, before, after, title, after_label),
         "cosines.png": lambda: _cosines(plt, before, after, title, after_label),
         "token_norms.png": lambda: _token_norms(plt, encoder, weights, counts, len(corpus)),
         "projection.png": lambda: _projection(plt, before, after, title, after_label),
-        "token_projection.png": lambda: _token_projection(plt, encoder, weights, counts,
-                                                          len(corpus)),
-        "token_spectrum.png": lambda: _token_spectrum(plt, encoder, weights),
+        "token_projection.png": lambda: _token_projection(plt, encoder, weights, directions,
+                                                          counts, len(corpus)),
+        "token_spectrum.png": lambda: _token_spectrum(plt, encoder, weights, singular),
     }
     if points is not None:
         figures["alignment_uniformity.png"] = lambda: _alignment_uniformity(
@@ -250,13 +251,13 @@ def _token_norms(plt, encoder: Encoder, weights: np.ndarray, counts: Counter[int
     return figure
 
 
-def _token_projection(plt, encoder: Encoder, weights: np.ndarray, counts: Counter[int],
-                      corpus_size: int):
+def _token_projection(plt, encoder: Encoder, weights: np.ndarray, directions: np.ndarray,
+                      counts: Counter[int], corpus_size: int):
     """Every row of the input word-embedding matrix on its top two right-singular directions,
     uncentred as in Gao et al. (2019), coloured by log10 of the token's count in the corpus;
-    tokens the corpus never uses in grey, under the others."""
-    _, _, vt = np.linalg.svd(weights, full_matrices=False)
-    points = weights @ vt[:2].T
+    tokens the corpus never uses in grey, under the others. `directions`: the matrix's
+    right-singular vectors, as rows."""
+    points = weights @ directions[:2].T
     count = np.zeros(len(weights))
     for token, n in counts.items():
         count[token] = n
@@ -278,13 +279,14 @@ def _token_projection(plt, encoder: Encoder, weights: np.ndarray, counts: Counte
     return figure
 
 
-def _token_spectrum(plt, encoder: Encoder, weights: np.ndarray):
+def _token_spectrum(plt, encoder: Encoder, weights: np.ndarray, singular: np.ndarray):
     """Singular values of the input word-embedding matrix over the largest, on a log scale:
-    uncentred (Gao et al.'s view, whose first value is the common direction) and centred."""
+    uncentred (`singular`, Gao et al.'s view, whose first value is the common direction) and
+    centred."""
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
-    for matrix, label, colour in ((weights, "uncentred (as Gao et al.)", _BEFORE),
-                                  (weights - weights.mean(0), "centred", _AFTER)):
-        s = np.linalg.svd(matrix, compute_uv=False)
+    centred = np.linalg.svd(weights - weights.mean(0), compute_uv=False)
+    for s, label, colour in ((singular, "uncentred (as Gao et al.)", _BEFORE),
+                             (centred, "centred", _AFTER)):
         axis.semilogy(np.arange(1, len(s) + 1), s / s[0], color=colour, label=label)
     axis.set(xlabel="index", ylabel="singular value / largest",
              title=f"Singular values of the input word embeddings\n{encoder.id.name}, "

@@ -93,6 +93,8 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     x, origin = _embeddings(job, progress)
     job = replace(job, recipe=resolve(job.recipe, origin["pooling"] or DEFAULT_POOLING))
     if job.checkpoint is not None and isinstance(getattr(x, "path", None), Path):
+        # the file actually read, known only now: a hard link to a cached file is outside the
+        # cache folder checked above
         _check_checkpoint_path(job.checkpoint, [("the embeddings file", x.path, False),
                                                 ("its sidecar", meta_path(x.path), False)])
     run = _run_record(job, origin)
@@ -265,6 +267,7 @@ class _RunLogs:
         after its checkpoint."""
         from torch.utils.tensorboard import SummaryWriter
 
+        _after_newest_events(self.folder)
         self.writer = SummaryWriter(str(self.folder),
                                     purge_step=state.step + 1 if state is not None else None)
         return self.writer
@@ -285,6 +288,18 @@ class _RunLogs:
                 path.rmdir()
             except OSError:
                 return
+
+
+def _after_newest_events(folder: Path) -> None:
+    """Wait, where needed, until the clock has passed the second of the newest event file in
+    `folder`. TensorBoard reads a folder's event files in the order of their names, which start
+    with the second they were made in and end with the process's writer count: a file made in
+    the same second as the one it continues could be read first (count 10 sorts before 9), and
+    the continued curves would be cut back to the earlier file's steps."""
+    seconds = [int(part) for p in folder.glob("events.out.tfevents.*")
+               if (part := p.name.split(".")[3]).isdigit()]
+    if seconds:
+        time.sleep(max(0.0, max(seconds) + 1 - time.time()))
 
 
 def _read_dev(data: Path) -> Any:
@@ -322,7 +337,7 @@ def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
             ("the embedding cache", EmbeddingCache(job.cache).root, True),
             ("the --dev-sts folder", job.dev_sts, True)])
     precision = (getattr(x, "meta", None) or {}).get("precision") or job.dtype
-    encoder = load_encoder(job.encoder, job.device, precision)
+    encoder = origin.get("loaded") or load_encoder(job.encoder, job.device, precision)
     if encoder.id.fingerprint != made_by.fingerprint:
         raise BertflowError(f"--dev-sts: {job.source} was made by encoder {made_by}, not by "
                             f"{encoder.id}")

@@ -3,6 +3,7 @@ curves, the isotropy of held-out latents, STS-B dev Spearman, hparams, and resum
 
 import math
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ PER_EPOCH = {"train/epoch", "train/epoch_nll", "train/rows_per_second", "val/nll
              "val/bits_per_dim", "val/log_det", "cosine/latent", "effective_rank/latent",
              "partition_isotropy/latent"}
 AT_START = {"cosine/input", "effective_rank/input", "partition_isotropy/input"}
-FIT = ["--levels", "1", "--depth", "2", "--patience", "0", "--batch-size", "32"]
+FIT = ["--levels", "1", "--depth", "2", "--patience", "0", "--batch-size", "32", "--lr", "1e-3"]
 
 
 def run(capsys, *args):
@@ -248,3 +249,19 @@ def test_resume_continues_the_curves_and_may_extend_the_epochs(
     for resume in (["--resume"], []):
         code, _, err = run(capsys, *base, "--epochs", "4", "--out", tmp_path / "d", *resume)
         assert code == 1 and "other settings" in err and not (tmp_path / "d").exists()
+
+
+def test_a_continued_run_s_event_file_sorts_after_the_one_it_continues(tmp_path):
+    """TensorBoard reads event files in name order: the second they were made in, then the
+    host, the process and its writer count (10 sorts before 9). A writer opened in the same
+    second as an existing file waits for the next second, so its file sorts after."""
+    from bertflow.runs import _after_newest_events
+
+    now = int(time.time())
+    (tmp_path / f"events.out.tfevents.{now:010d}.host.1.9").write_bytes(b"")
+    (tmp_path / "events.out.tfevents.odd").write_bytes(b"")  # not ours: ignored
+    _after_newest_events(tmp_path)
+    assert int(time.time()) > now
+    began = time.time()
+    _after_newest_events(tmp_path / "empty")  # nothing there: no wait
+    assert time.time() - began < 0.5
