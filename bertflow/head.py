@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
 from . import __version__
+from .constants import BEFORE
 from .encoder import (
     DEFAULT_BATCH_SIZE,
     POOLINGS,
@@ -273,27 +274,29 @@ class FlowHead(nn.Module):
         max_length: int | None = None,
         flow: FlowConfig = FlowConfig(),
         train: TrainConfig = TrainConfig(),
-        standardize: bool = True,
-        whiten: bool = False,
+        before: str = "standardize",
         corpus: dict[str, Any] | None = None,
+        standardize: bool | None = None,
         **training: Any,
     ) -> FlowHead:
         """Fit a head to embeddings `x` (rows, dim): an array, or `Rows` such as an
         `EmbeddingFile`, which is read a block at a time and never held whole (the
-        standardisation statistics are streamed too). With `standardize`, a `StandardScaler`
-        of the data's statistics comes before the Glow; with `whiten`, the data's full
-        whitening (`linear.whitening`) does instead, and the flow starts from the whitened
-        embeddings. `encoder`, `pooling` and `max_length`
+        standardisation statistics are streamed too). `before` says what comes before the
+        Glow: ``"standardize"``, a `StandardScaler` of the data's statistics; ``"whiten"``,
+        the data's full whitening (`linear.whitening`), the flow starting from the whitened
+        embeddings; ``"none"``, nothing (`standardize=False`, the older spelling, means
+        ``"none"``). `encoder`, `pooling` and `max_length`
         (what made `x`) and `corpus` (what it was made from) are recorded in the head.
 
         `training` goes to `bertflow.train.fit`: `writer` (TensorBoard's `SummaryWriter`),
         `state` (a `TrainState` to resume), `on_epoch_end`, `measure` and `progress`.
         `head.history` holds the epochs."""
+        before = _check_before(before, standardize)
         data, stats = _training_rows(x)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train.seed)
             glow = Glow(data.shape[1], flow)
-        scaler, white = _before(data, stats, standardize, whiten)
+        scaler, white = _before(data, stats, before)
         head = cls(glow, scaler, linear=white, encoder=encoder, pooling=pooling,
                    max_length=max_length)
         head.history = fit(head, data, train, **training)
@@ -511,13 +514,24 @@ def _head_folder(path: str | os.PathLike) -> Path:
     return path
 
 
-def _before(data: Rows, stats: Moments, standardize: bool,
-            whiten: bool) -> tuple[StandardScaler | None, LinearMap | None]:
-    """What comes before a Glow fit to `data`: its whitening, its standardisation, or
-    nothing."""
-    if whiten:
+def _check_before(before: str, standardize: bool | None) -> str:
+    """`FlowHead.fit`'s `before`, with the older `standardize` flag folded in."""
+    if before not in BEFORE:
+        raise BertflowError(f"before the flow: one of {', '.join(BEFORE)}, not {before!r}")
+    if standardize is None:
+        return before
+    if before != "standardize":
+        raise BertflowError("give what comes before the flow once: before, not standardize too")
+    return "standardize" if standardize else "none"
+
+
+def _before(data: Rows, stats: Moments,
+            before: str) -> tuple[StandardScaler | None, LinearMap | None]:
+    """What comes before a Glow fit to `data` (`before`): its whitening, its standardisation,
+    or nothing."""
+    if before == "whiten":
         return None, whitening(*covariance(data, "the training embeddings"))
-    if standardize:
+    if before == "standardize":
         return StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
                                            torch.from_numpy(stats.std).float()), None
     return None, None

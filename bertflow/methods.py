@@ -146,15 +146,14 @@ class FlowMethod:
 
     flow: FlowConfig = field(default_factory=FlowConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    standardize: bool = True
-    whiten: bool = False
+    before: str = "standardize"  # what comes before the Glow: one of constants.BEFORE
     name: str = "flow"
     head: FlowHead | None = None
     progress: bool = False
 
     def fit(self, x: np.ndarray) -> FlowMethod:
-        self.head = FlowHead.fit(x, flow=self.flow, train=self.train, standardize=self.standardize,
-                                 whiten=self.whiten, progress=self.progress)
+        self.head = FlowHead.fit(x, flow=self.flow, train=self.train, before=self.before,
+                                 progress=self.progress)
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
@@ -164,7 +163,7 @@ class FlowMethod:
 
     def describe(self) -> dict[str, Any]:
         return {"flow": self.flow.to_dict(), "train": self.train.to_dict(),
-                "standardize": self.standardize, "whiten": self.whiten}
+                "before": self.before}
 
 
 @dataclass

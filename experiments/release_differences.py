@@ -155,7 +155,8 @@ def fit_head(x: np.ndarray, variant: Variant, train: TrainConfig) -> FlowHead:
     """`FlowHead.fit` with the default flow, its layers swapped for the release's where the
     variant asks."""
     if not (variant.conditioner or variant.actnorm):
-        return FlowHead.fit(x, flow=variant.flow, train=train, standardize=variant.standardize)
+        return FlowHead.fit(x, flow=variant.flow, train=train,
+                            before="standardize" if variant.standardize else "none")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(train.seed)
         glow = Glow(x.shape[1], variant.flow)

@@ -67,9 +67,9 @@ def main() -> None:
     def run(pooling: str, name: str, seed: int) -> dict:
         flow, train, standardize = CANDIDATES[name]
         train = TrainConfig(**{**train.to_dict(), "seed": seed})
-        on_stsb = FlowHead.fit(x_stsb[pooling], flow=flow, train=train, standardize=standardize)
-        on_lee = FlowHead.fit(x_background[pooling], flow=flow, train=train,
-                              standardize=standardize)
+        before = "standardize" if standardize else "none"
+        on_stsb = FlowHead.fit(x_stsb[pooling], flow=flow, train=train, before=before)
+        on_lee = FlowHead.fit(x_background[pooling], flow=flow, train=train, before=before)
         row = {
             "pooling": pooling,
             "config": name,

@@ -473,7 +473,7 @@ def test_fit_and_eval_follow_the_recipe_of_the_pooling_unless_told(
             for i in range(8)))
     code, _, err = run(capsys, "eval", "--data", tmp_path / "data", *common, "--tasks", "STS-B")
     assert code == 0, err
-    assert fits and fits[0]["whiten"] and fits[0]["flow"].levels == 2
+    assert fits and fits[0]["before"] == "whiten" and fits[0]["flow"].levels == 2
 
 
 def test_contradicting_before_options_are_refused(tmp_path, capsys, corpus_file):

@@ -126,7 +126,7 @@ def test_a_head_whitened_before_its_flow_exports_to_onnx(tmp_path):
     rng = np.random.default_rng(0)
     x = (rng.normal(size=(300, 8)) @ rng.normal(size=(8, 8))).astype(np.float32)
     head = FlowHead.fit(x, flow=FlowConfig(levels=2, depth=2), train=TrainConfig(epochs=1),
-                        whiten=True)
+                        before="whiten")
     path = export_onnx(head, tmp_path / "head.onnx")
     session = onnxruntime.InferenceSession(str(path))
     name = session.get_inputs()[0].name

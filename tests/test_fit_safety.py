@@ -246,10 +246,10 @@ def test_constant_embeddings_are_named_as_such(kind):
     x = np.zeros((50, 16), np.float32)
     if kind == "identical":
         x[:] = np.random.default_rng(0).normal(size=16).astype(np.float32) * 10
-    for standardize in (True, False):
+    for before in ("standardize", "none"):
         with pytest.raises(BertflowError, match="constant: every row is the same"):
             FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=TrainConfig(epochs=1),
-                         standardize=standardize)
+                         before=before)
 
 
 def test_partly_constant_embeddings_still_fit():

@@ -325,14 +325,31 @@ def test_a_head_describes_itself_in_rows():
     assert linear["dim"] == "8 → 3" and linear["val NLL"] == "unknown"
 
 
+def test_what_comes_before_the_flow_is_one_argument_with_the_older_flag_folded_in():
+    """`before` picks standardisation, whitening or nothing; `standardize=False` (the older
+    spelling) means nothing; an unknown `before`, or both spellings at once, is refused."""
+    x = np.random.default_rng(0).normal(size=(200, 8)).astype(np.float32) * 4 + 1
+    options = {"flow": FlowConfig(levels=1, depth=2), "train": TrainConfig(epochs=1, lr=1e-12)}
+    bare = FlowHead.fit(x, before="none", **options)
+    assert bare.standardize is None and bare.linear is None
+    older = FlowHead.fit(x, standardize=False, **options)
+    assert older.standardize is None and older.linear is None
+    np.testing.assert_array_equal(older.transform(x), bare.transform(x))
+    assert FlowHead.fit(x, standardize=True, **options).standardize is not None
+    with pytest.raises(BertflowError, match="one of standardize, whiten, none, not 'white'"):
+        FlowHead.fit(x, before="white", **options)
+    with pytest.raises(BertflowError, match="once"):
+        FlowHead.fit(x, before="whiten", standardize=False, **options)
+
+
 def test_a_head_whitened_before_its_flow_round_trips_and_has_a_density(tmp_path):
-    """`whiten=True`: the training rows' full whitening, then a Glow; the flow starts at the
+    """`before="whiten"`: the training rows' full whitening, then a Glow; the flow starts at the
     identity, so an unfit-looking head whitens exactly, and it saves, loads and inverts."""
     rng = np.random.default_rng(0)
     mix = rng.normal(size=(8, 8))
     x = (rng.normal(size=(400, 8)) @ mix + 3).astype(np.float32)
     head = FlowHead.fit(x, flow=FlowConfig(levels=2, depth=2),
-                        train=TrainConfig(epochs=1, lr=1e-12), whiten=True)
+                        train=TrainConfig(epochs=1, lr=1e-12), before="whiten")
     assert head.method == "flow" and head.standardize is None and head.linear.invertible
     z = head.transform(x)
     np.testing.assert_allclose(np.cov(z, rowvar=False), np.eye(8), atol=0.05)
