@@ -143,7 +143,7 @@ def _eval(args: argparse.Namespace) -> None:
     else:
         rows = evaluate_method(tasks, missing, args.method or "flow", encoder,
                                EmbeddingCache(args.cache), pooling=args.pooling or
-                               DEFAULT_POOLING, fit_on=args.fit_on or "target", k=args.k,
+                               DEFAULT_POOLING, fit_on=args.fit_on or ["target"], k=args.k,
                                d=args.d, recipe=flow_options(args), **common)
     if args.json is not None:
         write_json(args.json, rows)

@@ -187,9 +187,10 @@ def _eval_command(commands: Any) -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
     which.add_argument("--method", choices=METHODS, default=None, help="default: flow")
-    p.add_argument("--fit-on", default=None,
-                   help="'target' (each task's own sentences, no scores; the default) or a "
-                        "text file of sentences")
+    p.add_argument("--fit-on", nargs="+", default=None, metavar="SOURCE",
+                   help="'target' (each task's own sentences, no scores; the default), a "
+                        "text file of sentences, or several: 'target FILE' fits each task "
+                        "on its own sentences and the file's together")
     _baseline_options(p)
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
                    help="tasks to score, where DATA has them")

@@ -14,6 +14,7 @@ import numpy as np
 from .cache import EmbeddingCache
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .encoder import Encoder
+from .errors import BertflowError
 from .files import read_sentences
 from .head import FlowHead
 from .isotropy import alignment, isotropy_measures, uniformity
@@ -37,12 +38,14 @@ def evaluate(
     make: Callable[[], Method],
     fit_on: str | Sequence[str] | None,
     labels: dict[str, Any],
+    also: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Rows for every task and the 7-task average, for both aggregations.
 
     `embed` maps sentences to pooled embeddings (usually through the cache); `make` returns a
     fresh, unfitted method. `fit_on` is ``"target"`` (each task's own sentences, without
-    scores), a list of sentences to fit once, or None for a method that is already fit.
+    scores, and the sentences `also`), a list of sentences to fit once, or None for a method
+    that is already fit.
     `labels` (encoder, pooling, method, fit_on) are copied into every row. No gold score is
     ever used to fit. A task whose Spearman is undefined (constant gold scores or constant
     predicted similarities) gets ``spearman`` None and the reason under ``undefined``, and is
@@ -64,7 +67,7 @@ def evaluate(
         if name not in tasks:
             continue
         task = tasks[name]
-        method = shared if shared is not None else make().fit(embed(task.unlabeled))
+        method = shared if shared is not None else make().fit(_target(embed, task, also))
         sentences = task.sentences()
         vectors = method.transform(embed(sentences))
         scores = score(task.test, sentences, vectors)
@@ -75,6 +78,28 @@ def evaluate(
                 row["undefined"] = scores["undefined"][a]
             rows.append(row)
     return rows + summarise(rows, labels)
+
+
+def _target(embed: Embed, task: Task, also: Sequence[str]) -> np.ndarray:
+    """A task's own sentences' embeddings, then those of `also` (embedded apart: the cache
+    keeps each set once)."""
+    own = embed(task.unlabeled)
+    return np.concatenate([own, np.asarray(embed(also), own.dtype)]) if also else own
+
+
+def fit_sources(fit_on: str | os.PathLike | Sequence[str | os.PathLike]
+                ) -> tuple[str | list[str], list[str], str]:
+    """What `evaluate` fits on, from ``"target"``, a text file of sentences, or several of
+    these (each task's own sentences and the files' together): its `fit_on`, its `also` and
+    the label of the rows."""
+    parts = [fit_on] if isinstance(fit_on, (str, os.PathLike)) else list(fit_on)
+    files = [Path(p) for p in parts if str(p) != "target"]
+    if not parts or len(files) + 1 < len(parts):
+        raise BertflowError("fit on 'target' at most once, and on text files")
+    sentences = [s for f in files for s in read_sentences(f)]
+    target = len(files) < len(parts)
+    label = " + ".join(["target"] * target + [f.name for f in files])
+    return ("target", sentences, label) if target else (sentences, [], label)
 
 
 def summarise(rows: list[dict[str, Any]], labels: dict[str, Any]) -> list[dict[str, Any]]:
@@ -172,18 +197,19 @@ def evaluate_method(
     *,
     pooling: str = DEFAULT_POOLING,
     max_length: int = DEFAULT_MAX_LENGTH,
-    fit_on: str | os.PathLike = "target",
+    fit_on: str | os.PathLike | Sequence[str | os.PathLike] = "target",
     k: int | None = None,
     d: int | None = None,
     recipe: Recipe | dict[str, Any] | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """`evaluate` a method of `METHODS`, fit on each task's own sentences (``"target"``) or
-    on the sentences of the text file `fit_on`, on embeddings of `encoder` with `pooling`
+    """`evaluate` a method of `METHODS`, fit on each task's own sentences (``"target"``), on
+    the sentences of the text file `fit_on`, or on several of these together (`fit_sources`),
+    on embeddings of `encoder` with `pooling`
     through `cache`. `k` and `d` default to `default_k` and `default_d` of the width; the
     flow is fit by `recipe` (a `Recipe`, or changes to the pooling's recommended one)."""
-    sentences = "target" if fit_on == "target" else read_sentences(fit_on)
+    sentences, also, fit_label = fit_sources(fit_on)
     width = encoder.width(pooling)
     k = k if k is not None else default_k(width)
     d = d if d is not None else default_d(width)
@@ -197,6 +223,6 @@ def evaluate_method(
 
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": method,
               **make().describe(),
-              "fit_on": "target" if fit_on == "target" else Path(fit_on).name}
+              "fit_on": fit_label}
     embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
-    return evaluate(tasks, missing, embed, make, sentences, labels)
+    return evaluate(tasks, missing, embed, make, sentences, labels, also)

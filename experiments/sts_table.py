@@ -6,8 +6,9 @@ all-but-the-top (d = dim/100, as in Mu & Viswanath), the flow with the release's
 defaults, the flow with the configuration `tune_flow.py` picked on STS-B dev for that
 pooling, and the flow by the pooling's recommended recipe (`bertflow.recipes`, chosen by
 `recipe.py`). Methods are
-fit on each task's own sentences without scores ("target") and on a generic text file
-(default: the Wikipedia sample). Writes experiments/results/sts_table.{json,md}.
+fit on each task's own sentences without scores ("target"), on a generic text file
+(default: the Wikipedia sample), and on both together (each task's own sentences and the
+file's). Writes experiments/results/sts_table.{json,md}.
 
     python experiments/sts_table.py [--data DIR] [--encoder DIR ...] [--generic FILE]
 """
@@ -35,6 +36,8 @@ def main() -> None:
     generic = read_sentences(args.generic)
     tuned = tuned_flows(args.tuned)
     cache = EmbeddingCache(args.cache)
+    fit_sources = (("target", [], "target"), (generic, [], args.generic.name),
+                   ("target", generic, f"target + {args.generic.name}"))
     rows = []
     for source in args.encoder or [None]:
         encoder = load_encoder(source)
@@ -51,14 +54,14 @@ def main() -> None:
                 methods.append(("flow", {"tuned": tuned[pooling]}))
             methods.append(("flow", {"recipe": recommended(pooling)}))
             for method, options in methods:
-                for fit_on, label in (("target", "target"), (generic, args.generic.name)):
+                for fit_on, also, label in fit_sources:
                     if method == "raw" and fit_on is not generic:
                         continue  # nothing to fit
                     make, describe = _factory(method, options, k, d)
                     labels = {"encoder": encoder.id.name, "pooling": pooling,
                               "method": describe, "fit_on": "-" if method == "raw" else label}
                     started = time.perf_counter()
-                    new = evaluate(tasks, missing, embed, make, fit_on, labels)
+                    new = evaluate(tasks, missing, embed, make, fit_on, labels, also)
                     rows += new
                     avg = next(r for r in new if r["task"] == "avg" and r["aggregation"] == "all")
                     print(f"{pooling:10} {describe:24} {labels['fit_on']:16} "

@@ -5,7 +5,8 @@ import pytest
 
 from bertflow import BertflowError
 from bertflow.cli import main
-from bertflow.evaluate import evaluate, format_table, pair_measures
+from bertflow.evaluate import evaluate, fit_sources, format_table, pair_measures
+from bertflow.files import read_sentences
 from bertflow.isotropy import uniformity
 from bertflow.methods import make_method
 from bertflow.sts import Pairs, load_tasks
@@ -88,6 +89,36 @@ def test_harness_rows_for_every_task_and_both_aggregations(data, tiny_encoder):
                                                        for t in ("STS14", "STS-B", "SICK-R")]))
 
 
+def test_target_and_a_file_fit_each_task_on_its_own_sentences_and_the_files(
+        data, tiny_encoder, tmp_path, corpus_file):
+    """`--fit-on target FILE`: every task is fit on its own sentences followed by the file's;
+    the file alone is fit once; the rows say which; a second 'target' is refused."""
+    tasks, missing = load_tasks(data, ["STS-B", "SICK-R"])
+    extra = read_sentences(corpus_file)
+    fit_on, also, label = fit_sources(["target", corpus_file])
+    assert (fit_on, also, label) == ("target", extra, "target + corpus.txt")
+    assert fit_sources(corpus_file) == (extra, [], "corpus.txt")
+    assert fit_sources("target") == ("target", [], "target")
+    with pytest.raises(BertflowError, match="'target' at most once"):
+        fit_sources(["target", "target"])
+    fitted = []
+
+    def embed(sentences):
+        return tiny_encoder.encode(list(sentences), "mean")
+
+    def make():
+        method = make_method("standardize")
+        fit = method.fit
+        method.fit = lambda x: fitted.append(np.array(x)) or fit(x)
+        return method
+
+    rows = evaluate(tasks, missing, embed, make, fit_on, {"fit_on": label}, also)
+    assert len(fitted) == 2 and {r["fit_on"] for r in rows} == {"target + corpus.txt"}
+    for x, name in zip(fitted, ("STS-B", "SICK-R"), strict=True):
+        own = embed(tasks[name].unlabeled)
+        np.testing.assert_array_equal(x, np.concatenate([own, embed(extra)]))
+
+
 def test_pair_measures_take_the_pairs_with_gold_of_at_least_four():
     sentences = ["a", "b", "c", "d", "e"]
     vectors = np.array([[1.0, 0], [2, 0], [0, 1], [0, -3], [-1, 0]])
@@ -112,6 +143,11 @@ def test_eval_command_end_to_end(data, tmp_path, capsys, tiny_encoder_dir, corpu
     assert {r["method"] for r in rows} == {"abtt"} and {r["d"] for r in rows} == {2}
     assert KEYS <= set(next(r for r in rows if r["task"] == "STS-B"))
     assert "missing from" in printed and "STS12" in printed
+    assert main(["eval", "--data", str(data), "--method", "standardize", "--fit-on", "target",
+                 str(corpus_file), "--encoder", str(tiny_encoder_dir), "--json", str(out),
+                 "--cache", str(tmp_path / "cache"), "--quiet", "--tasks", "STS-B"]) == 0
+    assert {r["fit_on"] for r in json.loads(out.read_text())} == {"target + corpus.txt"}
+    capsys.readouterr()
 
     head = tmp_path / "head"
     assert main(["fit", str(corpus_file), "--out", str(head), "--encoder", str(tiny_encoder_dir),
