@@ -6,7 +6,7 @@ architecture and its training, chosen on STS-B dev and unlabeled text only
 change only what their options name; `FlowHead.fit` keeps the release's flow as its own
 defaults. The corpus is the caller's to give: `corpus` says which kind the recipe was chosen
 on (``"generic"``: general text such as the Wikipedia sample; ``"target"``: the sentences to be
-compared)."""
+compared; ``"target+generic"``: both together, as `bertflow eval --fit-on target FILE` does)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from .errors import BertflowError
 from .flow import FlowConfig
 from .train import TrainConfig
 
-__all__ = ["BEFORE", "RECIPES", "Recipe", "recommended", "resolve"]
+__all__ = ["BEFORE", "CORPORA", "RECIPES", "Recipe", "recommended", "resolve"]
+
+CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe is chosen on
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ class Recipe:
     def __post_init__(self) -> None:
         if self.before not in BEFORE:
             raise BertflowError(f"before must be one of {', '.join(BEFORE)}, not {self.before!r}")
+        if self.corpus not in CORPORA:
+            raise BertflowError(f"corpus must be one of {', '.join(CORPORA)}, not "
+                                f"{self.corpus!r}")
 
     def updated(self, flow: dict[str, Any] | None = None, train: dict[str, Any] | None = None,
                 before: str | None = None) -> Recipe:
@@ -46,19 +51,20 @@ class Recipe:
 
     def fit_options(self) -> dict[str, Any]:
         """The keywords of `FlowHead.fit` (and `FlowMethod`) this recipe sets."""
-        return {"flow": self.flow, "train": self.train,
-                "standardize": self.before == "standardize", "whiten": self.before == "whiten"}
+        return {"flow": self.flow, "train": self.train, "before": self.before}
 
 
 RECIPES: dict[str, Recipe] = {
-    # the cone is wide: whitening on general text, then the release's flow
-    "cls": Recipe(before="whiten", corpus="generic"),
-    # nearly isotropic already: a flow that moves little from the standardised start
-    "mean": Recipe(train=TrainConfig(lr=1e-4)),
-    "first_last": Recipe(train=TrainConfig(lr=3e-4)),
-    "last2": Recipe(train=TrainConfig(lr=3e-4)),
+    # the cone is wide: whitening on general text, then a flow that barely moves
+    "cls": Recipe(train=TrainConfig(lr=1e-4), before="whiten", corpus="generic"),
+    # nearly isotropic already: a flow that moves little from the standardised start, fit on
+    # the target sentences and general text together
+    "mean": Recipe(train=TrainConfig(lr=1e-4), corpus="target+generic"),
+    "first_last": Recipe(train=TrainConfig(lr=1e-4), corpus="target+generic"),
+    "last2": Recipe(FlowConfig(hidden=128), TrainConfig(lr=1e-4), corpus="target+generic"),
     # the static token average: longer training and affine coupling
-    "static": Recipe(FlowConfig(coupling="affine"), TrainConfig(epochs=3, patience=0)),
+    "static": Recipe(FlowConfig(coupling="affine"), TrainConfig(epochs=3, patience=0),
+                     corpus="target+generic"),
 }
 assert set(RECIPES) == set(POOLINGS)
 

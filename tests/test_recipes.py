@@ -21,7 +21,8 @@ def test_every_pooling_has_the_recipe_its_experiment_chose():
         assert recipe.train == TrainConfig.from_dict({**made["train"], "seed": 0}), pooling
         assert recipe.before == made["before"], pooling
         assert made["dropout"] == 0 and "release_clip" not in made, pooling  # not expressible
-        corpus = {"wiki": "generic", "snli": "generic"}.get(made["corpus"], made["corpus"])
+        corpus = {"wiki": "generic", "snli": "generic",
+                  "target+wiki": "target+generic"}.get(made["corpus"], made["corpus"])
         assert recipe.corpus == corpus, pooling
 
 
@@ -43,3 +44,5 @@ def test_bad_recipes_are_refused():
         recommended("max")
     with pytest.raises(BertflowError, match="before must be one of"):
         Recipe(before="pca")
+    with pytest.raises(BertflowError, match="corpus must be one of target, generic, "):
+        Recipe(corpus="wiki")
