@@ -124,6 +124,7 @@ def _eval(args: argparse.Namespace) -> None:
     from .evaluate import evaluate_head, evaluate_method, format_table, undefined_notes
     from .files import write_json
     from .head import FlowHead
+    from .recipes import corpus_note
     from .sts import load_tasks
 
     if args.head is not None and args.fit_on is not None:
@@ -154,6 +155,10 @@ def _eval(args: argparse.Namespace) -> None:
         print(note)
     if missing:
         print(f"missing from {args.data}: {', '.join(missing)}")
+    if head is None and (args.method or "flow") == "flow":
+        note = corpus_note(rows[0]["pooling"], rows[0]["fit_on"])
+        if note is not None:
+            print(note)
 
 
 def _diagnose(args: argparse.Namespace) -> None:

@@ -18,7 +18,7 @@ from .errors import BertflowError
 from .flow import FlowConfig
 from .train import TrainConfig
 
-__all__ = ["BEFORE", "CORPORA", "RECIPES", "Recipe", "recommended", "resolve"]
+__all__ = ["BEFORE", "CORPORA", "RECIPES", "Recipe", "corpus_note", "recommended", "resolve"]
 
 CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe is chosen on
 
@@ -67,6 +67,23 @@ RECIPES: dict[str, Recipe] = {
                      corpus="target+generic"),
 }
 assert set(RECIPES) == set(POOLINGS)
+
+
+def corpus_note(pooling: str, fit_on: str) -> str | None:
+    """What to say when a flow of `pooling` is fit on `fit_on` (a label such as ``"target"`` or
+    ``"target + wiki-sample.txt"``) while its recipe was chosen on another kind of text; None
+    when they agree."""
+    kind = recommended(pooling).corpus
+    parts = fit_on.split(" + ")
+    has_target, has_file = "target" in parts, any(p != "target" for p in parts)
+    if (has_target, has_file) == {"target": (True, False), "generic": (False, True),
+                                  "target+generic": (True, True)}[kind]:
+        return None
+    wanted = {"target": "the target sentences alone (--fit-on target)",
+              "generic": "general text (--fit-on FILE, e.g. the Wikipedia sample)",
+              "target+generic": "the target sentences and general text together "
+                                "(--fit-on target FILE)"}[kind]
+    return f"note: the {pooling} recipe was chosen fit on {wanted}; this flow was fit on {fit_on}"
 
 
 def recommended(pooling: str) -> Recipe:

@@ -147,7 +147,11 @@ def test_eval_command_end_to_end(data, tmp_path, capsys, tiny_encoder_dir, corpu
                  str(corpus_file), "--encoder", str(tiny_encoder_dir), "--json", str(out),
                  "--cache", str(tmp_path / "cache"), "--quiet", "--tasks", "STS-B"]) == 0
     assert {r["fit_on"] for r in json.loads(out.read_text())} == {"target + corpus.txt"}
-    capsys.readouterr()
+    assert "recipe was chosen" not in capsys.readouterr().out  # not a flow: no note
+    assert main(["eval", "--data", str(data), "--pooling", "cls", "--levels", "1", "--depth",
+                 "2", "--encoder", str(tiny_encoder_dir), "--cache", str(tmp_path / "cache"),
+                 "--quiet", "--tasks", "STS-B"]) == 0
+    assert "note: the cls recipe was chosen fit on general text" in capsys.readouterr().out
 
     head = tmp_path / "head"
     assert main(["fit", str(corpus_file), "--out", str(head), "--encoder", str(tiny_encoder_dir),

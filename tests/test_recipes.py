@@ -46,3 +46,14 @@ def test_bad_recipes_are_refused():
         Recipe(before="pca")
     with pytest.raises(BertflowError, match="corpus must be one of target, generic, "):
         Recipe(corpus="wiki")
+
+
+def test_a_flow_fit_on_other_text_than_its_recipe_s_says_so():
+    from bertflow.recipes import corpus_note
+
+    assert corpus_note("cls", "wiki-sample.txt") is None
+    assert corpus_note("first_last", "target + wiki-sample.txt") is None
+    assert "chosen fit on general text (--fit-on FILE" in corpus_note("cls", "target")
+    note = corpus_note("first_last", "target")
+    assert note.endswith("together (--fit-on target FILE); this flow was fit on target")
+    assert "--fit-on target FILE" in corpus_note("mean", "news.txt")
