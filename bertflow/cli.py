@@ -142,9 +142,10 @@ def _eval(args: argparse.Namespace) -> None:
         rows = evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
                              name=str(args.head), pooling=args.pooling, **common)
     else:
+        fit_on = args.fit_on or ["target"]
         rows = evaluate_method(tasks, missing, args.method or "flow", encoder,
                                EmbeddingCache(args.cache), pooling=args.pooling or
-                               DEFAULT_POOLING, fit_on=args.fit_on or ["target"], k=args.k,
+                               DEFAULT_POOLING, fit_on=fit_on, k=args.k,
                                d=args.d, recipe=flow_options(args), **common)
     if args.json is not None:
         write_json(args.json, rows)
@@ -156,7 +157,7 @@ def _eval(args: argparse.Namespace) -> None:
     if missing:
         print(f"missing from {args.data}: {', '.join(missing)}")
     if head is None and (args.method or "flow") == "flow":
-        note = corpus_note(rows[0]["pooling"], rows[0]["fit_on"])
+        note = corpus_note(args.pooling or DEFAULT_POOLING, fit_on)
         if note is not None:
             print(note)
 

@@ -18,7 +18,7 @@ from .errors import BertflowError
 from .files import read_sentences
 from .head import FlowHead
 from .isotropy import alignment, isotropy_measures, uniformity
-from .methods import Fitted, FlowMethod, Method, default_d, default_k, make_method
+from .methods import Fitted, Method, default_d, default_k, make_method
 from .recipes import Recipe, resolve
 from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 
@@ -217,9 +217,8 @@ def evaluate_method(
     recipe = resolve(recipe, pooling)
 
     def make() -> Method:
-        if method == "flow":
-            return FlowMethod(**recipe.fit_options(), progress=progress is not False)
-        return make_method(method, k=k, d=d)
+        return make_method(method, k=k, d=d, **recipe.fit_options(),
+                           progress=progress is not False)
 
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": method,
               **make().describe(),

@@ -517,7 +517,7 @@ def _head_folder(path: str | os.PathLike) -> Path:
 def _check_before(before: str, standardize: bool | None) -> str:
     """`FlowHead.fit`'s `before`, with the older `standardize` flag folded in."""
     if before not in BEFORE:
-        raise BertflowError(f"before the flow: one of {', '.join(BEFORE)}, not {before!r}")
+        raise BertflowError(f"before must be one of {', '.join(BEFORE)}, not {before!r}")
     if standardize is None:
         return before
     if before != "standardize":

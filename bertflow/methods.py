@@ -196,9 +196,11 @@ def default_d(dim: int) -> int:
 
 
 def make_method(name: str, *, k: int = 256, d: int = 1, flow: FlowConfig | None = None,
-                train: TrainConfig | None = None, progress: bool = False) -> Method:
-    """A fresh method by name: one of `METHODS` (`k` and `d` for whitening-k and abtt; see
-    `default_k` and `default_d` for the usual choices)."""
+                train: TrainConfig | None = None, before: str = "standardize",
+                progress: bool = False) -> Method:
+    """A fresh method by name: one of `METHODS` (`k` and `d` for whitening-k and abtt, see
+    `default_k` and `default_d` for the usual choices; `flow`, `train` and `before` for the
+    flow, as `Recipe.fit_options` gives them)."""
     if name == "raw":
         return Raw()
     if name == "standardize":
@@ -210,7 +212,7 @@ def make_method(name: str, *, k: int = 256, d: int = 1, flow: FlowConfig | None 
     if name == "abtt":
         return AllButTheTop(d=d)
     if name == "flow":
-        return FlowMethod(flow or FlowConfig(), train or TrainConfig(), progress=progress)
+        return FlowMethod(flow or FlowConfig(), train or TrainConfig(), before, progress=progress)
     raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
 
 

@@ -10,6 +10,8 @@ compared; ``"target+generic"``: both together, as `bertflow eval --fit-on target
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -69,21 +71,22 @@ RECIPES: dict[str, Recipe] = {
 assert set(RECIPES) == set(POOLINGS)
 
 
-def corpus_note(pooling: str, fit_on: str) -> str | None:
-    """What to say when a flow of `pooling` is fit on `fit_on` (a label such as ``"target"`` or
-    ``"target + wiki-sample.txt"``) while its recipe was chosen on another kind of text; None
-    when they agree."""
+def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike]) -> str | None:
+    """What to say when a flow of `pooling` is fit on `fit_on` (``"target"`` and text files,
+    as `bertflow eval --fit-on` takes them) while its recipe was chosen on another kind of
+    text; None when they agree."""
     kind = recommended(pooling).corpus
-    parts = fit_on.split(" + ")
-    has_target, has_file = "target" in parts, any(p != "target" for p in parts)
-    if (has_target, has_file) == {"target": (True, False), "generic": (False, True),
-                                  "target+generic": (True, True)}[kind]:
+    target = any(str(p) == "target" for p in fit_on)
+    files = any(str(p) != "target" for p in fit_on)
+    if (target, files) == {"target": (True, False), "generic": (False, True),
+                           "target+generic": (True, True)}[kind]:
         return None
     wanted = {"target": "the target sentences alone (--fit-on target)",
               "generic": "general text (--fit-on FILE, e.g. the Wikipedia sample)",
               "target+generic": "the target sentences and general text together "
                                 "(--fit-on target FILE)"}[kind]
-    return f"note: the {pooling} recipe was chosen fit on {wanted}; this flow was fit on {fit_on}"
+    given = " ".join(str(p) for p in fit_on)
+    return f"note: the {pooling} recipe was chosen fit on {wanted}; this flow was fit on {given}"
 
 
 def recommended(pooling: str) -> Recipe:

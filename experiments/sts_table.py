@@ -21,9 +21,9 @@ from common import parser, tuned_flows, tuned_method
 
 from bertflow import POOLINGS, load_encoder
 from bertflow.cache import EmbeddingCache
-from bertflow.evaluate import evaluate, format_table
+from bertflow.evaluate import evaluate, fit_sources, format_table
 from bertflow.files import read_sentences, write_json
-from bertflow.methods import FlowMethod, default_d, default_k, make_method
+from bertflow.methods import default_d, default_k, make_method
 from bertflow.recipes import recommended
 from bertflow.sts import load_tasks
 
@@ -36,8 +36,7 @@ def main() -> None:
     generic = read_sentences(args.generic)
     tuned = tuned_flows(args.tuned)
     cache = EmbeddingCache(args.cache)
-    fit_sources = (("target", [], "target"), (generic, [], args.generic.name),
-                   ("target", generic, f"target + {args.generic.name}"))
+    sources = [fit_sources(s) for s in ("target", args.generic, ["target", args.generic])]
     rows = []
     for source in args.encoder or [None]:
         encoder = load_encoder(source)
@@ -54,9 +53,9 @@ def main() -> None:
                 methods.append(("flow", {"tuned": tuned[pooling]}))
             methods.append(("flow", {"recipe": recommended(pooling)}))
             for method, options in methods:
-                for fit_on, also, label in fit_sources:
-                    if method == "raw" and fit_on is not generic:
-                        continue  # nothing to fit
+                for fit_on, also, label in sources:
+                    if method == "raw" and label != args.generic.name:
+                        continue  # nothing to fit: once is enough
                     make, describe = _factory(method, options, k, d)
                     labels = {"encoder": encoder.id.name, "pooling": pooling,
                               "method": describe, "fit_on": "-" if method == "raw" else label}
@@ -86,7 +85,7 @@ def _factory(method: str, options: dict, k: int, d: int):
     if "tuned" in options:
         return (lambda: tuned_method(options["tuned"])), "flow (tuned on dev)"
     if "recipe" in options:
-        return (lambda: FlowMethod(**options["recipe"].fit_options())), "flow (recipe)"
+        return (lambda: make_method("flow", **options["recipe"].fit_options())), "flow (recipe)"
     name = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}"}.get(method, method)
     return (lambda: make_method(method, k=options.get("k", k), d=options.get("d", d))), name
 

@@ -51,9 +51,10 @@ def test_bad_recipes_are_refused():
 def test_a_flow_fit_on_other_text_than_its_recipe_s_says_so():
     from bertflow.recipes import corpus_note
 
-    assert corpus_note("cls", "wiki-sample.txt") is None
-    assert corpus_note("first_last", "target + wiki-sample.txt") is None
-    assert "chosen fit on general text (--fit-on FILE" in corpus_note("cls", "target")
-    note = corpus_note("first_last", "target")
+    assert corpus_note("cls", ["wiki-sample.txt"]) is None
+    assert corpus_note("first_last", ["target", "wiki-sample.txt"]) is None
+    assert "chosen fit on general text (--fit-on FILE" in corpus_note("cls", ["target"])
+    note = corpus_note("first_last", ["target"])
     assert note.endswith("together (--fit-on target FILE); this flow was fit on target")
-    assert "--fit-on target FILE" in corpus_note("mean", "news.txt")
+    assert "--fit-on target FILE" in corpus_note("mean", ["news.txt"])
+    assert corpus_note("mean", ["target", "a + b.txt"]) is None  # a file name is not parsed
