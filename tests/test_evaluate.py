@@ -49,6 +49,18 @@ def data(tmp_path):
     return folder
 
 
+def recording(name, fitted):
+    """A `make` for `evaluate`: fresh methods `name` that append what each is fit on to
+    `fitted`."""
+    def make():
+        method = make_method(name)
+        fit = method.fit
+        method.fit = lambda x: fitted.append(np.array(x)) or fit(x)
+        return method
+
+    return make
+
+
 def test_harness_rows_for_every_task_and_both_aggregations(data, tiny_encoder):
     tasks, missing = load_tasks(data)
     labels = {"encoder": "tiny", "pooling": "mean", "method": "whitening", "fit_on": "target"}
@@ -57,13 +69,7 @@ def test_harness_rows_for_every_task_and_both_aggregations(data, tiny_encoder):
     def embed(sentences):
         return tiny_encoder.encode(list(sentences), "mean")
 
-    def make():
-        method = make_method("whitening")
-        fit = method.fit
-        method.fit = lambda x: (fitted_on.append(len(x)), fit(x))[1]
-        return method
-
-    rows = evaluate(tasks, missing, embed, make, "target", labels)
+    rows = evaluate(tasks, missing, embed, recording("whitening", fitted_on), "target", labels)
     by = {(r["task"], r["aggregation"]): r for r in rows}
     assert set(by) == {(t, a) for t in ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B",
                                         "SICK-R", "avg"] for a in ("all", "wmean")}
@@ -78,7 +84,7 @@ def test_harness_rows_for_every_task_and_both_aggregations(data, tiny_encoder):
     assert avg["spearman"] == pytest.approx(np.mean([by[t, "all"]["spearman"]
                                                      for t in ("STS14", "STS-B", "SICK-R")]))
     # target: each task fit on its own sentences (STS-B: 3 splits × 30 pairs × 2)
-    assert sorted(fitted_on) == sorted([len(tasks[t].unlabeled) for t in tasks])
+    assert sorted(map(len, fitted_on)) == sorted([len(tasks[t].unlabeled) for t in tasks])
     assert len(tasks["STS-B"].unlabeled) > len(tasks["STS-B"].sentences())
     table = format_table(rows)
     assert "| tiny | mean | whitening | target | missing |" in table
@@ -106,12 +112,7 @@ def test_target_and_a_file_fit_each_task_on_its_own_sentences_and_the_files(
     def embed(sentences):
         return tiny_encoder.encode(list(sentences), "mean")
 
-    def make():
-        method = make_method("standardize")
-        fit = method.fit
-        method.fit = lambda x: fitted.append(np.array(x)) or fit(x)
-        return method
-
+    make = recording("standardize", fitted)
     rows = evaluate(tasks, missing, embed, make, fit_on, {"fit_on": label}, also)
     assert len(fitted) == 2 and {r["fit_on"] for r in rows} == {"target + corpus.txt"}
     for x, name in zip(fitted, ("STS-B", "SICK-R"), strict=True):
