@@ -1,9 +1,17 @@
 import os
 from pathlib import Path
 
-import pytest
-import torch
-from transformers import BertConfig, BertModel, BertTokenizerFast
+# The suite's torch work runs on one thread, in this process and the commands it starts: on a
+# loaded machine, OpenMP threads that wait for each other's core slow a test tenfold or more.
+# A test about threads sets its own.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_name] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import BertConfig, BertModel, BertTokenizerFast  # noqa: E402
+
+torch.set_num_threads(1)
 
 WORDS = (
     "a the man woman dog cat is are was plays playing guitar piano runs running park "

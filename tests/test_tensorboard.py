@@ -251,17 +251,21 @@ def test_resume_continues_the_curves_and_may_extend_the_epochs(
         assert code == 1 and "other settings" in err and not (tmp_path / "d").exists()
 
 
-def test_a_continued_run_s_event_file_sorts_after_the_one_it_continues(tmp_path):
+def test_a_continued_run_s_event_file_sorts_after_the_one_it_continues(tmp_path, monkeypatch):
     """TensorBoard reads event files in name order: the second they were made in, then the
     host, the process and its writer count (10 sorts before 9). A writer opened in the same
     second as an existing file waits for the next second, so its file sorts after."""
-    from bertflow.runs import _after_newest_events
+    from bertflow import runs
 
     now = int(time.time())
     (tmp_path / f"events.out.tfevents.{now:010d}.host.1.9").write_bytes(b"")
     (tmp_path / "events.out.tfevents.odd").write_bytes(b"")  # not ours: ignored
-    _after_newest_events(tmp_path)
+    runs._after_newest_events(tmp_path)
     assert int(time.time()) > now
-    began = time.time()
-    _after_newest_events(tmp_path / "empty")  # nothing there: no wait
-    assert time.time() - began < 0.5
+    slept = []
+    monkeypatch.setattr(runs.time, "sleep", slept.append)
+    runs._after_newest_events(tmp_path / "empty")  # nothing there: no wait
+    assert slept == []
+    (tmp_path / f"events.out.tfevents.{now - 5:010d}.host.1.1").write_bytes(b"")
+    runs._after_newest_events(tmp_path)  # the newest file is from a past second: no wait
+    assert all(s == 0 for s in slept)
