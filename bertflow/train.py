@@ -319,8 +319,9 @@ def fit(
     latents (mean cosine, effective rank, I(W)).
 
     Under `torch.distributed` (torchrun) every process runs `fit` on the same `x` with the same
-    config: each takes every world-size-th row of each minibatch, `DistributedDataParallel`
-    averages the gradients, and the result is the one-process fit up to float rounding.
+    config: each takes every world-size-th row of each minibatch (none, where the minibatch has
+    fewer rows than processes), `DistributedDataParallel` averages the gradients, and the result
+    is the one-process fit up to float rounding.
     """
     trainer = _Trainer(model, as_rows(x), config, writer, progress)
     run = trainer.resume(state) if state is not None else trainer.initialise()
@@ -379,7 +380,7 @@ class _Trainer:
             else 0.0
         self.optimizer = _optimizer(model, config)
         self.total_steps = math.ceil(len(self.train_idx) / config.batch_size) * config.epochs
-        self.net = model
+        self.net: nn.Module = _Sums(model)
 
     def batch(self, indices: Tensor) -> Tensor:
         return torch.from_numpy(np.asarray(self.rows.take(indices.numpy()), dtype=np.float32))
@@ -412,7 +413,7 @@ class _Trainer:
 
     def _distribute(self) -> None:
         if self.world > 1:
-            self.net = nn.parallel.DistributedDataParallel(self.model,
+            self.net = nn.parallel.DistributedDataParallel(self.net,
                                                            forward_sync_buffers=False)
 
     def epoch(self, run: _Run, epoch: int) -> float:
@@ -436,25 +437,19 @@ class _Trainer:
 
     def step(self, run: _Run, epoch: int, indices: Tensor, g: torch.Generator) -> float:
         """One optimiser step on the minibatch `indices` (this process's share of it under
-        torchrun): its mean NLL over all processes."""
+        torchrun, which may be empty): its mean NLL over all processes."""
         n = len(indices)
         noise = self.jitter * torch.randn((n, self.dim), generator=g) if self.jitter else None
-        if self.world > 1:
-            indices = indices[self.rank :: self.world]
-            noise = noise[self.rank :: self.world] if noise is not None else None
-        data = self.batch(indices)
+        share = slice(self.rank, None, self.world)
+        data = self.batch(indices[share])
         if noise is not None:
-            data = data + noise
-        z, log_det = self.net(data)
-        log_p = log_likelihood(z, log_det)
-        if self.world > 1:  # DDP averages over processes: scale each to the global mean
-            loss = -log_p.sum() * (self.world / n)
-            value = -log_p.detach().sum()
-            torch.distributed.all_reduce(value)
-            value = value.item() / n
-        else:
-            loss = -log_p.mean()
-            value = loss.item()
+            data = data + noise[share]
+        nll, log_det = self.net(data)
+        loss = nll / (n / self.world)  # DDP averages over processes: the minibatch's mean
+        sums = torch.stack([nll.detach(), log_det])
+        if self.world > 1:
+            torch.distributed.all_reduce(sums)
+        value, log_det = (sums / n).tolist()
         run.step += 1
         if not math.isfinite(value):
             raise BertflowError(f"non-finite loss ({value}) at step {run.step} (epoch {epoch}); "
@@ -475,11 +470,11 @@ class _Trainer:
             self._log_step(value, log_det, lr, grad_norm, run.step)
         return value
 
-    def _log_step(self, nll: float, log_det: Tensor, lr: float, grad_norm: Tensor,
+    def _log_step(self, nll: float, log_det: float, lr: float, grad_norm: Tensor,
                   step: int) -> None:
         self.writer.add_scalar("train/nll", nll, step)
         self.writer.add_scalar("train/bits_per_dim", bits_per_dim(nll, self.dim), step)
-        self.writer.add_scalar("train/log_det", log_det.mean().item(), step)
+        self.writer.add_scalar("train/log_det", log_det, step)
         self.writer.add_scalar("train/lr", lr, step)
         self.writer.add_scalar("train/grad_norm", grad_norm.item(), step)
 
@@ -510,6 +505,23 @@ class _Trainer:
                           optimizer=copy.deepcopy(self.optimizer.state_dict()),
                           best_model=run.best_model, history=copy.deepcopy(run.history),
                           bad_epochs=run.bad_epochs)
+
+
+class _Sums(nn.Module):
+    """A model's NLL and log-determinant, each summed over the rows of `x`. No rows (a
+    process's empty share of a short minibatch) give zeros that still depend on every trained
+    parameter, so that the process joins DDP's gradient all-reduce, with zero gradients."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if not len(x):  # the model may not take 0 rows (nflows cannot reshape them)
+            zero = sum(p.sum() for p in self.parameters() if p.requires_grad) * 0.0
+            return zero, zero.detach()
+        z, log_det = self.model(x)
+        return -log_likelihood(z, log_det).sum(), log_det.detach().sum()
 
 
 @torch.no_grad()
