@@ -25,10 +25,12 @@ def launched() -> bool:
 
 
 def init(device: torch.device) -> None:
-    """Join the process group torchrun describes (no-op when not launched, or joined)."""
+    """Join the process group torchrun describes (no-op when not launched, or joined). On CUDA,
+    collectives of CUDA tensors go through NCCL and those of CPU tensors (the flow's gradients,
+    which train on the CPU, and the messages between processes) through gloo."""
     if not launched() or dist.is_initialized():
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=_TIMEOUT)

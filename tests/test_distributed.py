@@ -218,7 +218,7 @@ def test_two_machines_meet_at_a_rendezvous_endpoint(setup):
     assert (setup / "nodes.npy").read_bytes() == (setup / "one.npy").read_bytes()
 
 
-def test_each_process_takes_its_own_gpu_and_nccl(monkeypatch):
+def test_each_process_takes_its_own_gpu_and_nccl_with_gloo_for_cpu_tensors(monkeypatch):
     """The CUDA branch of joining a torchrun job, checked on the CPU with CUDA stood in for."""
     import torch
 
@@ -237,9 +237,9 @@ def test_each_process_takes_its_own_gpu_and_nccl(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     distributed.init(torch.device("cuda", 3))
     distributed.init(torch.device("cpu"))
-    assert joined == ["nccl", "gloo"] and chosen == [torch.device("cuda", 3)]
+    assert joined == ["cpu:gloo,cuda:nccl", "gloo"] and chosen == [torch.device("cuda", 3)]
 
     monkeypatch.setenv("WORLD_SIZE", "1")  # not launched: cuda stays as asked, nothing joined
     assert distributed.local_device(torch.device("cuda")) == torch.device("cuda")
     distributed.init(torch.device("cuda"))
-    assert joined == ["nccl", "gloo"]
+    assert joined == ["cpu:gloo,cuda:nccl", "gloo"]
