@@ -34,7 +34,7 @@ from .encoder import (
     load_encoder,
 )
 from .errors import BertflowError
-from .files import meta_path, write_json
+from .files import atomic_file, meta_path, write_json
 
 __all__ = ["EmbeddingCache", "default_cache", "encode_to", "training_embeddings"]
 
@@ -150,15 +150,10 @@ class EmbeddingCache:
         target = self.path(meta)
         if self.get(meta) is not None:
             return target
-        self.root.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".{target.name}.adopting")
-        temporary.unlink(missing_ok=True)
         try:
-            os.link(path, temporary)
+            _place(Path(path), target, meta, copy=False)
         except OSError:
             return None
-        os.replace(temporary, target)
-        write_json(meta_path(target), read_meta(path))
         return target
 
     def copy_to(self, meta: dict[str, Any], path: str | os.PathLike) -> bool:
@@ -167,15 +162,7 @@ class EmbeddingCache:
         cached = self.get(meta)
         if cached is None:
             return False
-        path = Path(path)
-        temporary = path.with_name(f".{path.name}.copying")
-        temporary.unlink(missing_ok=True)
-        try:
-            os.link(cached.path, temporary)
-        except OSError:
-            shutil.copyfile(cached.path, temporary)
-        os.replace(temporary, path)
-        write_json(meta_path(path), cached.meta)
+        _place(cached.path, Path(path), cached.meta, copy=True)
         return True
 
 
@@ -189,11 +176,12 @@ def encode_to(
     *,
     cache: EmbeddingCache | None = None,
     resume: bool = False,
+    restart: bool = False,
     progress: bool | None = None,
 ) -> bool:
     """Write the embeddings of `corpus` to `path` (and its sidecar), taking them from `cache`
     when it has them and filing them there when it does not: whether they were encoded.
-    Resumable and runnable under torchrun like `write_embeddings`."""
+    Resumable (`resume`, `restart`) and runnable under torchrun like `write_embeddings`."""
     check_batch_size(batch_size)
     meta = embeddings_meta(encoder.id, check_pooling(pooling), check_max_length(max_length),
                            corpus.sha256, len(corpus), encoder.width(pooling), encoder.precision)
@@ -204,7 +192,7 @@ def encode_to(
         distributed.barrier()
         return False
     write_embeddings({pooling: path}, corpus, encoder, max_length, batch_size, resume=resume,
-                     progress=progress)
+                     restart=restart, progress=progress)
     if cache is not None and distributed.is_main():
         cache.adopt(path)
     distributed.barrier()
@@ -245,6 +233,22 @@ def training_embeddings(
                    "corpus": {"sha256": corpus.sha256, "file": source.name}, "loaded": loaded}
     given = load_encoder(encoder, "cpu") if encoder else None
     return open_embeddings(source, pooling=pooling, encoder=given, max_length=max_length)
+
+
+def _place(source: Path, target: Path, meta: dict[str, Any], copy: bool) -> None:
+    """Put `source` at `target` as a hard link (else, with `copy`, as a copy) with sidecar
+    `meta`, which is written before the data is renamed into place: a process killed at any
+    point leaves the old pair, the new one, or a sidecar that the data beside it (if any) fails,
+    which readers refuse and the cache encodes again."""
+    with atomic_file(target) as temporary:
+        temporary.unlink()
+        try:
+            os.link(source, temporary)
+        except OSError:
+            if not copy:
+                raise
+            shutil.copyfile(source, temporary)
+        write_json(meta_path(target), meta)
 
 
 def _same(stored: dict[str, Any], meta: dict[str, Any]) -> bool:

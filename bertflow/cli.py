@@ -69,7 +69,7 @@ def _encode(args: argparse.Namespace) -> None:
     cache = None if args.no_cache else EmbeddingCache(args.cache)
     encoded = encode_to(args.out, corpus, encoder, args.pooling, args.max_length,
                         args.encode_batch_size, cache=cache, resume=args.resume,
-                        progress=_progress(args))
+                        restart=args.restart, progress=_progress(args))
     if distributed.is_main():
         print(f"wrote {args.out}: {len(corpus)} × {encoder.width(args.pooling)} "
               f"({encoder.id.name}, {args.pooling}, {encoder.precision}"

@@ -110,12 +110,17 @@ def _encode_command(commands: Any) -> argparse.ArgumentParser:
     p = _command(commands, "encode", "embed a corpus (one sentence per line) into .npy", """
         Embed every line of CORPUS with a frozen encoder and a pooling into EMB.npy (float32,
         one row per line) and its sidecar EMB.meta.json; resumable, and across processes
-        under torchrun.""")
+        under torchrun. An encode interrupted at --out is neither continued nor discarded
+        without --resume or --restart.""")
     p.add_argument("corpus", type=Path, help="text file, one sentence per line")
     p.add_argument("--out", type=Path, required=True, help="EMB.npy (+ EMB.meta.json)")
     _encoder_options(p)
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted encode of the same request where it stopped")
+    interrupted = p.add_mutually_exclusive_group()
+    interrupted.add_argument("--resume", action="store_true",
+                             help="continue an interrupted encode of the same request where "
+                                  "it stopped")
+    interrupted.add_argument("--restart", action="store_true",
+                             help="discard an interrupted encode at --out and start afresh")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP + ", read and filled")
     p.add_argument("--no-cache", action="store_true", help="neither read nor fill the cache")
     _quiet(p)

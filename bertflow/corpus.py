@@ -50,7 +50,7 @@ class Corpus:
                 yield sentence
 
         digest = corpus_sha256(counted())
-        return cls(count, digest, lambda start: iter_sentences(path, start), path.name)
+        return cls(count, digest, lambda start: iter_sentences(path, start), str(path))
 
     @classmethod
     def from_sentences(cls, sentences: Sequence[str], name: str = "sentences") -> Corpus:

@@ -2,12 +2,14 @@
 (resumably, by one process or several) and read back a few rows at a time.
 
 While a file is being written its rows go into `EMB.npy.partial`, preallocated at its final
-size, and each process records how far it got in `EMB.npy.progress-R-of-N.json` after every
-chunk. A run that stops for any reason (an error, kill -9, a full disk) is continued by the
-same request with `resume=True`, and the finished file is bit for bit the one an uninterrupted
-run writes. When every row is in, the partial file is renamed onto `EMB.npy`, and only then
-is the sidecar written, with the file's sha256, so a reader can tell a sidecar that does not
-belong to the array beside it.
+size, and each process records how far it got, with a checksum of those rows, in
+`EMB.npy.progress-R-of-N.json` after every chunk. A run that stops for any reason (an error,
+kill -9, a full disk) is continued by the same request with `resume=True` once the records
+agree with the partial file, and the finished file is bit for bit the one an uninterrupted run
+writes. When every row is in, the sidecar is written with the partial file's sha256 and then
+the partial file is renamed onto `EMB.npy`, so a process killed at any point leaves a run to
+finish or the finished pair, and a reader refuses a sidecar that does not belong to the array
+beside it.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ from .errors import BertflowError, PeerError, first_line
 from .files import (
     atomic_file,
     check_finite,
+    fsync,
     meta_path,
     read_json,
     refuse_link,
+    remove_stale_temporaries,
     same_file,
     sha256_file,
     write_json,
@@ -350,18 +354,24 @@ def write_embeddings(
     batch_size: int = 32,
     *,
     resume: bool = False,
+    restart: bool = False,
     wait: bool = False,
     progress: bool | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Encode `corpus` once with every pooling in `targets` (pooling → `.npy` path) and write
     each pooling's embeddings to its path, returning the sidecars written.
 
-    With `resume`, a run that stopped continues from its progress records (which must belong
-    to this very request), and a target already complete is left as it is. `wait` waits for
-    another process writing the same target instead of refusing. Under torchrun every rank
-    calls this: rank 0 prepares and finishes the files, and each rank encodes its own
-    contiguous share of the chunks into them.
+    A target where a run stopped (its partial file and progress records) is refused unless
+    `resume` continues it (the records must belong to this very request and agree with the
+    rows in the partial file) or `restart` discards it; a run that stopped with every row in
+    is finished either way. With `resume`, a target already complete is left as it is. `wait`
+    waits for another process writing the same target instead of refusing. Under torchrun
+    every rank calls this: rank 0 prepares and finishes the files, and each rank encodes its
+    own contiguous share of the chunks into them.
     """
+    if resume and restart:
+        raise BertflowError("--resume continues an interrupted encode and --restart discards "
+                            "it: give one")
     rank, world = distributed.rank(), distributed.world_size()
     check_max_length(max_length)
     check_batch_size(batch_size)
@@ -375,7 +385,7 @@ def write_embeddings(
             try:
                 for output in outputs.values():
                     locks.enter_context(output.lock(wait))
-                    output.prepare(resume)
+                    output.prepare(resume, restart)
             except BertflowError as e:
                 error = str(e)
         error = distributed.broadcast_error(error)
@@ -395,7 +405,8 @@ def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encod
                   max_length: int, batch_size: int, rank: int, world: int,
                   progress: bool | None) -> None:
     start, stop = _share(len(corpus), rank, world, CHUNK_SIZE)
-    done = min((o.done(rank) for o in outputs.values()), default=stop)
+    reached = {p: o.progress(rank) for p, o in outputs.items()}  # rows done, their checksum
+    done = min((d for d, _ in reached.values()), default=stop)
     if done >= stop:
         return
     show = len(corpus) >= PROGRESS_FROM if progress is None else progress
@@ -407,11 +418,15 @@ def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encod
                   disable=not show or rank != 0) as bar:
             for chunk in corpus.chunks(done, stop, CHUNK_SIZE):
                 vectors = encoder.encode_chunk(chunk, list(outputs), max_length, batch_size)
-                for p, output in outputs.items():
-                    output.write(files[p], offsets[p], done, vectors[p])
+                # an output a kill left a chunk ahead of the others already holds these rows
+                behind = [p for p in outputs if reached[p][0] == done]
+                for p in behind:
+                    checksum = outputs[p].write(files[p], offsets[p], done, vectors[p],
+                                                reached[p][1])
+                    reached[p] = (done + len(chunk), checksum)
+                for p in behind:
+                    outputs[p].record(rank, *reached[p])
                 done += len(chunk)
-                for output in outputs.values():
-                    output.record(rank, done)
                 bar.update(len(chunk))
     finally:
         for f in files.values():
@@ -420,12 +435,19 @@ def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encod
 
 def check_destination(path: str | os.PathLike) -> Path:
     """`path` if embeddings may be written there: a `.npy` path that is free or holds bertflow
-    embeddings (with their sidecar). Anything else is left alone."""
+    embeddings (with their sidecar), where none of the files a write makes (the `.npy`, its
+    sidecar, partial file, lock and progress records) is a symbolic link. Anything else is left
+    alone."""
     path = Path(path)
     if path.suffix != ".npy":
         raise BertflowError(f"{path} must end in .npy")
     if path.is_dir():
         raise BertflowError(f"{path} is a folder")
+    refuse_link(path)
+    for companion in (meta_path(path), _partial(path), _lock(path), *_records(path)):
+        if companion.is_symlink():
+            raise BertflowError(f"{companion} is a symbolic link; writing {path} would replace "
+                                "it: remove it or write elsewhere")
     if path.exists():
         try:
             ours = read_meta(path) is not None
@@ -444,26 +466,51 @@ def _share(count: int, rank: int, world: int, chunk: int) -> tuple[int, int]:
     return min(first * chunk, count), min(last * chunk, count)
 
 
+def _partial(path: Path) -> Path:
+    return path.with_name(path.name + ".partial")
+
+
+def _lock(path: Path) -> Path:
+    return path.with_name(f".{path.name}.lock")
+
+
+def _records(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f"{path.name}.progress-*.json"))
+
+
+_NO_ROWS = hashlib.sha256().hexdigest()
+
+
+def _chained(checksum: str, rows: bytes | memoryview) -> str:
+    """The checksum of a share's rows after one more chunk: sha256 of the checksum before it
+    (`_NO_ROWS` for none) followed by the chunk's bytes."""
+    digest = hashlib.sha256(bytes.fromhex(checksum))
+    digest.update(rows)
+    return digest.hexdigest()
+
+
 class _Output:
-    """One `.npy` being written: its partial file, progress records and lock."""
+    """One `.npy` being written: its partial file, progress records and lock.
+
+    Each process's record holds its share of the rows, how many of them are in the partial
+    file (`done`) and their checksum (`rows_sha256`, chained chunk by chunk), which a run that
+    keeps the partial file checks against it first.
+    """
 
     def __init__(self, path: Path, meta: dict[str, Any], layout: dict[str, int]):
         if path.suffix != ".npy" or path.is_dir():
             check_destination(path)
         self.path, self.meta, self.layout = path, meta, layout
-        self.partial = path.with_name(path.name + ".partial")
+        self.partial = _partial(path)
 
     def record_path(self, rank: int) -> Path:
         return self.path.with_name(
             f"{self.path.name}.progress-{rank}-of-{self.layout['world']}.json")
 
-    def records(self) -> list[Path]:
-        return sorted(self.path.parent.glob(f"{self.path.name}.progress-*.json"))
-
     @contextlib.contextmanager
     def lock(self, wait: bool) -> Iterator[None]:
         """Hold `.EMB.npy.lock` exclusively; another holder means another writer."""
-        lock = self.path.with_name(f".{self.path.name}.lock")
+        lock = _lock(self.path)
         lock.parent.mkdir(parents=True, exist_ok=True)
         while True:
             f = open(lock, "a+b")  # noqa: SIM115
@@ -486,31 +533,36 @@ class _Output:
             lock.unlink(missing_ok=True)
             f.close()
 
-    def prepare(self, resume: bool) -> None:
-        """Make the partial file and the records for a run (rank 0, under the lock)."""
-        records = self.records()
+    def prepare(self, resume: bool, restart: bool) -> None:
+        """Make the partial file and the records for a run (rank 0, under the lock), or keep
+        those a stopped run of this request left, once checked, to continue it."""
+        check_destination(self.path)
+        remove_stale_temporaries(self.path)  # left by a kill as the cache linked it, say
         for litter in self.path.parent.glob(f".{self.path.name}.progress-*.json.*.tmp"):
             litter.unlink()  # left by a kill during a record's atomic write
-        if resume and records:
-            self._check_records(records)
-            if self.partial.exists() and self._fits(self.partial):
-                return
-            if not self.partial.exists() and self._fits(self.path) and all(
-                    read_json(r)["done"] == read_json(r)["rows"][1] for r in records):
-                return  # every row was in and moved into place: only the sidecar is missing
+        records = {record: self._read_record(record) for record in _records(self.path)}
+        if records and not self.partial.exists():
+            # no rows to continue: a kill came before the partial file was made, or after it
+            # was moved into place
+            for record in records:
+                record.unlink()
+            records = {}
         if self.partial.exists() and not records:
             raise BertflowError(f"{self.partial} exists but was not left by bertflow; "
                                 "remove it or choose another output")
+        if records and not restart:
+            self._check_records(records, resume)
+            self._check_rows(records)
+            return
         if not records and resume and self._complete():
             return
-        check_destination(self.path)
+        self.partial.unlink(missing_ok=True)  # first: records without it are litter
         for record in records:
-            self._check_record(record, strict=False)
             record.unlink()
         count, dim = self.meta["count"], self.meta["dim"]
         for rank in range(self.layout["world"]):
             start, _ = _share(count, rank, self.layout["world"], self.layout["chunk_size"])
-            write_json(self.record_path(rank), {**self._record(rank), "done": start})
+            self.record(rank, start, _NO_ROWS)
         size = count * dim * 4
         try:
             with open(self.partial, "wb") as f:
@@ -519,81 +571,121 @@ class _Output:
                     "fortran_order": False, "shape": (count, dim)})
                 size += f.tell()
                 os.posix_fallocate(f.fileno(), 0, size)
+                os.fsync(f.fileno())
+            fsync(self.path.parent)
         except OSError as e:
             self.partial.unlink(missing_ok=True)
-            for record in self.records():
+            for record in _records(self.path):
                 record.unlink()
             raise _disk_error(e, f"preparing {self.partial} ({size / 2**20:.0f} MiB)") from None
 
-    def done(self, rank: int) -> int:
-        return int(read_json(self.record_path(rank))["done"])
+    def progress(self, rank: int) -> tuple[int, str]:
+        """How many rows of its share rank `rank` has written, and their checksum."""
+        value = read_json(self.record_path(rank))
+        return int(value["done"]), str(value["rows_sha256"])
 
-    def write(self, f: Any, offset: int, start: int, rows: np.ndarray) -> None:
-        data = np.ascontiguousarray(rows, dtype=np.float32)
+    def write(self, f: Any, offset: int, start: int, rows: np.ndarray, checksum: str) -> str:
+        """Write `rows` from row `start` on and flush them to the disk; the checksum of the
+        share's rows with them."""
+        data = memoryview(np.ascontiguousarray(rows, dtype=np.float32)).cast("B")
         position = offset + start * self.meta["dim"] * 4
         try:
-            view = memoryview(data).cast("B")
+            view = data
             while len(view):
                 written = os.pwrite(f.fileno(), view, position)
                 view, position = view[written:], position + written
             os.fsync(f.fileno())
         except OSError as e:
             raise _disk_error(e, f"writing {self.partial}") from None
+        return _chained(checksum, data)
 
-    def record(self, rank: int, done: int) -> None:
+    def record(self, rank: int, done: int, checksum: str) -> None:
+        value = {"format": PROGRESS, "request": self.meta, "layout": self.layout,
+                 "rows": list(_share(self.meta["count"], rank, self.layout["world"],
+                                     self.layout["chunk_size"])),
+                 "done": done, "rows_sha256": checksum}
         try:
-            write_json(self.record_path(rank), {**self._record(rank), "done": done})
+            write_json(self.record_path(rank), value)
         except OSError as e:
             raise _disk_error(e, f"writing {self.record_path(rank)}") from None
 
     def finish(self) -> None:
-        """Check every share is done, move the data into place, then write the sidecar."""
-        records = self.records()
-        self._check_records(records)
-        for record in records:
-            value = read_json(record)
+        """Check that every share is done, write the sidecar with the partial file's sha256,
+        then move the data into place and drop the records. A process killed at any point
+        leaves the partial file and its records to finish from (beside a sidecar that the old
+        data, if any, fails) or the finished pair."""
+        records = {record: read_json(record) for record in _records(self.path)}
+        self._check_records(records, resume=True)
+        for record, value in records.items():
             if value["done"] != value["rows"][1]:
                 raise BertflowError(f"{record} is unfinished: rows {value['done']} to "
                                     f"{value['rows'][1]} were never written")
-        if self.partial.exists():
-            os.replace(self.partial, self.path)
-        digest = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
         try:
-            write_json(meta_path(self.path), {**self.meta, "sha256": digest.hexdigest()})
+            digest = sha256_file(self.partial)
+            write_json(meta_path(self.path), {**self.meta, "sha256": digest})
+            os.replace(self.partial, self.path)
+            fsync(self.path.parent)
         except OSError as e:
-            raise _disk_error(e, f"writing {meta_path(self.path)}") from None
+            raise _disk_error(e, f"writing {self.path}") from None
         for record in records:
             record.unlink()
 
-    def _record(self, rank: int) -> dict[str, Any]:
-        return {"format": PROGRESS, "request": self.meta, "layout": self.layout,
-                "rows": list(_share(self.meta["count"], rank, self.layout["world"],
-                                    self.layout["chunk_size"]))}
-
-    def _check_records(self, records: list[Path]) -> None:
-        names = {self.record_path(r).name for r in range(self.layout["world"])}
-        for record in records:
-            self._check_record(record, strict=True)
-        if {r.name for r in records} != names:
-            found = ", ".join(r.name for r in records)
-            raise BertflowError(
-                f"{self.path}'s progress records ({found}) are not those of a "
-                f"{self.layout['world']}-process run; resume with as many processes as the "
-                "run had, or start afresh without --resume")
-
-    def _check_record(self, record: Path, strict: bool) -> None:
+    def _read_record(self, record: Path) -> dict[str, Any]:
         try:
             value = read_json(record)
         except BertflowError:
             value = {}
         if value.get("format") != PROGRESS:
             raise BertflowError(f"{record} is not a bertflow progress record; not touching it")
-        if not strict:
-            return
-        request, layout = value.get("request", {}), value.get("layout", {})
+        return value
+
+    def _check_records(self, records: dict[Path, dict[str, Any]], resume: bool) -> None:
+        """Refuse `records` unless they are every record of a stopped run of this request with
+        these settings, to continue (`resume`) or to finish (every row in), saying what to do
+        instead."""
+        for record, value in records.items():
+            if not _well_formed(value):
+                raise BertflowError(f"{record} is malformed; start afresh with --restart")
+        done = sum(v["done"] - v["rows"][0] for v in records.values())
+        total = sum(v["rows"][1] - v["rows"][0] for v in records.values())
+        for record, value in records.items():
+            other = self._other_request(value["request"])
+            if other is not None and resume:
+                raise BertflowError(f"{record} belongs to another run ({other}); start afresh "
+                                    "with --restart")
+            if other is not None:
+                raise BertflowError(f"{self.path} holds an interrupted encode of another "
+                                    f"request ({other}; {done} of {total} rows done); discard "
+                                    "it with --restart, or --resume it with its own settings")
+        if not resume and done < total:
+            raise BertflowError(f"{self.path} holds an interrupted encode of this request "
+                                f"({done} of {total} rows done); continue it with --resume, "
+                                "or discard it with --restart")
+        for record, value in records.items():
+            for key in ("chunk_size", "batch_size", "world"):
+                if value["layout"].get(key) != self.layout[key]:
+                    raise BertflowError(
+                        f"{record} was written with {key} {value['layout'].get(key)}, not "
+                        f"{self.layout[key]}; resume with the same settings, or start afresh "
+                        "with --restart")
+        ranks = {self.record_path(r).name: r for r in range(self.layout["world"])}
+        if {r.name for r in records} != set(ranks):
+            found = ", ".join(r.name for r in records)
+            raise BertflowError(
+                f"{self.path}'s progress records ({found}) are not those of a "
+                f"{self.layout['world']}-process run; resume with as many processes as the "
+                "run had, or start afresh with --restart")
+        for record, value in records.items():
+            share = _share(self.meta["count"], ranks[record.name], self.layout["world"],
+                           self.layout["chunk_size"])
+            if value["rows"] != list(share):
+                raise BertflowError(f"{record} is malformed; start afresh with --restart")
+            if "rows_sha256" not in value:
+                raise BertflowError(f"{record} was written by an older bertflow, without a "
+                                    "checksum of its rows; start afresh with --restart")
+
+    def _other_request(self, request: dict[str, Any]) -> str | None:
+        """What differs between `request` and this output's, or None."""
         for key in ("corpus_sha256", "count", "encoder", "pooling", "max_length",
                     "precision", "dim"):
             if key == "encoder":  # the same weights, wherever they were loaded from
@@ -602,14 +694,32 @@ class _Output:
             else:
                 same = request.get(key) == self.meta[key]
             if not same:
-                raise BertflowError(
-                    f"{record} belongs to another run ({key} {_show(request.get(key))}, not "
-                    f"{_show(self.meta[key])}); start afresh without --resume")
-        for key in ("chunk_size", "batch_size", "world"):
-            if layout.get(key) != self.layout[key]:
-                raise BertflowError(
-                    f"{record} was written with {key} {layout.get(key)}, not "
-                    f"{self.layout[key]}; resume with the same settings, or start afresh")
+                return f"{key} {_show(request.get(key))}, not {_show(self.meta[key])}"
+        return None
+
+    def _check_rows(self, records: dict[Path, dict[str, Any]]) -> None:
+        """Check the partial file's header against this output's shape, and each record's
+        checksum against the rows of the partial file it says are done (read once)."""
+        count, dim, chunk = self.meta["count"], self.meta["dim"], self.layout["chunk_size"]
+        with open(self.partial, "rb") as f:
+            try:
+                shape, dtype, offset, fortran = _header(f, self.partial)
+            except BertflowError:
+                shape = None
+            if shape != (count, dim) or dtype != np.float32 or fortran:
+                raise BertflowError(f"{self.partial} does not hold {count} × {dim} float32 "
+                                    "rows; start afresh with --restart")
+            for record, value in records.items():
+                (start, _), done = value["rows"], value["done"]
+                checksum = _NO_ROWS
+                for first in range(start, done, chunk):
+                    size = (min(first + chunk, done) - first) * dim * 4
+                    checksum = _chained(checksum, os.pread(f.fileno(), size,
+                                                           offset + first * dim * 4))
+                if checksum != value["rows_sha256"]:
+                    raise BertflowError(f"{record} does not agree with {self.partial}: rows "
+                                        f"{start} to {done} are not the ones it recorded; "
+                                        "start afresh with --restart")
 
     def _complete(self) -> bool:
         try:
@@ -622,17 +732,13 @@ class _Output:
             return False
         return True
 
-    def _fits(self, path: Path) -> bool:
-        """Whether `path` is a float32 C-order `.npy` of this output's full shape."""
-        if not path.is_file():
-            return False
-        try:
-            with open(path, "rb") as f:
-                shape, dtype, _, fortran = _header(f, path)
-        except BertflowError:
-            return False
-        return shape == (self.meta["count"], self.meta["dim"]) and dtype == np.float32 and (
-            not fortran)
+
+def _well_formed(record: dict[str, Any]) -> bool:
+    rows, done = record.get("rows"), record.get("done")
+    return (isinstance(record.get("request"), dict) and isinstance(record.get("layout"), dict)
+            and isinstance(record["request"].get("encoder"), dict) and isinstance(rows, list)
+            and len(rows) == 2 and all(isinstance(x, int) for x in (*rows, done))
+            and rows[0] <= done <= rows[1])
 
 
 def _show(value: Any) -> str:

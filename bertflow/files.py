@@ -25,6 +25,7 @@ __all__ = [
     "atomic_file",
     "check_finite",
     "disk_error",
+    "fsync",
     "iter_sentences",
     "meta_path",
     "read_json",
@@ -145,7 +146,9 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 @contextlib.contextmanager
 def atomic_file(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+    """Yield a temporary path beside `path` (an empty file with the mode a new file gets); if
+    the block succeeds, flush it to the disk, rename it onto `path` and flush the folder, so
+    that `path` holds the old file or the whole new one, even after a power loss.
 
     A symbolic link at `path` is refused rather than replaced; a full disk is one line naming
     `path`; temporary files left by killed processes of this machine are removed."""
@@ -154,13 +157,15 @@ def atomic_file(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     fd, name = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=suffix, dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp = Path(name)
     try:
         with _disk_errors(path):
             yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())
+            fsync(tmp)
         os.replace(tmp, path)
+        fsync(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -171,10 +176,12 @@ def atomic_directory(path: str | os.PathLike,
     """Yield an empty temporary folder; on success it replaces `path` in one step.
 
     On Linux the swap is a single `renameat2(RENAME_EXCHANGE)`, so a process killed at any
-    moment leaves either the old folder or the new one at `path`, never neither. If another
-    process creates `path` meanwhile, `recheck(path)` decides whether it may be replaced (the
-    last writer wins). A full disk is one line naming `path`; temporary folders left by killed
-    processes of this machine are removed.
+    moment leaves either the old folder or the new one at `path`, never neither; every file of
+    the new folder is flushed to the disk before the swap and the parent folder after it, so
+    the same holds after a power loss. If another process creates `path` meanwhile,
+    `recheck(path)` decides whether it may be replaced (the last writer wins). A full disk is
+    one line naming `path`; temporary folders left by killed processes of this machine are
+    removed.
     """
     path = Path(path)
     refuse_link(path)
@@ -186,8 +193,14 @@ def atomic_directory(path: str | os.PathLike,
     try:
         with _disk_errors(path):
             yield tmp
+            for folder, _, names in os.walk(tmp):
+                for name in names:
+                    if not os.path.islink(os.path.join(folder, name)):
+                        fsync(Path(folder, name))
+                fsync(Path(folder))
         os.chmod(tmp, 0o777 & ~_umask())
         _replace_directory(tmp, path, recheck)
+        fsync(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -210,6 +223,19 @@ def _replace_directory(new: Path, target: Path,
         os.rename(new, target)
         shutil.rmtree(old, ignore_errors=True)
     # after an exchange `new` holds the old folder; the caller removes it
+
+
+def fsync(path: str | os.PathLike) -> None:
+    """Flush the file or folder `path` to the disk (a folder: the names in it). A file system
+    that cannot flush folders is let be."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP) or not os.path.isdir(path):
+            raise
+    finally:
+        os.close(fd)
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

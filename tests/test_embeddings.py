@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -144,7 +145,7 @@ def test_resume_refuses_progress_of_another_request(tmp_path, tiny_encoder, smal
     record.rename(tmp_path / "out.npy.progress-0-of-2.json")
     with pytest.raises(BertflowError, match="not those of a 1-process run"):
         write_embeddings({"mean": out}, corpus, tiny_encoder, resume=True)
-    write_embeddings({"mean": out}, corpus, tiny_encoder)  # afresh: replaces its own leftovers
+    write_embeddings({"mean": out}, corpus, tiny_encoder, restart=True)  # its own leftovers
     assert listing(tmp_path) == ["out.meta.json", "out.npy"]
 
 
@@ -257,3 +258,293 @@ def test_full_disk_is_one_line_and_leaves_nothing(tmp_path, tiny_encoder_dir):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "file too large while preparing" in lines[0], result.stderr
     assert listing(out.parent) == []
+
+
+# Runs `bertflow` and kills it (os._exit(9)) at the point KILL_AT names: "hashing", the first
+# block hashed while a file is finished, or MODULE:FUNCTION:NAME:before|after[:N], around the
+# Nth (first) call of MODULE.FUNCTION with an argument whose file name matches the regex NAME.
+KILLING = """
+import hashlib, importlib, os, re, sys
+import bertflow.embeddings, bertflow.encoder
+bertflow.encoder.CHUNK_SIZE = bertflow.embeddings.CHUNK_SIZE = 16
+kill = os.environ["KILL_AT"]
+if kill == "hashing":
+    finishing, real_finish, real_sha256 = [], bertflow.embeddings._Output.finish, hashlib.sha256
+    def finish(self):
+        finishing.append(True)
+        return real_finish(self)
+    class Dying:
+        def __init__(self, *data):
+            self.inner = real_sha256(*data)
+        def update(self, data):
+            if finishing:
+                os._exit(9)
+            self.inner.update(data)
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+    bertflow.embeddings._Output.finish, hashlib.sha256 = finish, Dying
+else:
+    module, name, pattern, when, *nth = kill.split(":")
+    module, hits = importlib.import_module(module), []
+    real = getattr(module, name)
+    def dying(*args, **kwargs):
+        matched = any(re.fullmatch(pattern, os.path.basename(str(a))) for a in args)
+        hits.append(matched)
+        hit = matched and sum(hits) == int(nth[0] if nth else 1)
+        if hit and when == "before":
+            os._exit(9)
+        result = real(*args, **kwargs)
+        if hit:
+            os._exit(9)
+        return result
+    setattr(module, name, dying)
+from bertflow.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def encode_args(corpus, out, encoder_dir, *extra):
+    return ["encode", str(corpus), "--out", str(out), "--encoder", str(encoder_dir),
+            "--pooling", "mean", "--encode-batch-size", "4", *map(str, extra)]
+
+
+def killed_at(point, *args):
+    result = subprocess.run([sys.executable, "-c", KILLING, *args], capture_output=True,
+                            text=True, env={**os.environ, "KILL_AT": point})
+    assert result.returncode == 9, result.stderr[-2000:]
+
+
+def encode_in_process(*args):
+    from bertflow.cli import main
+
+    assert main(list(args)) == 0
+
+
+@pytest.fixture
+def kill_setup(tmp_path, tiny_encoder_dir, small_chunks):
+    """A 40-sentence corpus (3 chunks) and its embeddings written by an uninterrupted run."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(salad(40)) + "\n")
+    whole = tmp_path / "whole" / "e.npy"
+    encode_in_process(*encode_args(corpus, whole, tiny_encoder_dir, "--no-cache"))
+    return corpus, whole
+
+
+@pytest.mark.parametrize("point", [
+    "hashing",
+    r"bertflow.embeddings:write_json:e\.meta\.json:before",
+    r"bertflow.embeddings:write_json:e\.meta\.json:after",
+    r"os:replace:e\.npy:before",
+    r"os:replace:e\.npy:after",
+])
+def test_a_kill_while_finishing_is_finished_by_resume_and_by_the_plain_command(
+        tmp_path, tiny_encoder_dir, kill_setup, point):
+    import shutil
+
+    corpus, whole = kill_setup
+    out = tmp_path / "killed" / "e.npy"
+    killed_at(point, *encode_args(corpus, out, tiny_encoder_dir, "--no-cache"))
+    for name, extra in (("resumed", ["--resume"]), ("again", [])):
+        folder = shutil.copytree(out.parent, tmp_path / name, symlinks=True)
+        encode_in_process(*encode_args(corpus, folder / "e.npy", tiny_encoder_dir,
+                                       "--no-cache", *extra))
+        assert (folder / "e.npy").read_bytes() == whole.read_bytes(), name
+        assert read_meta(folder / "e.npy") == read_meta(whole)
+        assert listing(folder) == ["e.meta.json", "e.npy"]
+
+
+@pytest.mark.parametrize("point,cached", [
+    (r"bertflow.cache:write_json:mean-.*\.meta\.json:before", False),  # adopt
+    (r"os:replace:mean-.*\.npy:after", False),
+    (r"bertflow.cache:write_json:e\.meta\.json:before", True),  # copy_to
+    (r"os:replace:e\.npy:after", True),
+])
+def test_a_kill_while_filing_into_or_copying_from_the_cache_wedges_nothing(
+        tmp_path, tiny_encoder_dir, tiny_encoder, kill_setup, point, cached):
+    from bertflow.cache import EmbeddingCache
+
+    corpus, whole = kill_setup
+    cache, out = tmp_path / "cache", tmp_path / "killed" / "e.npy"
+    out.parent.mkdir()
+    if cached:
+        encode_in_process(*encode_args(corpus, tmp_path / "first.npy", tiny_encoder_dir,
+                                       "--cache", cache))
+    killed_at(point, *encode_args(corpus, out, tiny_encoder_dir, "--cache", cache))
+    [x] = EmbeddingCache(cache).files(Corpus.from_file(corpus), tiny_encoder, "mean",
+                                      batch_size=4).values()
+    assert x.path.read_bytes() == whole.read_bytes()
+    for name in ("other.npy", "killed/e.npy"):
+        encode_in_process(*encode_args(corpus, tmp_path / name, tiny_encoder_dir, "--cache",
+                                       cache))
+        assert (tmp_path / name).read_bytes() == whole.read_bytes()
+        assert read_meta(tmp_path / name) == read_meta(whole)
+    assert listing(out.parent) == ["e.meta.json", "e.npy"]
+    assert len(listing(cache)) == 2
+
+
+def snapshot(folder):
+    """Every path under `folder` with its link target or its bytes."""
+    return {str(p.relative_to(folder)): os.readlink(p) if p.is_symlink() else
+            (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("name,target", [
+    ("e.npy", "elsewhere/real.npy"),  # embeddings elsewhere, with a sidecar copied beside
+    ("e.npy", "elsewhere/missing.npy"),  # dangling
+    ("e.meta.json", "elsewhere/real.meta.json"),
+    ("e.npy.partial", "elsewhere/file"),
+    ("e.npy.progress-0-of-1.json", "elsewhere/record.json"),
+    (".e.npy.lock", "elsewhere/lock"),
+])
+def test_encode_refuses_a_symbolic_link_at_any_path_it_writes_before_any_work(
+        tmp_path, capsys, tiny_encoder_dir, small_chunks, name, target):
+    from bertflow.cli import main
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(salad(40)) + "\n")
+    real = tmp_path / "elsewhere" / "real.npy"
+    encode_in_process(*encode_args(corpus, real, tiny_encoder_dir, "--no-cache"))
+    (tmp_path / "elsewhere" / "file").write_bytes(b"precious")
+    out = tmp_path / "out" / "e.npy"
+    out.parent.mkdir()
+    if name == "e.npy" and target.endswith("real.npy"):
+        (out.parent / "e.meta.json").write_bytes(meta_path(real).read_bytes())
+    if name.startswith("e.npy.progress"):
+        (tmp_path / "elsewhere" / "record.json").write_text(json.dumps(
+            {"format": "bertflow-embeddings-progress", "done": 0, "rows": [0, 40]}))
+    (out.parent / name).symlink_to(tmp_path / target)
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    code = main(encode_args(corpus, out, tiny_encoder_dir, "--no-cache"))
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and f"{out.parent / name} is a symbolic link" in line, line
+    assert snapshot(tmp_path) == before
+
+
+def test_encode_from_the_cache_makes_the_folders_of_out(tmp_path, tiny_encoder_dir,
+                                                         small_chunks):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(salad(40)) + "\n")
+    first, nested = tmp_path / "first.npy", tmp_path / "a" / "b" / "c" / "e.npy"
+    for out in (first, nested):
+        encode_in_process(*encode_args(corpus, out, tiny_encoder_dir, "--cache",
+                                       tmp_path / "cache"))
+    assert nested.read_bytes() == first.read_bytes()
+    assert read_meta(nested) == read_meta(first)
+    assert listing(nested.parent) == ["e.meta.json", "e.npy"]
+
+
+def interrupted(tmp_path, encoder, monkeypatch):
+    """A 150-sentence corpus, the file an uninterrupted run writes, and a run of it to
+    `out/e.npy` that stopped after 2 chunks."""
+    corpus = Corpus.from_sentences(salad(150))
+    whole = tmp_path / "whole" / "e.npy"
+    write_embeddings({"mean": whole}, corpus, encoder)
+    out = tmp_path / "out" / "e.npy"
+    real = type(encoder).encode_chunk
+    crash_after(encoder, monkeypatch, 2)
+    with pytest.raises(Crash):
+        write_embeddings({"mean": out}, corpus, encoder)
+    monkeypatch.setattr(type(encoder), "encode_chunk", real)
+    return corpus, whole, out
+
+
+def test_a_stopped_run_is_neither_continued_nor_discarded_without_being_asked(
+        tmp_path, tiny_encoder, small_chunks, monkeypatch):
+    corpus, whole, out = interrupted(tmp_path, tiny_encoder, monkeypatch)
+    before = snapshot(out.parent)
+    with pytest.raises(BertflowError, match=r"e\.npy holds an interrupted encode of this "
+                       r"request \(32 of 150 rows done\); continue it with --resume, or "
+                       "discard it with --restart"):
+        write_embeddings({"mean": out}, corpus, tiny_encoder)
+    with pytest.raises(BertflowError, match=r"an interrupted encode of another request "
+                       r"\(pooling mean, not cls; 32 of 150 rows done\); discard it with "
+                       "--restart"):
+        write_embeddings({"cls": out}, corpus, tiny_encoder)
+    assert snapshot(out.parent) == before
+    calls = crash_after(tiny_encoder, monkeypatch, 100)
+    write_embeddings({"mean": out}, corpus, tiny_encoder, restart=True)
+    assert sum(calls) == 150  # from the start
+    assert out.read_bytes() == whole.read_bytes()
+    assert listing(out.parent) == ["e.meta.json", "e.npy"]
+
+
+def test_the_command_names_both_ways_on_and_takes_one(tmp_path, capsys, tiny_encoder_dir,
+                                                       small_chunks):
+    from bertflow.cli import main
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(salad(40)) + "\n")
+    out = tmp_path / "out" / "e.npy"
+    killed_at(r"bertflow.embeddings:write_json:e\.npy\.progress-0-of-1\.json:after:2",
+              *encode_args(corpus, out, tiny_encoder_dir, "--no-cache"))
+    (out.parent / ".e.npy.lock").unlink()  # the killed run's; a refusal removes it
+    before = snapshot(out.parent)
+    capsys.readouterr()
+    assert main(encode_args(corpus, out, tiny_encoder_dir, "--no-cache")) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "interrupted encode of this request (16 of 40 rows done)" in line
+    assert "--resume" in line and "--restart" in line
+    assert snapshot(out.parent) == before
+    with pytest.raises(SystemExit) as exit:
+        main(encode_args(corpus, out, tiny_encoder_dir, "--resume", "--restart"))
+    assert exit.value.code == 2
+    encode_in_process(*encode_args(corpus, out, tiny_encoder_dir, "--no-cache", "--restart"))
+    assert listing(out.parent) == ["e.meta.json", "e.npy"]
+
+
+@pytest.mark.parametrize("case", ["done edited", "row altered", "older record"])
+def test_resume_refuses_records_that_disagree_with_the_partial_file(
+        tmp_path, tiny_encoder, small_chunks, monkeypatch, case):
+    corpus, whole, out = interrupted(tmp_path, tiny_encoder, monkeypatch)
+    record, partial = out.parent / "e.npy.progress-0-of-1.json", out.parent / "e.npy.partial"
+    value = json.loads(record.read_text())
+    if case == "done edited":  # as if every row were in
+        record.write_text(json.dumps({**value, "done": 150}))
+        message = "does not agree with .*e.npy.partial: rows 0 to 150"
+    elif case == "row altered":
+        data = bytearray(partial.read_bytes())
+        data[-150 * 16 * 4 + 20 * 16 * 4] ^= 1  # row 20, among the 32 done
+        partial.write_bytes(bytes(data))
+        message = "does not agree with .*e.npy.partial: rows 0 to 32"
+    else:
+        record.write_text(json.dumps({k: v for k, v in value.items() if k != "rows_sha256"}))
+        message = "was written by an older bertflow"
+    before = snapshot(out.parent)
+    with pytest.raises(BertflowError, match=f"{record}.*{message}.*start afresh with "
+                                            "--restart"):
+        write_embeddings({"mean": out}, corpus, tiny_encoder, resume=True)
+    assert snapshot(out.parent) == before
+    write_embeddings({"mean": out}, corpus, tiny_encoder, restart=True)
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_an_output_a_kill_left_a_chunk_ahead_keeps_its_rows(tmp_path, tiny_encoder,
+                                                            small_chunks, monkeypatch):
+    corpus = Corpus.from_sentences(salad(150))
+    targets = {"mean": tmp_path / "mean.npy", "cls": tmp_path / "cls.npy"}
+    wholes = {p: tmp_path / "whole" / f"{p}.npy" for p in targets}
+    write_embeddings(wholes, corpus, tiny_encoder)
+    real = bertflow.embeddings._Output.record
+
+    def record(self, rank, done, checksum):  # the kill comes between the two records
+        if done == 3 * CHUNK and self.path.name == "cls.npy":
+            raise Crash
+        real(self, rank, done, checksum)
+
+    monkeypatch.setattr(bertflow.embeddings._Output, "record", record)
+    with pytest.raises(Crash):
+        write_embeddings(targets, corpus, tiny_encoder)
+    monkeypatch.setattr(bertflow.embeddings._Output, "record", real)
+    done = {p: json.loads(Path(f"{t}.progress-0-of-1.json").read_text())["done"]
+            for p, t in targets.items()}
+    assert done == {"mean": 3 * CHUNK, "cls": 2 * CHUNK}
+    write_embeddings(targets, corpus, tiny_encoder, resume=True)
+    for p, path in targets.items():
+        assert path.read_bytes() == wholes[p].read_bytes()
+
+
+def test_a_corpus_error_names_the_path_given(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(BertflowError, match=f"^{tmp_path / 'empty.txt'} is empty"):
+        Corpus.from_file(tmp_path / "empty.txt")

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,46 @@ def test_iter_sentences_stays_lazy_over_cr_lines_across_blocks(tmp_path, monkeyp
     f = io.BytesIO(path.read_bytes())
     assert next(bertflow.files._raw_lines(f)) == b"sentence 0"
     assert f.tell() < 20  # a CR-only file is read a block at a time, not whole
+
+
+def flushes(monkeypatch, look):
+    """Record each os.fsync as (the path flushed, what `look()` says at that moment)."""
+    import os
+
+    synced, real = [], os.fsync
+
+    def fsync(fd):
+        synced.append((Path(os.readlink(f"/proc/self/fd/{fd}")), look()))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_a_file_and_its_folder_are_flushed_around_the_rename(tmp_path, monkeypatch):
+    from bertflow.files import write_json
+
+    target = tmp_path / "record.json"
+    write_json(target, {"done": 1})
+    synced = flushes(monkeypatch, lambda: {p.name: p.read_bytes() for p in tmp_path.iterdir()})
+    write_json(target, {"done": 2})
+    (temporary, before), (folder, after) = synced
+    assert temporary.parent == tmp_path and temporary.name.startswith(".record.json.")
+    new = target.read_bytes()
+    assert before[temporary.name] == new and b'"done": 1' in before["record.json"]
+    assert folder == tmp_path and after == {"record.json": new}
+
+
+def test_a_folder_is_flushed_file_by_file_before_the_swap_and_its_parent_after(
+        tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    synced = flushes(monkeypatch, lambda: (target / "sub" / "weights").exists())
+    with atomic_directory(target) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "weights").write_bytes(b"w" * 100)
+        (tmp / "config").write_text("c")
+    *inside, (parent, swapped) = synced
+    assert {path for path, _ in inside} == {tmp / "config", tmp / "sub" / "weights",
+                                            tmp / "sub", tmp}
+    assert not any(seen for _, seen in inside)
+    assert parent == tmp_path and swapped
