@@ -54,8 +54,9 @@ class EmbeddingCache:
 
     A cached file is used only when its sidecar matches the request field for field and the
     file its checksum; anything else is encoded again and replaces it. Entries are written by
-    the streaming writer, so an interrupted encode continues where it stopped, and two
-    processes asking for the same entry encode it once.
+    the streaming writer, so an interrupted encode continues where it stopped (or, where it
+    cannot be continued, with other settings or altered rows, starts afresh), and two processes
+    asking for the same entry encode it once.
     """
 
     def __init__(self, root: str | os.PathLike | None = None):
@@ -120,7 +121,7 @@ class EmbeddingCache:
         missing = {p: self.path(metas[p]) for p, f in found.items() if f is None}
         if missing:
             write_embeddings(missing, corpus, encoder, max_length, batch_size, resume=True,
-                             wait=True, progress=progress)
+                             restart=True, wait=True, progress=progress)
             for p in missing:
                 found[p] = EmbeddingFile(missing[p])
         return {p: found[p] for p in poolings}

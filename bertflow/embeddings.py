@@ -364,14 +364,12 @@ def write_embeddings(
     A target where a run stopped (its partial file and progress records) is refused unless
     `resume` continues it (the records must belong to this very request and agree with the
     rows in the partial file) or `restart` discards it; a run that stopped with every row in
-    is finished either way. With `resume`, a target already complete is left as it is. `wait`
-    waits for another process writing the same target instead of refusing. Under torchrun
-    every rank calls this: rank 0 prepares and finishes the files, and each rank encodes its
-    own contiguous share of the chunks into them.
+    is finished either way. Both together (what the cache does with its own files) continue a
+    stopped run where it can be continued, else start afresh. With `resume`, a target already
+    complete is left as it is. `wait` waits for another process writing the same target
+    instead of refusing. Under torchrun every rank calls this: rank 0 prepares and finishes
+    the files, and each rank encodes its own contiguous share of the chunks into them.
     """
-    if resume and restart:
-        raise BertflowError("--resume continues an interrupted encode and --restart discards "
-                            "it: give one")
     rank, world = distributed.rank(), distributed.world_size()
     check_max_length(max_length)
     check_batch_size(batch_size)
@@ -550,10 +548,14 @@ class _Output:
         if self.partial.exists() and not records:
             raise BertflowError(f"{self.partial} exists but was not left by bertflow; "
                                 "remove it or choose another output")
-        if records and not restart:
-            self._check_records(records, resume)
-            self._check_rows(records)
-            return
+        if records and (resume or not restart):
+            try:
+                self._check_records(records, resume)
+                self._check_rows(records)
+                return
+            except BertflowError:
+                if not restart:
+                    raise
         if not records and resume and self._complete():
             return
         self.partial.unlink(missing_ok=True)  # first: records without it are litter

@@ -91,3 +91,55 @@ def test_corpus_hash_equals_the_file_hash(tmp_path):
     path = tmp_path / "c.txt"
     path.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     assert corpus_sha256(SENTENCES) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_an_interrupted_entry_that_cannot_be_continued_is_encoded_afresh(
+        tmp_path, counting, monkeypatch):
+    """The cache's files are its own: an interrupted entry is continued where it can be (same
+    settings, rows that agree with its record), else encoded again; neither wedges the entry."""
+    import bertflow.embeddings
+    import bertflow.encoder
+    from bertflow.corpus import Corpus
+    from bertflow.embeddings import write_embeddings
+
+    monkeypatch.setattr(bertflow.encoder, "CHUNK_SIZE", 2)
+    monkeypatch.setattr(bertflow.embeddings, "CHUNK_SIZE", 2)
+    cache = EmbeddingCache(tmp_path / "cache")
+    whole = EmbeddingCache(tmp_path / "whole").encode(SENTENCES, counting, "cls",
+                                                      batch_size=4)
+    path = cache.path_for(SENTENCES, counting, "cls", 128)
+
+    def interrupt(batch_size):
+        real, calls = Counting.encode_chunk, []
+
+        def encode_chunk(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) > 2:
+                raise KeyboardInterrupt
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Counting, "encode_chunk", encode_chunk)
+        with pytest.raises(KeyboardInterrupt):
+            write_embeddings({"cls": path}, Corpus.from_sentences(SENTENCES), counting,
+                             batch_size=batch_size)
+        monkeypatch.setattr(Counting, "encode_chunk", real)
+        assert path.with_name(path.name + ".partial").exists()
+
+    interrupt(batch_size=2)  # another encoder batch size: rows may differ in the last bits
+    np.testing.assert_array_equal(cache.encode(SENTENCES, counting, "cls", batch_size=4), whole)
+
+    path.unlink()
+    meta_path(path).unlink()
+    interrupt(batch_size=4)
+    record = path.with_name(path.name + ".progress-0-of-1.json")
+    record.write_text(json.dumps({**json.loads(record.read_text()), "done": 6}))  # lies
+    counting.calls.clear()
+    np.testing.assert_array_equal(cache.encode(SENTENCES, counting, "cls", batch_size=4), whole)
+    assert len(counting.calls) == 4  # every chunk again
+
+    path.unlink()
+    meta_path(path).unlink()
+    interrupt(batch_size=4)
+    counting.calls.clear()
+    np.testing.assert_array_equal(cache.encode(SENTENCES, counting, "cls", batch_size=4), whole)
+    assert len(counting.calls) == 2  # continued: only the chunks that were missing
