@@ -160,11 +160,12 @@ class FlowHead(nn.Module):
 
     @torch.no_grad()
     def sample(self, num_samples: int, seed: int = 0) -> np.ndarray:
-        """Draw embeddings from the fitted density."""
+        """Draw embeddings from the fitted density, in the head's floating dtype."""
         if self.linear is not None and not self.linear.invertible:
             raise BertflowError(f"a {self.method} head projects: it has no density to sample")
         z = torch.randn(num_samples, self.dim, generator=torch.Generator().manual_seed(seed))
-        return self.eval().inverse(z)[0].numpy()
+        dtype = next(t.dtype for t in self.state_dict().values() if t.is_floating_point())
+        return self.eval().inverse(z.to(dtype))[0].numpy()
 
     def check(
         self,

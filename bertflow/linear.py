@@ -38,8 +38,9 @@ class LinearMap(nn.Module):
             raise BertflowError(f"a linear map needs a (dim,) mean and a (dim, out) weight, "
                                 f"got {tuple(mean.shape)} and {tuple(weight.shape)}")
         self.method = method
-        self.register_buffer("mean", mean.detach().clone().float())
-        self.register_buffer("weight", weight.detach().clone().float())
+        # row-major float32 copies, as a loaded head holds them: both then compute the same bits
+        self.register_buffer("mean", _buffer(mean))
+        self.register_buffer("weight", _buffer(weight))
         # log|det W|, constant: computed once here and after loading, not on every forward
         self.register_buffer("log_det", self._slogdet(), persistent=False)
         self.register_load_state_dict_post_hook(LinearMap._loaded)
@@ -66,19 +67,23 @@ class LinearMap(nn.Module):
         module.log_det = module._slogdet()
 
     def map(self, x: Tensor) -> Tensor:
-        """x → z alone."""
-        return (x - self.mean) @ self.weight
+        """x → z alone, in the wider of the dtypes of x and of the map."""
+        centred = x - self.mean
+        return centred @ self.weight.to(centred.dtype)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x → (z, log|det W| per row; NaN when the map projects)."""
-        return self.map(x), self.log_det.expand(x.shape[0]).to(x.dtype)
+        z = self.map(x)
+        return z, self.log_det.expand(x.shape[0]).to(z.dtype)
 
     def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
-        """z → (x, log|det W⁻¹| per row), for full whitening only."""
+        """z → (x, log|det W⁻¹| per row), for full whitening only; W⁻¹ is computed in float64
+        and applied in the wider of the dtypes of z and of the map."""
         if not self.invertible:
             raise BertflowError(f"a {self.method} head projects: it has no inverse")
-        inverse = torch.linalg.inv(self.weight.double()).float()
-        return z @ inverse + self.mean, (-self.log_det).expand(z.shape[0]).to(z.dtype)
+        dtype = torch.promote_types(z.dtype, self.weight.dtype)
+        inverse = torch.linalg.inv(self.weight.double()).to(dtype)
+        return z.to(dtype) @ inverse + self.mean, (-self.log_det).expand(z.shape[0]).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.method}, {self.features} → {self.out_features}"
@@ -149,3 +154,8 @@ def all_but_the_top(mean: np.ndarray, cov: np.ndarray, d: int = 1) -> LinearMap:
     """The all-but-the-top map of embeddings with this mean and covariance (see
     `abtt_weight`)."""
     return LinearMap(torch.from_numpy(mean), torch.from_numpy(abtt_weight(cov, d)), "abtt")
+
+
+def _buffer(tensor: Tensor) -> Tensor:
+    """A float32, row-major copy."""
+    return tensor.detach().to(torch.float32, memory_format=torch.contiguous_format, copy=True)

@@ -165,3 +165,44 @@ def test_fit_method_from_the_command_line_and_every_export(tmp_path, capsys, cor
     assert code == 1 and "--logdir apply to --method flow only" in err
     assert run("fit", corpus_file, "--out", tmp_path / "x", "--k", "3", "--encoder",
                tiny_encoder_dir)[0] == 1
+
+
+# layout, dtype, defaults, and data whitening cannot take -----------------------------------
+
+@pytest.mark.parametrize("method", ["whitening", "whitening-k", "abtt"])
+def test_a_fitted_linear_head_holds_its_tensors_as_a_loaded_one(x, tmp_path, method):
+    """The tensors of a fitted head are row-major, as those of its reload: both take the same
+    BLAS path and compute the same bits on any CPU (an eigensolver gives column-major
+    eigenvectors)."""
+    from bertflow import FlowHead
+
+    head = FlowHead.fit_linear(x, method)
+    loaded = FlowHead.load(head.save(tmp_path / "h"))
+    for name, tensor in head.state_dict().items():
+        assert tensor.is_contiguous(), name
+        assert tensor.stride() == loaded.state_dict()[name].stride(), name
+    np.testing.assert_array_equal(loaded.transform(x), head.transform(x))
+
+
+def test_a_whitening_head_follows_the_dtype_of_its_input(x):
+    """A float32 whitening head maps and inverts float64 input; in float64 (`double()`) it
+    inverts and samples in float64, to float64 precision."""
+    import copy
+
+    from bertflow import FlowHead
+
+    head = FlowHead.fit_linear(x, "whitening")
+    x64 = torch.from_numpy(x.astype(np.float64))
+    with torch.no_grad():
+        z, log_det = head(x64)
+        back, _ = head.inverse(z)
+    assert z.dtype == log_det.dtype == back.dtype == torch.float64
+    np.testing.assert_allclose(back.numpy(), x, atol=1e-3)
+    double = copy.deepcopy(head).double()
+    with torch.no_grad():
+        z, log_det = double(x64)
+        back, inverse_log_det = double.inverse(z)
+    assert back.dtype == inverse_log_det.dtype == torch.float64
+    np.testing.assert_allclose(back.numpy(), x64.numpy(), rtol=0, atol=1e-9)
+    assert double.sample(5, seed=1).dtype == np.float64
+    np.testing.assert_allclose(double.sample(5, seed=1), head.sample(5, seed=1), rtol=1e-4)
