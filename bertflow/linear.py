@@ -19,6 +19,7 @@ from .files import check_finite
 from .train import Rows, as_rows
 
 __all__ = ["LINEAR_METHODS", "LinearMap", "abtt_weight", "all_but_the_top", "covariance",
+           "default_d", "default_k", "fit_map", "fit_weight", "linear_method",
            "principal_directions", "whitening", "whitening_weight"]
 
 _BLOCK = 8192
@@ -141,6 +142,57 @@ def abtt_weight(cov: np.ndarray, d: int = 1) -> np.ndarray:
         raise BertflowError(f"all-but-the-top d={d} must be in [0, dimension {dim})")
     top = principal_directions(cov, d)[1]
     return np.eye(dim) - top @ top.T
+
+
+def default_k(dim: int) -> int:
+    """Components whitening-k keeps by default: a third of the dimension (BERT-whitening's
+    256 of 768)."""
+    return max(1, dim // 3)
+
+
+def default_d(dim: int) -> int:
+    """Directions all-but-the-top removes by default: a hundredth of the dimension (Mu &
+    Viswanath's rule of thumb)."""
+    return max(1, dim // 100)
+
+
+def linear_method(method: str, k: int | None = None, d: int | None = None) -> str:
+    """The method that `method` with the options `k` and `d` is: whitening keeping `k`
+    components is whitening-k. `k` applies to whitening and whitening-k only, `d` to abtt
+    only; given to another method, either is refused."""
+    if k is not None and method not in ("whitening", "whitening-k"):
+        raise BertflowError(f"k (components kept) applies to whitening and whitening-k, "
+                            f"not to {method}")
+    if d is not None and method != "abtt":
+        raise BertflowError(f"d (directions removed) applies to abtt, not to {method}")
+    return "whitening-k" if method == "whitening" and k is not None else method
+
+
+def fit_weight(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
+               d: int | None = None, what: str = "the embeddings"
+               ) -> tuple[str, np.ndarray, np.ndarray]:
+    """The method (`linear_method`), mean and weight (float64) of a linear map fit on
+    embeddings `x` (an array or `Rows`, read a block at a time): whitening, whitening-k
+    keeping `k` components (default `default_k` of the width) or abtt removing `d`
+    directions (default `default_d`)."""
+    method = linear_method(method, k, d)
+    if method not in LINEAR_METHODS:
+        raise BertflowError(f"unknown linear method {method!r}; choose one of "
+                            f"{', '.join(LINEAR_METHODS)}")
+    dim = as_rows(x).shape[1]
+    mean, cov = covariance(x, what)
+    if method == "abtt":
+        return method, mean, abtt_weight(cov, default_d(dim) if d is None else d)
+    if method == "whitening-k" and k is None:
+        k = default_k(dim)
+    return method, mean, whitening_weight(cov, k)
+
+
+def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
+            d: int | None = None, what: str = "the embeddings") -> LinearMap:
+    """The `LinearMap` of `fit_weight`."""
+    method, mean, weight = fit_weight(x, method, k=k, d=d, what=what)
+    return LinearMap(torch.from_numpy(mean), torch.from_numpy(weight), method)
 
 
 def whitening(mean: np.ndarray, cov: np.ndarray, k: int | None = None) -> LinearMap:

@@ -71,16 +71,18 @@ def test_a_map_needs_matching_shapes():
 
 # baselines as heads ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method, width", [("whitening", 12), ("whitening-k", 4), ("abtt", 12)])
+@pytest.mark.parametrize("method, options, width", [("whitening", {}, 12),
+                                                    ("whitening-k", {"k": 4}, 4),
+                                                    ("abtt", {"d": 2}, 12)])
 def test_linear_heads_transform_as_the_methods_and_survive_a_round_trip(x, tmp_path, method,
-                                                                         width):
+                                                                         options, width):
     from bertflow import FlowHead
     from bertflow.methods import make_method
 
-    head = FlowHead.fit_linear(x, method, k=4, d=2, pooling="cls")
+    head = FlowHead.fit_linear(x, method, pooling="cls", **options)
     assert (head.method, head.dim, head.out_dim) == (method, 12, width)
     z = head.transform(x)
-    np.testing.assert_allclose(z, make_method(method, k=4, d=2).fit(x).transform(x), atol=1e-3)
+    np.testing.assert_allclose(z, make_method(method, **options).fit(x).transform(x), atol=1e-3)
     head.save(tmp_path / "h")
     loaded = FlowHead.load(tmp_path / "h")
     assert loaded.method == method and loaded.summary() == head.summary()
@@ -206,3 +208,50 @@ def test_a_whitening_head_follows_the_dtype_of_its_input(x):
     np.testing.assert_allclose(back.numpy(), x64.numpy(), rtol=0, atol=1e-9)
     assert double.sample(5, seed=1).dtype == np.float64
     np.testing.assert_allclose(double.sample(5, seed=1), head.sample(5, seed=1), rtol=1e-4)
+
+
+def test_one_default_k_and_d_for_the_methods_and_the_heads():
+    """whitening-k keeps `default_k` of the width and abtt removes `default_d`, whether fit as
+    a method (`make_method`) or as a head (`FlowHead.fit_linear`)."""
+    from bertflow import FlowHead, methods
+    from bertflow.linear import default_d, default_k
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(600, 300)) * np.linspace(4, 0.5, 300)).astype(np.float32)
+    assert (methods.default_k, methods.default_d) == (default_k, default_d)
+    assert (default_k(384), default_d(384)) == (128, 3)
+    white = methods.make_method("whitening-k").fit(x)
+    head = FlowHead.fit_linear(x, "whitening-k")
+    assert white.transform(x).shape[1] == head.out_dim == default_k(300) == 100
+    np.testing.assert_allclose(white.transform(x), head.transform(x), atol=1e-3)
+    abtt = methods.make_method("abtt").fit(x)
+    head = FlowHead.fit_linear(x, "abtt")
+    np.testing.assert_allclose(abtt.transform(x), head.transform(x), atol=1e-3)
+    removed = 300 - np.linalg.matrix_rank(abtt.transform(x).astype(np.float64), tol=1e-3)
+    assert removed == default_d(300) == 3
+
+
+def test_whitening_given_k_is_whitening_k_and_options_that_do_not_apply_are_refused(x):
+    """`whitening` keeping k components is whitening-k, bit for bit, in heads and methods;
+    k with another method than whitening(-k), or d with another than abtt, is refused."""
+    from bertflow import FlowHead
+    from bertflow.methods import make_method
+
+    head = FlowHead.fit_linear(x, "whitening", k=5)
+    same = FlowHead.fit_linear(x, "whitening-k", k=5)
+    assert head.method == "whitening-k" and head.training_info["method"] == "whitening-k"
+    for name, tensor in same.state_dict().items():
+        assert torch.equal(head.state_dict()[name], tensor), name
+    method = make_method("whitening", k=5)
+    assert method.name == "whitening-k" and method.describe() == {"k": 5}
+    np.testing.assert_array_equal(method.fit(x).transform(x),
+                                  make_method("whitening-k", k=5).fit(x).transform(x))
+    for name, options, message in [
+            ("abtt", {"k": 3}, "applies to whitening and whitening-k, not to abtt"),
+            ("whitening", {"d": 2}, "applies to abtt, not to whitening"),
+            ("raw", {"k": 3}, "not to raw"), ("flow", {"d": 1}, "not to flow")]:
+        with pytest.raises(BertflowError, match=message):
+            make_method(name, **options)
+        if name in ("abtt", "whitening"):
+            with pytest.raises(BertflowError, match=message):
+                FlowHead.fit_linear(x, name, **options)
