@@ -18,11 +18,12 @@ from .errors import BertflowError
 from .files import check_finite
 from .train import Rows, as_rows
 
-__all__ = ["LINEAR_METHODS", "LinearMap", "abtt_weight", "all_but_the_top", "covariance",
-           "default_d", "default_k", "fit_map", "fit_weight", "linear_method",
+__all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "abtt_weight", "all_but_the_top",
+           "covariance", "default_d", "default_k", "fit_map", "fit_weight", "linear_method",
            "principal_directions", "whitening", "whitening_weight"]
 
 _BLOCK = 8192
+NO_VARIANCE = 1e-7  # a principal direction whose variance is below this share of the largest's
 
 
 class LinearMap(nn.Module):
@@ -123,15 +124,34 @@ def principal_directions(cov: np.ndarray, count: int | None = None) -> tuple[np.
     return np.maximum(values[order], 0.0), vectors[:, order]
 
 
-def whitening_weight(cov: np.ndarray, k: int | None = None) -> np.ndarray:
+def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = None,
+                     what: str = "the embeddings") -> np.ndarray:
     r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$ (float64): whitened
-    embeddings have identity covariance; with `k`, only the top `k` components are kept."""
+    embeddings have identity covariance; with `k`, only the top `k` components are kept.
+
+    A direction without variance (an eigenvalue below `NO_VARIANCE` of the largest: a constant
+    feature, or features that depend linearly on others, as a LayerNorm's outputs do) is
+    centred and scaled as the largest, not blown up, so that full whitening stays invertible;
+    whitening-k refuses to keep one. With `rows`, the number of rows `cov` comes from, fewer
+    than the components kept plus one are refused."""
     dim = cov.shape[0]
-    if k is not None and not 1 <= k <= dim:
+    kept = dim if k is None else k
+    if not 1 <= kept <= dim:
         raise BertflowError(f"whitening k={k} must be between 1 and the dimension {dim}")
+    if rows is not None and rows <= kept:
+        raise BertflowError(f"whitening {what} to {kept} components needs at least {kept + 1} "
+                            f"rows, got {rows} (whitening-k keeps fewer components)")
     values, vectors = principal_directions(cov, k)
-    floor = 1e-12 * max(float(values[0]), 1e-300)
-    return vectors / np.sqrt(np.maximum(values, floor))
+    live = values > NO_VARIANCE * values[0]
+    if not live.any():
+        raise BertflowError(f"{what} do not vary: there is nothing to whiten")
+    if not live[-1] and k is not None:
+        kept_live = int(live.sum())
+        raise BertflowError(
+            f"{what}: {dim - kept_live} of {dim} components have no variance (below "
+            f"{NO_VARIANCE:g} of the largest's: constant or linearly dependent features); "
+            f"whitening-k needs k ≤ {kept_live}, not {k}")
+    return vectors / np.sqrt(np.where(live, values, values[0]))
 
 
 def abtt_weight(cov: np.ndarray, d: int = 1) -> np.ndarray:
@@ -179,13 +199,13 @@ def fit_weight(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None
     if method not in LINEAR_METHODS:
         raise BertflowError(f"unknown linear method {method!r}; choose one of "
                             f"{', '.join(LINEAR_METHODS)}")
-    dim = as_rows(x).shape[1]
+    rows, dim = as_rows(x).shape
     mean, cov = covariance(x, what)
     if method == "abtt":
         return method, mean, abtt_weight(cov, default_d(dim) if d is None else d)
     if method == "whitening-k" and k is None:
         k = default_k(dim)
-    return method, mean, whitening_weight(cov, k)
+    return method, mean, whitening_weight(cov, k, rows, what)
 
 
 def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,

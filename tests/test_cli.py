@@ -527,3 +527,13 @@ def test_k_and_d_are_refused_where_they_do_not_apply(tmp_path, capsys, corpus_fi
         assert_refused(capsys, ["eval", "--data", data, "--method", method, option, "3",
                                 "--json", tmp_path / "rows.json", *common],
                        "applies to", tmp_path / "rows.json")
+
+
+def test_whitening_on_fewer_rows_than_dimensions_is_refused(tmp_path, capsys, corpus_file,
+                                                            tiny_encoder_dir):
+    few = tmp_path / "few.txt"
+    few.write_text("".join(line + "\n" for line in corpus_file.read_text().splitlines()[:10]))
+    common = ("--encoder", tiny_encoder_dir, "--cache", tmp_path / "c", "--quiet")
+    for options in (["--method", "whitening"], ["--before", "whiten"]):
+        assert_refused(capsys, ["fit", few, "--out", tmp_path / "h", *options, *common],
+                       "to 16 components needs at least 17 rows, got 10", tmp_path / "h")

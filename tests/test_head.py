@@ -409,3 +409,23 @@ def test_a_whitened_flow_head_in_float64_inverts_and_samples_in_float64():
     np.testing.assert_allclose(inverse_log_det.numpy(), -log_det.numpy(), rtol=1e-6)
     sample = head.sample(4, seed=2)
     assert sample.dtype == np.float64 and np.isfinite(sample).all()
+
+
+def test_whitening_before_a_flow_centres_directions_without_variance_and_needs_rows(
+        monkeypatch):
+    """A constant feature and a linear dependency: the whitening before the flow leaves their
+    directions in range (embeddings that move along them are not blown up); fewer rows than
+    dimensions plus one are refused before any training."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(300, 8)) @ rng.normal(size=(8, 8)) + 3).astype(np.float32)
+    x[:, 2] = 1.5
+    x[:, 5] = x[:, 0] + x[:, 1]
+    head = _whitened(x, epochs=2, lr=1e-3)
+    moved = x.copy()
+    moved[:, 2] += 0.5
+    moved[:, 5] += 0.5
+    assert np.abs(head.transform(moved)).max() < 20
+    assert np.isfinite(head.log_prob(moved)).all()
+    monkeypatch.setattr("bertflow.head.fit", lambda *a, **k: pytest.fail("it trained"))
+    with pytest.raises(BertflowError, match="to 8 components needs at least 9 rows, got 8"):
+        FlowHead.fit(x[:8], before="whiten")

@@ -255,3 +255,56 @@ def test_whitening_given_k_is_whitening_k_and_options_that_do_not_apply_are_refu
         if name in ("abtt", "whitening"):
             with pytest.raises(BertflowError, match=message):
                 FlowHead.fit_linear(x, name, **options)
+
+
+def test_whitening_refuses_fewer_rows_than_components_kept_plus_one(x):
+    from bertflow import FlowHead
+    from bertflow.methods import make_method
+
+    with pytest.raises(BertflowError, match="to 12 components needs at least 13 rows, got 12"):
+        FlowHead.fit_linear(x[:12], "whitening")
+    with pytest.raises(BertflowError, match="to 12 components needs at least 13 rows, got 8"):
+        make_method("whitening").fit(x[:8])
+    with pytest.raises(BertflowError, match="to 5 components needs at least 6 rows, got 5"):
+        FlowHead.fit_linear(x[:5], "whitening-k", k=5)
+    assert FlowHead.fit_linear(x[:6], "whitening-k", k=5).out_dim == 5
+    assert FlowHead.fit_linear(x[:13], "whitening").out_dim == 12
+
+
+def _dead(x):
+    """`x` with a constant feature and a feature that is the sum of two others."""
+    x = x.copy()
+    x[:, 2] = 1.5
+    x[:, 5] = x[:, 0] + x[:, 1]
+    return x
+
+
+def test_directions_without_variance_are_centred_not_blown_up(x):
+    """A constant feature and a linear dependency leave two directions without variance: full
+    whitening scales them as the largest, so embeddings that move along them stay in range
+    and the head stays invertible with a finite density; whitening-k refuses to keep them."""
+    from bertflow import FlowHead
+    from bertflow.methods import make_method
+
+    x = _dead(x)
+    moved = x.copy()
+    moved[:, 2] += 0.5
+    moved[:, 5] += 0.5
+    head = FlowHead.fit_linear(x, "whitening")
+    z = head.transform(x)
+    np.testing.assert_allclose(np.cov(z[:, :10], rowvar=False), np.eye(10), atol=1e-3)
+    assert np.abs(head.transform(moved)).max() < 10
+    assert np.abs(make_method("whitening").fit(x).transform(moved)).max() < 10
+    with torch.no_grad():
+        back = head.inverse(torch.from_numpy(z))[0].numpy()
+    np.testing.assert_allclose(back, x, atol=1e-3)
+    assert np.all(head.log_prob(x[:5]) < 0)
+    assert FlowHead.fit_linear(x, "whitening-k", k=10).out_dim == 10
+    message = r"2 of 12 components have no variance \(below 1e-07 of the largest's: constant " \
+              r"or linearly dependent features\); whitening-k needs k ≤ 10, not 11"
+    with pytest.raises(BertflowError, match=message):
+        FlowHead.fit_linear(x, "whitening-k", k=11)
+    with pytest.raises(BertflowError, match="needs k ≤ 10"):
+        make_method("whitening-k", k=11).fit(x)
+    with pytest.raises(BertflowError, match="do not vary: there is nothing to whiten"):
+        make_method("whitening").fit(np.ones((20, 3)))
