@@ -87,17 +87,16 @@ def check_fit_options(args: argparse.Namespace) -> None:
     options that cannot work."""
     from .errors import BertflowError
 
+    if (args.k is not None and args.method not in ("whitening", "whitening-k")) or (
+            args.d is not None and args.method != "abtt"):
+        raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
+                            "--method abtt")
     if args.method != "flow":
         flow_only = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--resume",
                      args.resume), ("--logdir", args.logdir), ("--dev-sts", args.dev_sts)) if given]
         if flow_only:
             raise BertflowError(f"{', '.join(flow_only)} apply to --method flow only")
-        if (args.k is not None and args.method != "whitening-k") or (
-                args.d is not None and args.method != "abtt"):
-            raise BertflowError("--k applies to --method whitening-k, --d to --method abtt")
         return
-    if args.k is not None or args.d is not None:
-        raise BertflowError("--k and --d apply to --method whitening-k and abtt")
     if args.checkpoint is not None and args.checkpoint.is_dir():
         raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
     if args.resume and args.checkpoint is None:
@@ -314,8 +313,10 @@ def _quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
 
 
 def _baseline_options(p: argparse.ArgumentParser) -> None:
+    # the defaults are bertflow.linear.default_k and default_d
     p.add_argument("--k", type=_positive, default=None,
-                   help="components kept by whitening-k (default: a third of the dimension)")
+                   help="components kept by whitening-k (default: a third of the dimension); "
+                        "--method whitening --k K is whitening-k keeping K")
     p.add_argument("--d", type=_natural, default=None,
                    help="directions removed by abtt (default: a hundredth of the dimension)")
 

@@ -148,7 +148,7 @@ def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: Fl
     sentences = sentences_of(pairs)
     points = {}
     for name in METHODS:
-        method = Fitted(head) if name == "flow" else make_method(name, k=k, d=d).fit(x)
+        method = Fitted(head) if name == "flow" else make_method(name).fit(x)
         points[labels.get(name, name)] = pair_measures(pairs, sentences, method.transform(y))
     return points
 

@@ -18,7 +18,8 @@ from .errors import BertflowError
 from .files import read_sentences
 from .head import FlowHead
 from .isotropy import alignment, isotropy_measures, uniformity
-from .methods import Fitted, Method, default_d, default_k, make_method
+from .linear import default_d, default_k, linear_method
+from .methods import Fitted, Method, make_method
 from .recipes import Recipe, resolve
 from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 
@@ -130,15 +131,14 @@ def pair_measures(subsets: Sequence[Pairs], sentences: Sequence[str],
 
 
 def format_table(rows: list[dict[str, Any]], aggregation: str = "all") -> str:
-    """A markdown table: one line per (pooling, method, fit data), one column per task; a task
-    whose Spearman is undefined shows ``n/a`` (`undefined_notes` says why)."""
-    keys = list(dict.fromkeys((r["encoder"], r["pooling"], r["method"], r["fit_on"])
-                              for r in rows))
+    """A markdown table: one line per (pooling, method with its k or d, fit data), one column
+    per task; a task whose Spearman is undefined shows ``n/a`` (`undefined_notes` says why)."""
+    keys = list(dict.fromkeys(_key(r) for r in rows))
     lines = ["| encoder | pooling | method | fit on | " + " | ".join([*TASKS, "avg"]) + " |",
              "|---|---|---|---|" + "---:|" * (len(TASKS) + 1)]
     for key in keys:
         cells = {r["task"]: r for r in rows if r["aggregation"] == aggregation
-                 and (r["encoder"], r["pooling"], r["method"], r["fit_on"]) == key}
+                 and _key(r) == key}
         values = [_cell(cells.get(task)) for task in [*TASKS, "avg"]]
         lines.append("| " + " | ".join(key) + " | " + " | ".join(values) + " |")
     return "\n".join(lines)
@@ -148,6 +148,14 @@ def undefined_notes(rows: list[dict[str, Any]]) -> list[str]:
     """One line per task whose Spearman is undefined, with the reason, per aggregation."""
     return [f"n/a: {r['task']} ({r['aggregation']}): Spearman undefined, {r['undefined']}"
             for r in rows if r.get("undefined")]
+
+
+def _key(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    """A row's encoder, pooling, method (with its k or d: ``whitening-k (k=128)``) and fit
+    data."""
+    options = ", ".join(f"{o}={row[o]}" for o in ("k", "d") if row.get(o) is not None)
+    method = f"{row['method']} ({options})" if options else row["method"]
+    return row["encoder"], row["pooling"], method, row["fit_on"]
 
 
 def _cell(row: dict[str, Any] | None) -> str:
@@ -207,13 +215,15 @@ def evaluate_method(
     """`evaluate` a method of `METHODS`, fit on each task's own sentences (``"target"``), on
     the sentences of the text file `fit_on`, or on several of these together (`fit_sources`),
     on embeddings of `encoder` with `pooling`
-    through `cache`. `k` and `d` default to `default_k` and `default_d` of the width; the
-    flow is fit by `recipe` (a `Recipe`, or changes to the pooling's recommended one)."""
+    through `cache`. `k` applies to whitening (whitening keeping `k` components is
+    whitening-k) and whitening-k (default `default_k` of the width), `d` to abtt (default
+    `default_d`); the flow is fit by `recipe` (a `Recipe`, or changes to the pooling's
+    recommended one)."""
+    method = linear_method(method, k, d)
     sentences, also, fit_label = fit_sources(fit_on)
     width = encoder.width(pooling)
-    k = k if k is not None else default_k(width)
-    d = d if d is not None else default_d(width)
-
+    k = default_k(width) if method == "whitening-k" and k is None else k
+    d = default_d(width) if method == "abtt" and d is None else d
     recipe = resolve(recipe, pooling)
 
     def make() -> Method:
@@ -221,7 +231,6 @@ def evaluate_method(
                            progress=progress is not False)
 
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": method,
-              **make().describe(),
-              "fit_on": fit_label}
+              **make().describe(), "fit_on": fit_label}
     embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
     return evaluate(tasks, missing, embed, make, sentences, labels, also)

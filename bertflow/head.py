@@ -30,7 +30,7 @@ from .errors import BertflowError, first_line
 from .files import check_finite, sha256_file, write_json
 from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
 from .folders import HEAD_FOLDER, verify_checksums
-from .linear import LINEAR_METHODS, LinearMap, all_but_the_top, covariance, whitening
+from .linear import LINEAR_METHODS, LinearMap, fit_map
 from .st_api import (
     SIMILARITY_FN_NAME,
     as_sentences,
@@ -160,11 +160,12 @@ class FlowHead(nn.Module):
 
     @torch.no_grad()
     def sample(self, num_samples: int, seed: int = 0) -> np.ndarray:
-        """Draw embeddings from the fitted density."""
+        """Draw embeddings from the fitted density, in the head's floating dtype."""
         if self.linear is not None and not self.linear.invertible:
             raise BertflowError(f"a {self.method} head projects: it has no density to sample")
         z = torch.randn(num_samples, self.dim, generator=torch.Generator().manual_seed(seed))
-        return self.eval().inverse(z)[0].numpy()
+        dtype = next(t.dtype for t in self.state_dict().values() if t.is_floating_point())
+        return self.eval().inverse(z.to(dtype))[0].numpy()
 
     def check(
         self,
@@ -325,22 +326,13 @@ class FlowHead(nn.Module):
         **origin: Any,
     ) -> FlowHead:
         """A baseline as a head, fit in closed form on embeddings `x` (an array or `Rows`, read
-        a block at a time): ``whitening``, ``whitening-k`` (keeping `k` components, default a
-        third of the dimension) or ``abtt`` (removing `d` directions, default a hundredth).
+        a block at a time): ``whitening``, ``whitening-k`` (keeping `k` components, default
+        `linear.default_k` of the width; whitening given `k` is whitening-k) or ``abtt``
+        (removing `d` directions, default `linear.default_d`); see `linear.fit_weight`.
         `origin` (`encoder`, `pooling`, `max_length`) and `corpus` are recorded as by `fit`."""
         data, stats = _training_rows(x)
-        mean, cov = covariance(data, "the training embeddings")
-        dim = data.shape[1]
-        if method == "whitening":
-            linear = whitening(mean, cov)
-        elif method == "whitening-k":
-            linear = whitening(mean, cov, k if k is not None else max(1, dim // 3))
-        elif method == "abtt":
-            linear = all_but_the_top(mean, cov, d if d is not None else max(1, dim // 100))
-        else:
-            raise BertflowError(f"unknown linear method {method!r}; choose one of "
-                                f"{', '.join(LINEAR_METHODS)}")
-        training = {"corpus": _corpus_record(corpus, stats, data), "method": method,
+        linear = fit_map(data, method, k=k, d=d, what="the training embeddings")
+        training = {"corpus": _corpus_record(corpus, stats, data), "method": linear.method,
                     "out_dim": linear.out_features}
         return cls(None, linear=linear, training_info=training, **origin)
 
@@ -530,7 +522,7 @@ def _before(data: Rows, stats: Moments,
     """What comes before a Glow fit to `data` (`before`): its whitening, its standardisation,
     or nothing."""
     if before == "whiten":
-        return None, whitening(*covariance(data, "the training embeddings"))
+        return None, fit_map(data, "whitening", what="the training embeddings")
     if before == "standardize":
         return StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
                                            torch.from_numpy(stats.std).float()), None

@@ -18,10 +18,12 @@ from .errors import BertflowError
 from .files import check_finite
 from .train import Rows, as_rows
 
-__all__ = ["LINEAR_METHODS", "LinearMap", "abtt_weight", "all_but_the_top", "covariance",
+__all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "abtt_weight", "all_but_the_top",
+           "covariance", "default_d", "default_k", "fit_map", "fit_weight", "linear_method",
            "principal_directions", "whitening", "whitening_weight"]
 
 _BLOCK = 8192
+NO_VARIANCE = 1e-7  # a principal direction whose variance is below this share of the largest's
 
 
 class LinearMap(nn.Module):
@@ -38,8 +40,9 @@ class LinearMap(nn.Module):
             raise BertflowError(f"a linear map needs a (dim,) mean and a (dim, out) weight, "
                                 f"got {tuple(mean.shape)} and {tuple(weight.shape)}")
         self.method = method
-        self.register_buffer("mean", mean.detach().clone().float())
-        self.register_buffer("weight", weight.detach().clone().float())
+        # row-major float32 copies, as a loaded head holds them: both then compute the same bits
+        self.register_buffer("mean", _buffer(mean))
+        self.register_buffer("weight", _buffer(weight))
         # log|det W|, constant: computed once here and after loading, not on every forward
         self.register_buffer("log_det", self._slogdet(), persistent=False)
         self.register_load_state_dict_post_hook(LinearMap._loaded)
@@ -66,19 +69,23 @@ class LinearMap(nn.Module):
         module.log_det = module._slogdet()
 
     def map(self, x: Tensor) -> Tensor:
-        """x → z alone."""
-        return (x - self.mean) @ self.weight
+        """x → z alone, in the wider of the dtypes of x and of the map."""
+        centred = x - self.mean
+        return centred @ self.weight.to(centred.dtype)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x → (z, log|det W| per row; NaN when the map projects)."""
-        return self.map(x), self.log_det.expand(x.shape[0]).to(x.dtype)
+        z = self.map(x)
+        return z, self.log_det.expand(x.shape[0]).to(z.dtype)
 
     def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
-        """z → (x, log|det W⁻¹| per row), for full whitening only."""
+        """z → (x, log|det W⁻¹| per row), for full whitening only; W⁻¹ is computed in float64
+        and applied in the wider of the dtypes of z and of the map."""
         if not self.invertible:
             raise BertflowError(f"a {self.method} head projects: it has no inverse")
-        inverse = torch.linalg.inv(self.weight.double()).float()
-        return z @ inverse + self.mean, (-self.log_det).expand(z.shape[0]).to(z.dtype)
+        dtype = torch.promote_types(z.dtype, self.weight.dtype)
+        inverse = torch.linalg.inv(self.weight.double()).to(dtype)
+        return z.to(dtype) @ inverse + self.mean, (-self.log_det).expand(z.shape[0]).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.method}, {self.features} → {self.out_features}"
@@ -117,15 +124,34 @@ def principal_directions(cov: np.ndarray, count: int | None = None) -> tuple[np.
     return np.maximum(values[order], 0.0), vectors[:, order]
 
 
-def whitening_weight(cov: np.ndarray, k: int | None = None) -> np.ndarray:
+def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = None,
+                     what: str = "the embeddings") -> np.ndarray:
     r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$ (float64): whitened
-    embeddings have identity covariance; with `k`, only the top `k` components are kept."""
+    embeddings have identity covariance; with `k`, only the top `k` components are kept.
+
+    A direction without variance (an eigenvalue below `NO_VARIANCE` of the largest: a constant
+    feature, or features that depend linearly on others, as a LayerNorm's outputs do) is
+    centred and scaled as the largest, not blown up, so that full whitening stays invertible;
+    whitening-k refuses to keep one. With `rows`, the number of rows `cov` comes from, fewer
+    than the components kept plus one are refused."""
     dim = cov.shape[0]
-    if k is not None and not 1 <= k <= dim:
+    kept = dim if k is None else k
+    if not 1 <= kept <= dim:
         raise BertflowError(f"whitening k={k} must be between 1 and the dimension {dim}")
+    if rows is not None and rows <= kept:
+        raise BertflowError(f"whitening {what} to {kept} components needs at least {kept + 1} "
+                            f"rows, got {rows} (whitening-k keeps fewer components)")
     values, vectors = principal_directions(cov, k)
-    floor = 1e-12 * max(float(values[0]), 1e-300)
-    return vectors / np.sqrt(np.maximum(values, floor))
+    live = values > NO_VARIANCE * values[0]
+    if not live.any():
+        raise BertflowError(f"{what} do not vary: there is nothing to whiten")
+    if not live[-1] and k is not None:
+        kept_live = int(live.sum())
+        raise BertflowError(
+            f"{what}: {dim - kept_live} of {dim} components have no variance (below "
+            f"{NO_VARIANCE:g} of the largest's: constant or linearly dependent features); "
+            f"whitening-k needs k ≤ {kept_live}, not {k}")
+    return vectors / np.sqrt(np.where(live, values, values[0]))
 
 
 def abtt_weight(cov: np.ndarray, d: int = 1) -> np.ndarray:
@@ -136,6 +162,57 @@ def abtt_weight(cov: np.ndarray, d: int = 1) -> np.ndarray:
         raise BertflowError(f"all-but-the-top d={d} must be in [0, dimension {dim})")
     top = principal_directions(cov, d)[1]
     return np.eye(dim) - top @ top.T
+
+
+def default_k(dim: int) -> int:
+    """Components whitening-k keeps by default: a third of the dimension (BERT-whitening's
+    256 of 768)."""
+    return max(1, dim // 3)
+
+
+def default_d(dim: int) -> int:
+    """Directions all-but-the-top removes by default: a hundredth of the dimension (Mu &
+    Viswanath's rule of thumb)."""
+    return max(1, dim // 100)
+
+
+def linear_method(method: str, k: int | None = None, d: int | None = None) -> str:
+    """The method that `method` with the options `k` and `d` is: whitening keeping `k`
+    components is whitening-k. `k` applies to whitening and whitening-k only, `d` to abtt
+    only; given to another method, either is refused."""
+    if k is not None and method not in ("whitening", "whitening-k"):
+        raise BertflowError(f"k (components kept) applies to whitening and whitening-k, "
+                            f"not to {method}")
+    if d is not None and method != "abtt":
+        raise BertflowError(f"d (directions removed) applies to abtt, not to {method}")
+    return "whitening-k" if method == "whitening" and k is not None else method
+
+
+def fit_weight(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
+               d: int | None = None, what: str = "the embeddings"
+               ) -> tuple[str, np.ndarray, np.ndarray]:
+    """The method (`linear_method`), mean and weight (float64) of a linear map fit on
+    embeddings `x` (an array or `Rows`, read a block at a time): whitening, whitening-k
+    keeping `k` components (default `default_k` of the width) or abtt removing `d`
+    directions (default `default_d`)."""
+    method = linear_method(method, k, d)
+    if method not in LINEAR_METHODS:
+        raise BertflowError(f"unknown linear method {method!r}; choose one of "
+                            f"{', '.join(LINEAR_METHODS)}")
+    rows, dim = as_rows(x).shape
+    mean, cov = covariance(x, what)
+    if method == "abtt":
+        return method, mean, abtt_weight(cov, default_d(dim) if d is None else d)
+    if method == "whitening-k" and k is None:
+        k = default_k(dim)
+    return method, mean, whitening_weight(cov, k, rows, what)
+
+
+def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
+            d: int | None = None, what: str = "the embeddings") -> LinearMap:
+    """The `LinearMap` of `fit_weight`."""
+    method, mean, weight = fit_weight(x, method, k=k, d=d, what=what)
+    return LinearMap(torch.from_numpy(mean), torch.from_numpy(weight), method)
 
 
 def whitening(mean: np.ndarray, cov: np.ndarray, k: int | None = None) -> LinearMap:
@@ -149,3 +226,8 @@ def all_but_the_top(mean: np.ndarray, cov: np.ndarray, d: int = 1) -> LinearMap:
     """The all-but-the-top map of embeddings with this mean and covariance (see
     `abtt_weight`)."""
     return LinearMap(torch.from_numpy(mean), torch.from_numpy(abtt_weight(cov, d)), "abtt")
+
+
+def _buffer(tensor: Tensor) -> Tensor:
+    """A float32, row-major copy."""
+    return tensor.detach().to(torch.float32, memory_format=torch.contiguous_format, copy=True)

@@ -15,7 +15,7 @@ from .constants import METHODS
 from .errors import BertflowError
 from .flow import FlowConfig, StandardScaler
 from .head import FlowHead
-from .linear import abtt_weight, covariance, principal_directions, whitening_weight
+from .linear import default_d, default_k, fit_weight, linear_method
 from .train import TrainConfig
 
 __all__ = [
@@ -86,8 +86,9 @@ class ScalerOnly:
 @dataclass
 class Whitening:
     r"""BERT-whitening (Su et al., 2021): $\tilde x = (x - \mu)\, U \Lambda^{-1/2}$ with
-    $\Sigma = U \Lambda U^\top$, keeping the top `k` components when `k` is given, so that the
-    output covariance is the identity."""
+    $\Sigma = U \Lambda U^\top$, so that the output covariance is the identity; given `k`, or
+    named ``whitening-k``, only the top `k` components are kept (by default `default_k` of
+    the width). See `linear.whitening_weight`."""
 
     k: int | None = None
     name: str = "whitening"
@@ -95,49 +96,52 @@ class Whitening:
     kernel: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.k is not None:
-            self.name = "whitening-k"
-            if self.k < 1:
-                raise BertflowError(f"whitening needs k ≥ 1, got {self.k}")
+        self.name = linear_method(self.name, self.k)
+        if self.k is not None and self.k < 1:
+            raise BertflowError(f"whitening needs k ≥ 1, got {self.k}")
 
     def fit(self, x: np.ndarray) -> Whitening:
-        self.mean, cov = covariance(x)
-        self.kernel = whitening_weight(cov, self.k)
+        _, self.mean, self.kernel = fit_weight(x, self.name, k=self.k)
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
-        return ((np.asarray(x, dtype=np.float64) - self.mean) @ self.kernel).astype(np.float32)
+        return _apply(x, self.mean, self.kernel)
 
     def describe(self) -> dict[str, Any]:
-        return {"k": self.k} if self.k is not None else {}
+        return {"k": self.k} if self.name == "whitening-k" else {}
 
 
 @dataclass
 class AllButTheTop:
     r"""All-but-the-top (Mu & Viswanath, 2018): centre, then remove the projections on the top
-    `d` principal directions: $\tilde x = (x - \mu) - \sum_{i \le d} (u_i^\top (x - \mu)) u_i$."""
+    `d` principal directions (by default `default_d` of the width):
+    $\tilde x = (x - \mu)(I - \sum_{i \le d} u_i u_i^\top)$."""
 
-    d: int = 1
+    d: int | None = None
     name: str = "abtt"
     mean: np.ndarray | None = None
-    top: np.ndarray | None = None
+    kernel: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.d < 0:
+        if self.d is not None and self.d < 0:
             raise BertflowError(f"all-but-the-top needs d ≥ 0, got {self.d}")
 
     def fit(self, x: np.ndarray) -> AllButTheTop:
-        self.mean, cov = covariance(x)
-        abtt_weight(cov, self.d)  # checks d
-        self.top = principal_directions(cov, self.d)[1].T
+        _, self.mean, self.kernel = fit_weight(x, "abtt", d=self.d)
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
-        centred = np.asarray(x, dtype=np.float64) - self.mean
-        return (centred - (centred @ self.top.T) @ self.top).astype(np.float32)
+        return _apply(x, self.mean, self.kernel)
 
     def describe(self) -> dict[str, Any]:
         return {"d": self.d}
+
+
+def _apply(x: np.ndarray, mean: np.ndarray | None, kernel: np.ndarray | None) -> np.ndarray:
+    """$(x - \mu) W$ in float64, as float32."""
+    if mean is None or kernel is None:
+        raise BertflowError("fit the method before transforming")
+    return ((np.asarray(x, dtype=np.float64) - mean) @ kernel).astype(np.float32)
 
 
 @dataclass
@@ -183,37 +187,26 @@ class Fitted:
         return {}
 
 
-def default_k(dim: int) -> int:
-    """Components whitening-k keeps by default: a third of the dimension (BERT-whitening's
-    256 of 768)."""
-    return max(1, dim // 3)
-
-
-def default_d(dim: int) -> int:
-    """Directions all-but-the-top removes by default: a hundredth of the dimension (Mu &
-    Viswanath's rule of thumb)."""
-    return max(1, dim // 100)
-
-
-def make_method(name: str, *, k: int = 256, d: int = 1, flow: FlowConfig | None = None,
-                train: TrainConfig | None = None, before: str = "standardize",
-                progress: bool = False) -> Method:
-    """A fresh method by name: one of `METHODS` (`k` and `d` for whitening-k and abtt, see
-    `default_k` and `default_d` for the usual choices; `flow`, `train` and `before` for the
-    flow, as `Recipe.fit_options` gives them)."""
+def make_method(name: str, *, k: int | None = None, d: int | None = None,
+                flow: FlowConfig | None = None, train: TrainConfig | None = None,
+                before: str = "standardize", progress: bool = False) -> Method:
+    """A fresh method by name: one of `METHODS`; `k` for whitening and whitening-k (whitening
+    keeping `k` components is whitening-k; by default whitening-k keeps `default_k` of the
+    width), `d` for abtt (default `default_d`), each refused with another method
+    (`linear.linear_method`); `flow`, `train` and `before` for the flow, as
+    `Recipe.fit_options` gives them."""
+    if name not in METHODS:
+        raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    name = linear_method(name, k, d)
     if name == "raw":
         return Raw()
     if name == "standardize":
         return ScalerOnly()
-    if name == "whitening":
-        return Whitening()
-    if name == "whitening-k":
-        return Whitening(k=k)
+    if name in ("whitening", "whitening-k"):
+        return Whitening(k, name)
     if name == "abtt":
-        return AllButTheTop(d=d)
-    if name == "flow":
-        return FlowMethod(flow or FlowConfig(), train or TrainConfig(), before, progress=progress)
-    raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+        return AllButTheTop(d)
+    return FlowMethod(flow or FlowConfig(), train or TrainConfig(), before, progress=progress)
 
 
 Standardization = ScalerOnly  # its old name

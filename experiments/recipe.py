@@ -55,7 +55,7 @@ from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, load_encoder, 
 from bertflow.cache import EmbeddingCache
 from bertflow.corpus import corpus_sha256
 from bertflow.files import read_sentences, write_json
-from bertflow.methods import default_d, default_k, make_method
+from bertflow.methods import make_method
 
 CORPORA = ("target", "wiki", "snli", "union", "target+wiki")
 
@@ -215,12 +215,10 @@ class Runner:
                                         recipe.corpus in ("wiki", "snli")), labels)
 
     def baseline(self, pooling: str, method: str, corpus: str, **labels: Any) -> dict:
-        width = self.data.embed("stsb", pooling).shape[1]
         recipe = Recipe(corpus=corpus)
 
-        def fit(target: str) -> Any:
-            m = make_method(method, k=default_k(width), d=default_d(width))
-            return m.fit(self.data.corpus(recipe, target, pooling))
+        def fit(target: str) -> Any:  # whitening-k and abtt: default_k and default_d
+            return make_method(method).fit(self.data.corpus(recipe, target, pooling))
 
         key = json.dumps({"baseline": method, "corpus": corpus})
         return self._row(pooling, key, 0, lambda: scores(

@@ -87,7 +87,7 @@ def _factory(method: str, options: dict, k: int, d: int):
     if "recipe" in options:
         return (lambda: make_method("flow", **options["recipe"].fit_options())), "flow (recipe)"
     name = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}"}.get(method, method)
-    return (lambda: make_method(method, k=options.get("k", k), d=options.get("d", d))), name
+    return (lambda: make_method(method, **options)), name
 
 
 def _isotropy(rows: list[dict]) -> str:

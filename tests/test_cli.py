@@ -479,3 +479,61 @@ def test_fit_and_eval_follow_the_recipe_of_the_pooling_unless_told(
 def test_contradicting_before_options_are_refused(tmp_path, capsys, corpus_file):
     assert_refused(capsys, ["fit", corpus_file, "--out", tmp_path / "h", "--no-standardize",
                             "--before", "whiten"], "contradict each other", tmp_path / "h")
+
+
+def _stsb(folder):
+    data = folder / "STSBenchmark"
+    data.mkdir(parents=True)
+    for split in ("train", "dev", "test"):
+        (data / f"sts-{split}.csv").write_text("".join(
+            f"g\tf\t2012\t{i}\t{i % 5}.0\t{split} sentence {i}\tanother {i} there\n"
+            for i in range(8)))
+    return folder
+
+
+def test_whitening_with_k_is_whitening_k_in_fit_and_eval(tmp_path, capsys, corpus_file,
+                                                         tiny_encoder_dir):
+    """`--method whitening --k K`, as BERT-whitening's users write it, is whitening-k keeping
+    K in both commands: fit writes the same head as `--method whitening-k --k K`, byte for
+    byte, and eval names its rows whitening-k (k=K)."""
+    common = ("--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache", tmp_path / "c")
+    heads = {}
+    for method in ("whitening", "whitening-k"):
+        code, out, err = run(capsys, "fit", corpus_file, "--out", tmp_path / method,
+                             "--method", method, "--k", "6", *common)
+        assert code == 0 and "whitening-k, a linear map 16 → 6" in out, err
+        heads[method] = {p.name: p.read_bytes() for p in (tmp_path / method).iterdir()}
+    assert heads["whitening"] == heads["whitening-k"]
+    rows = tmp_path / "rows.json"
+    code, out, err = run(capsys, "eval", "--data", _stsb(tmp_path / "data"), "--method",
+                         "whitening", "--k", "6", "--fit-on", corpus_file, "--json", rows,
+                         "--tasks", "STS-B", *common, "--quiet")
+    assert code == 0, err
+    assert {(r["method"], r["k"]) for r in json.loads(rows.read_text())} == {("whitening-k", 6)}
+    assert "| whitening-k (k=6) | corpus.txt |" in out
+
+
+def test_k_and_d_are_refused_where_they_do_not_apply(tmp_path, capsys, corpus_file,
+                                                     tiny_encoder_dir):
+    data = _stsb(tmp_path / "data")
+    common = ("--encoder", tiny_encoder_dir, "--cache", tmp_path / "c", "--quiet")
+    for method, option in [("abtt", "--k"), ("raw", "--k"), ("standardize", "--k"),
+                           ("flow", "--k"), ("whitening", "--d"), ("whitening-k", "--d"),
+                           ("flow", "--d")]:
+        if method not in ("raw", "standardize"):  # not methods of fit
+            assert_refused(capsys, ["fit", corpus_file, "--out", tmp_path / "h", "--method",
+                                    method, option, "3", *common], "applies to",
+                           tmp_path / "h")
+        assert_refused(capsys, ["eval", "--data", data, "--method", method, option, "3",
+                                "--json", tmp_path / "rows.json", *common],
+                       "applies to", tmp_path / "rows.json")
+
+
+def test_whitening_on_fewer_rows_than_dimensions_is_refused(tmp_path, capsys, corpus_file,
+                                                            tiny_encoder_dir):
+    few = tmp_path / "few.txt"
+    few.write_text("".join(line + "\n" for line in corpus_file.read_text().splitlines()[:10]))
+    common = ("--encoder", tiny_encoder_dir, "--cache", tmp_path / "c", "--quiet")
+    for options in (["--method", "whitening"], ["--before", "whiten"]):
+        assert_refused(capsys, ["fit", few, "--out", tmp_path / "h", *options, *common],
+                       "to 16 components needs at least 17 rows, got 10", tmp_path / "h")

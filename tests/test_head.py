@@ -376,3 +376,56 @@ def test_a_flow_after_a_projection_is_refused(head):
     projection = whitening(np.zeros(12), np.eye(12), k=4)
     with pytest.raises(BertflowError, match="after full whitening, not whitening-k"):
         FlowHead(head.glow, linear=projection)
+
+
+def _whitened(x: np.ndarray, **train) -> FlowHead:
+    return FlowHead.fit(x, flow=FlowConfig(levels=2, depth=2),
+                        train=TrainConfig(**{"epochs": 1, "lr": 1e-12, **train}),
+                        before="whiten")
+
+
+def test_a_head_whitened_before_its_flow_holds_its_tensors_as_a_loaded_one(tmp_path):
+    """Row-major, as a reload: the fitted and the loaded head compute the same bits on any
+    CPU."""
+    x = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32) @ np.diag(
+        np.linspace(3, 0.5, 8)).astype(np.float32)
+    head = _whitened(x)
+    loaded = FlowHead.load(head.save(tmp_path / "white"))
+    for name, tensor in head.state_dict().items():
+        assert tensor.is_contiguous(), name
+        assert tensor.stride() == loaded.state_dict()[name].stride(), name
+
+
+def test_a_whitened_flow_head_in_float64_inverts_and_samples_in_float64():
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(300, 8)) @ rng.normal(size=(8, 8)) + 3).astype(np.float32)
+    head = _whitened(x).double()
+    x64 = torch.from_numpy(x[:5].astype(np.float64))
+    with torch.no_grad():
+        z, log_det = head(x64)
+        back, inverse_log_det = head.inverse(z)
+    assert back.dtype == inverse_log_det.dtype == torch.float64
+    np.testing.assert_allclose(back.numpy(), x64.numpy(), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(inverse_log_det.numpy(), -log_det.numpy(), rtol=1e-6)
+    sample = head.sample(4, seed=2)
+    assert sample.dtype == np.float64 and np.isfinite(sample).all()
+
+
+def test_whitening_before_a_flow_centres_directions_without_variance_and_needs_rows(
+        monkeypatch):
+    """A constant feature and a linear dependency: the whitening before the flow leaves their
+    directions in range (embeddings that move along them are not blown up); fewer rows than
+    dimensions plus one are refused before any training."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(300, 8)) @ rng.normal(size=(8, 8)) + 3).astype(np.float32)
+    x[:, 2] = 1.5
+    x[:, 5] = x[:, 0] + x[:, 1]
+    head = _whitened(x, epochs=2, lr=1e-3)
+    moved = x.copy()
+    moved[:, 2] += 0.5
+    moved[:, 5] += 0.5
+    assert np.abs(head.transform(moved)).max() < 20
+    assert np.isfinite(head.log_prob(moved)).all()
+    monkeypatch.setattr("bertflow.head.fit", lambda *a, **k: pytest.fail("it trained"))
+    with pytest.raises(BertflowError, match="to 8 components needs at least 9 rows, got 8"):
+        FlowHead.fit(x[:8], before="whiten")

@@ -71,16 +71,18 @@ def test_a_map_needs_matching_shapes():
 
 # baselines as heads ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method, width", [("whitening", 12), ("whitening-k", 4), ("abtt", 12)])
+@pytest.mark.parametrize("method, options, width", [("whitening", {}, 12),
+                                                    ("whitening-k", {"k": 4}, 4),
+                                                    ("abtt", {"d": 2}, 12)])
 def test_linear_heads_transform_as_the_methods_and_survive_a_round_trip(x, tmp_path, method,
-                                                                         width):
+                                                                         options, width):
     from bertflow import FlowHead
     from bertflow.methods import make_method
 
-    head = FlowHead.fit_linear(x, method, k=4, d=2, pooling="cls")
+    head = FlowHead.fit_linear(x, method, pooling="cls", **options)
     assert (head.method, head.dim, head.out_dim) == (method, 12, width)
     z = head.transform(x)
-    np.testing.assert_allclose(z, make_method(method, k=4, d=2).fit(x).transform(x), atol=1e-3)
+    np.testing.assert_allclose(z, make_method(method, **options).fit(x).transform(x), atol=1e-3)
     head.save(tmp_path / "h")
     loaded = FlowHead.load(tmp_path / "h")
     assert loaded.method == method and loaded.summary() == head.summary()
@@ -165,3 +167,144 @@ def test_fit_method_from_the_command_line_and_every_export(tmp_path, capsys, cor
     assert code == 1 and "--logdir apply to --method flow only" in err
     assert run("fit", corpus_file, "--out", tmp_path / "x", "--k", "3", "--encoder",
                tiny_encoder_dir)[0] == 1
+
+
+# layout, dtype, defaults, and data whitening cannot take -----------------------------------
+
+@pytest.mark.parametrize("method", ["whitening", "whitening-k", "abtt"])
+def test_a_fitted_linear_head_holds_its_tensors_as_a_loaded_one(x, tmp_path, method):
+    """The tensors of a fitted head are row-major, as those of its reload: both take the same
+    BLAS path and compute the same bits on any CPU (an eigensolver gives column-major
+    eigenvectors)."""
+    from bertflow import FlowHead
+
+    head = FlowHead.fit_linear(x, method)
+    loaded = FlowHead.load(head.save(tmp_path / "h"))
+    for name, tensor in head.state_dict().items():
+        assert tensor.is_contiguous(), name
+        assert tensor.stride() == loaded.state_dict()[name].stride(), name
+    np.testing.assert_array_equal(loaded.transform(x), head.transform(x))
+
+
+def test_a_whitening_head_follows_the_dtype_of_its_input(x):
+    """A float32 whitening head maps and inverts float64 input; in float64 (`double()`) it
+    inverts and samples in float64, to float64 precision."""
+    import copy
+
+    from bertflow import FlowHead
+
+    head = FlowHead.fit_linear(x, "whitening")
+    x64 = torch.from_numpy(x.astype(np.float64))
+    with torch.no_grad():
+        z, log_det = head(x64)
+        back, _ = head.inverse(z)
+    assert z.dtype == log_det.dtype == back.dtype == torch.float64
+    np.testing.assert_allclose(back.numpy(), x, atol=1e-3)
+    double = copy.deepcopy(head).double()
+    with torch.no_grad():
+        z, log_det = double(x64)
+        back, inverse_log_det = double.inverse(z)
+    assert back.dtype == inverse_log_det.dtype == torch.float64
+    np.testing.assert_allclose(back.numpy(), x64.numpy(), rtol=0, atol=1e-9)
+    assert double.sample(5, seed=1).dtype == np.float64
+    np.testing.assert_allclose(double.sample(5, seed=1), head.sample(5, seed=1), rtol=1e-4)
+
+
+def test_one_default_k_and_d_for_the_methods_and_the_heads():
+    """whitening-k keeps `default_k` of the width and abtt removes `default_d`, whether fit as
+    a method (`make_method`) or as a head (`FlowHead.fit_linear`)."""
+    from bertflow import FlowHead, methods
+    from bertflow.linear import default_d, default_k
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(600, 300)) * np.linspace(4, 0.5, 300)).astype(np.float32)
+    assert (methods.default_k, methods.default_d) == (default_k, default_d)
+    assert (default_k(384), default_d(384)) == (128, 3)
+    white = methods.make_method("whitening-k").fit(x)
+    head = FlowHead.fit_linear(x, "whitening-k")
+    assert white.transform(x).shape[1] == head.out_dim == default_k(300) == 100
+    np.testing.assert_allclose(white.transform(x), head.transform(x), atol=1e-3)
+    abtt = methods.make_method("abtt").fit(x)
+    head = FlowHead.fit_linear(x, "abtt")
+    np.testing.assert_allclose(abtt.transform(x), head.transform(x), atol=1e-3)
+    removed = 300 - np.linalg.matrix_rank(abtt.transform(x).astype(np.float64), tol=1e-3)
+    assert removed == default_d(300) == 3
+
+
+def test_whitening_given_k_is_whitening_k_and_options_that_do_not_apply_are_refused(x):
+    """`whitening` keeping k components is whitening-k, bit for bit, in heads and methods;
+    k with another method than whitening(-k), or d with another than abtt, is refused."""
+    from bertflow import FlowHead
+    from bertflow.methods import make_method
+
+    head = FlowHead.fit_linear(x, "whitening", k=5)
+    same = FlowHead.fit_linear(x, "whitening-k", k=5)
+    assert head.method == "whitening-k" and head.training_info["method"] == "whitening-k"
+    for name, tensor in same.state_dict().items():
+        assert torch.equal(head.state_dict()[name], tensor), name
+    method = make_method("whitening", k=5)
+    assert method.name == "whitening-k" and method.describe() == {"k": 5}
+    np.testing.assert_array_equal(method.fit(x).transform(x),
+                                  make_method("whitening-k", k=5).fit(x).transform(x))
+    for name, options, message in [
+            ("abtt", {"k": 3}, "applies to whitening and whitening-k, not to abtt"),
+            ("whitening", {"d": 2}, "applies to abtt, not to whitening"),
+            ("raw", {"k": 3}, "not to raw"), ("flow", {"d": 1}, "not to flow")]:
+        with pytest.raises(BertflowError, match=message):
+            make_method(name, **options)
+        if name in ("abtt", "whitening"):
+            with pytest.raises(BertflowError, match=message):
+                FlowHead.fit_linear(x, name, **options)
+
+
+def test_whitening_refuses_fewer_rows_than_components_kept_plus_one(x):
+    from bertflow import FlowHead
+    from bertflow.methods import make_method
+
+    with pytest.raises(BertflowError, match="to 12 components needs at least 13 rows, got 12"):
+        FlowHead.fit_linear(x[:12], "whitening")
+    with pytest.raises(BertflowError, match="to 12 components needs at least 13 rows, got 8"):
+        make_method("whitening").fit(x[:8])
+    with pytest.raises(BertflowError, match="to 5 components needs at least 6 rows, got 5"):
+        FlowHead.fit_linear(x[:5], "whitening-k", k=5)
+    assert FlowHead.fit_linear(x[:6], "whitening-k", k=5).out_dim == 5
+    assert FlowHead.fit_linear(x[:13], "whitening").out_dim == 12
+
+
+def _dead(x):
+    """`x` with a constant feature and a feature that is the sum of two others."""
+    x = x.copy()
+    x[:, 2] = 1.5
+    x[:, 5] = x[:, 0] + x[:, 1]
+    return x
+
+
+def test_directions_without_variance_are_centred_not_blown_up(x):
+    """A constant feature and a linear dependency leave two directions without variance: full
+    whitening scales them as the largest, so embeddings that move along them stay in range
+    and the head stays invertible with a finite density; whitening-k refuses to keep them."""
+    from bertflow import FlowHead
+    from bertflow.methods import make_method
+
+    x = _dead(x)
+    moved = x.copy()
+    moved[:, 2] += 0.5
+    moved[:, 5] += 0.5
+    head = FlowHead.fit_linear(x, "whitening")
+    z = head.transform(x)
+    np.testing.assert_allclose(np.cov(z[:, :10], rowvar=False), np.eye(10), atol=1e-3)
+    assert np.abs(head.transform(moved)).max() < 10
+    assert np.abs(make_method("whitening").fit(x).transform(moved)).max() < 10
+    with torch.no_grad():
+        back = head.inverse(torch.from_numpy(z))[0].numpy()
+    np.testing.assert_allclose(back, x, atol=1e-3)
+    assert np.all(head.log_prob(x[:5]) < 0)
+    assert FlowHead.fit_linear(x, "whitening-k", k=10).out_dim == 10
+    message = r"2 of 12 components have no variance \(below 1e-07 of the largest's: constant " \
+              r"or linearly dependent features\); whitening-k needs k ≤ 10, not 11"
+    with pytest.raises(BertflowError, match=message):
+        FlowHead.fit_linear(x, "whitening-k", k=11)
+    with pytest.raises(BertflowError, match="needs k ≤ 10"):
+        make_method("whitening-k", k=11).fit(x)
+    with pytest.raises(BertflowError, match="do not vary: there is nothing to whiten"):
+        make_method("whitening").fit(np.ones((20, 3)))
