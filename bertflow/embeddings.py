@@ -271,8 +271,9 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
     path = Path(path)
     z = np.ascontiguousarray(z, dtype=np.float32)
     with atomic_file(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, z)
+        with open(tmp, "wb") as f:  # not np.save, whose short write loses the error's errno
+            np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(z))
+            f.write(memoryview(z).cast("B"))
         digest = sha256_file(tmp)
     meta = {"format": TRANSFORMED, "format_version": 1, "head": head, "source": source,
             "count": int(z.shape[0]), "dim": int(z.shape[1]), "dtype": "float32",
