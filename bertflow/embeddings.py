@@ -43,7 +43,6 @@ from .files import (
     meta_path,
     read_json,
     refuse_link,
-    same_file,
     sha256_file,
     write_json,
 )
@@ -282,21 +281,16 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
     return meta
 
 
-def check_output(path: str | os.PathLike, inputs: Sequence[str | os.PathLike] = ()) -> Path:
-    """`path` if a `.npy` output may be written there: not one of `inputs` (nor their
-    sidecars), and free or holding a bertflow output with its sidecar (embeddings or
-    transformed vectors). Anything else is the user's and is left alone."""
+def check_output(path: str | os.PathLike) -> Path:
+    """`path` if a `.npy` output may be written there: free or holding a bertflow output with
+    its sidecar (embeddings or transformed vectors). Anything else is the user's and is left
+    alone. (That it is none of a command's inputs is `files.check_outputs`' to check.)"""
     path = Path(path)
     if path.suffix != ".npy":
         raise BertflowError(f"--out {path} must end in .npy")
     if path.is_dir():
         raise BertflowError(f"--out {path} is a folder")
     refuse_link(path)
-    for given in inputs:
-        for a, b in ((path, Path(given)), (meta_path(path), meta_path(given))):
-            if same_file(a, b):
-                raise BertflowError(f"--out {path} is an input of this command; write "
-                                    "elsewhere")
     if path.exists():
         try:
             record = read_json(meta_path(path)).get("format")
