@@ -6,11 +6,12 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from .commands import build_parser as _parser
-from .commands import check_fit_options, flow_options
-from .constants import DEFAULT_POOLING
+from .commands import check_fit_options, check_flow_options, check_no_encoding, flow_options
+from .constants import DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .errors import BertflowError, PeerError, one_line
 
 __all__ = ["build_parser", "main"]
@@ -57,6 +58,35 @@ def _join_processes(args: argparse.Namespace) -> None:
     args.device = distributed.join(args.device)
 
 
+def _check_paths(args: argparse.Namespace, output: str = "out") -> None:
+    """Refuse, before any work, the command's output (the argument `output`) where it is,
+    holds or lies inside one of the command's inputs (`fit` checks its own paths, in
+    `runs.fit_head`)."""
+    from .files import check_outputs
+
+    check_outputs({f"--{output}": getattr(args, output)}, _inputs(args))
+
+
+_INPUTS = {"corpus": "the corpus", "sentences": "the sentences", "embeddings": "--embeddings",
+           "head": "--head", "data": "--data", "encoder": "--encoder"}
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The files and folders a command reads, by how a message names them."""
+    from .cache import EmbeddingCache
+    from .head import ready_heads
+
+    inputs = {name: Path(getattr(args, dest)) for dest, name in _INPUTS.items()
+              if getattr(args, dest, None) is not None}
+    head = inputs.get("--head")
+    if head is not None and not head.exists():
+        inputs["--head"] = ready_heads().get(str(head), head)
+    inputs["--fit-on"] = [p for p in getattr(args, "fit_on", None) or [] if p != "target"]
+    if hasattr(args, "cache") and not getattr(args, "no_cache", False):
+        inputs["the embedding cache"] = EmbeddingCache(args.cache).root
+    return inputs
+
+
 def _encode(args: argparse.Namespace) -> None:
     from . import distributed
     from .cache import EmbeddingCache, encode_to
@@ -64,6 +94,7 @@ def _encode(args: argparse.Namespace) -> None:
     from .embeddings import check_destination
 
     check_destination(args.out)
+    _check_paths(args)
     corpus = Corpus.from_file(args.corpus)
     encoder = _load_encoder(args)
     cache = None if args.no_cache else EmbeddingCache(args.cache)
@@ -104,7 +135,10 @@ def _transform(args: argparse.Namespace) -> None:
     from .files import read_sentences, sha256_file
     from .head import FlowHead
 
-    check_output(args.out, [args.sentences or args.embeddings, *sorted(args.head.glob("*"))])
+    _check_paths(args)
+    check_output(args.out)
+    if args.embeddings is not None:
+        check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
     head = FlowHead.load(args.head)
     if args.sentences is not None:
         z = head.encode(read_sentences(args.sentences), _load_encoder(args, head.encoder),
@@ -123,26 +157,29 @@ def _eval(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
     from .evaluate import evaluate_head, evaluate_method, format_table, undefined_notes
     from .files import write_json
-    from .head import FlowHead
     from .recipes import corpus_note
     from .sts import load_tasks
 
     if args.head is not None and args.fit_on is not None:
         raise BertflowError("--fit-on does not apply to --head: the head is already fit")
-    if args.json is not None and args.json.is_dir():
-        raise BertflowError(f"--json {args.json} is a folder")
+    check_flow_options(args)
+    _check_paths(args, "json")
+    if args.json is not None:
+        _check_rows_destination(args.json)
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
-    head = FlowHead.load(args.head) if args.head is not None else None
+    head = _load_head(args)
     encoder = _load_encoder(args, head.encoder if head is not None else None)
-    common = {"max_length": args.max_length, "batch_size": args.encode_batch_size,
-              "progress": _progress(args)}
+    common = {"max_length": args.max_length or DEFAULT_MAX_LENGTH,
+              "batch_size": args.encode_batch_size, "progress": _progress(args)}
     if head is not None:
         rows = evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
                              name=str(args.head), pooling=args.pooling, **common)
     else:
         fit_on = args.fit_on or ["target"]
+        if (args.method or "flow") == "flow":
+            _check_flow(args, encoder)
         rows = evaluate_method(tasks, missing, args.method or "flow", encoder,
                                EmbeddingCache(args.cache), pooling=args.pooling or
                                DEFAULT_POOLING, fit_on=fit_on, k=args.k,
@@ -166,15 +203,19 @@ def _diagnose(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
     from .diagnose import diagnose
     from .files import read_sentences
-    from .head import FlowHead
 
+    check_flow_options(args)
+    _check_paths(args)
     sentences = read_sentences(args.sentences)
     corpus = read_sentences(args.corpus) if args.corpus else None
-    head = FlowHead.load(args.head) if args.head else None
+    head = _load_head(args)
     encoder = _load_encoder(args, head.encoder if head is not None else None)
+    if head is None:
+        _check_flow(args, encoder)
     paths, before, after = diagnose(
         sentences, args.out, encoder, head=head, pooling=args.pooling,
-        max_length=args.max_length, corpus=corpus, cache=EmbeddingCache(args.cache),
+        max_length=args.max_length or DEFAULT_MAX_LENGTH, corpus=corpus,
+        cache=EmbeddingCache(args.cache),
         recipe=flow_options(args), batch_size=args.encode_batch_size, progress=_progress(args),
         data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
@@ -206,6 +247,7 @@ def _info(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from .head import FlowHead
 
+    _check_paths(args)
     head = FlowHead.load(args.head)
     if args.format == "sentence-transformers":
         from .pipeline import build_pipeline, save_pipeline
@@ -227,20 +269,16 @@ def _export(args: argparse.Namespace) -> None:
 def _index(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
     from .files import read_sentences
-    from .head import FlowHead
     from .retrieval import Index, check_index_destination
 
     check_index_destination(args.out)
-    head = FlowHead.load(args.head) if args.head else None
-    if head is not None and args.pooling not in (None, head.pooling):
-        raise BertflowError(f"--pooling {args.pooling} differs from the head's {head.pooling}")
-    wanted = head.max_length if head is not None else None
-    if args.max_length is not None and wanted is not None and args.max_length != wanted:
-        raise BertflowError(f"--max-length {args.max_length} differs from the head's {wanted}")
+    _check_paths(args)
+    head = _load_head(args)
     items = read_sentences(args.corpus)
     encoder = _load_encoder(args, head.encoder if head is not None else None)
     index = Index.build(items, encoder, head=head, pooling=args.pooling,
-                        max_length=args.max_length or wanted or 128,
+                        max_length=args.max_length or (head.max_length if head else None) or
+                        DEFAULT_MAX_LENGTH,
                         batch_size=args.encode_batch_size, cache=EmbeddingCache(args.cache),
                         kind=args.kind, dims=args.dims, progress=_progress(args))
     if index is None:  # another process of a torchrun job builds it
@@ -269,6 +307,50 @@ def _search(args: argparse.Namespace) -> None:
         width = max((len(str(hit.line)) for hit in hits), default=1)
         for rank, hit in enumerate(hits, 1):
             print(f"  {rank:3d}  {hit.score:.4f}  line {hit.line:<{width}d}  {hit.item}")
+
+
+def _load_head(args: argparse.Namespace) -> Any:
+    """--head, loaded, or None; a --pooling or --max-length given must be the head's."""
+    from .head import FlowHead
+
+    if args.head is None:
+        return None
+    head = FlowHead.load(args.head)
+    for flag, given, recorded in (("--pooling", args.pooling, head.pooling),
+                                  ("--max-length", args.max_length, head.max_length)):
+        if None not in (given, recorded) and given != recorded:
+            raise BertflowError(f"{flag} {given} differs from the head's {recorded}")
+    return head
+
+
+def _check_flow(args: argparse.Namespace, encoder: Any) -> None:
+    """Refuse, before anything is encoded, a flow that cannot be built on the encoder's
+    width."""
+    from .recipes import resolve
+
+    pooling = args.pooling or DEFAULT_POOLING
+    resolve(flow_options(args), pooling).flow.check(encoder.width(pooling))
+
+
+def _check_rows_destination(path: Path) -> None:
+    """--json may replace the rows of an earlier `eval`, but no other file, a folder or a
+    symbolic link."""
+    from .files import refuse_link
+
+    if path.is_dir():
+        raise BertflowError(f"--json {path} is a folder")
+    refuse_link(path)
+    if not path.exists():
+        return
+    try:
+        rows = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        rows = None
+    if not (isinstance(rows, list) and rows and all(
+            isinstance(row, dict) and {"task", "aggregation", "spearman"} <= row.keys()
+            for row in rows)):
+        raise BertflowError(f"--json {path} exists and is not rows written by bertflow eval; "
+                            "not replacing it")
 
 
 def _load_encoder(args: argparse.Namespace, recorded: Any = None) -> Any:

@@ -23,7 +23,8 @@ from .constants import (
     TASKS,
 )
 
-__all__ = ["EXPORT_FORMATS", "build_parser", "check_fit_options", "flow_options"]
+__all__ = ["EXPORT_FORMATS", "build_parser", "check_fit_options", "check_flow_options",
+           "check_no_encoding", "flow_options"]
 
 EXPORT_FORMATS = ("sentence-transformers", "onnx", "torch-export")
 
@@ -80,17 +81,50 @@ def flow_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 _FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
+_FLOW_AND_TRAINING = ("before", "no_standardize", *_FLOW_FIELDS, "seed", "epochs", "batch_size",
+                      "lr", "val_fraction", "patience")
+
+
+def check_flow_options(args: argparse.Namespace) -> None:
+    """Refuse flow and training options where no flow is fit: with --head, or with a method
+    other than the flow."""
+    from .errors import BertflowError
+
+    given = [f"--{name.replace('_', '-')}" for name in _FLOW_AND_TRAINING
+             if getattr(args, name, None) not in (None, False)]
+    if given and getattr(args, "head", None) is not None:
+        raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
+                            f"{args.head}, which is fit already")
+    if given and (getattr(args, "method", None) or "flow") != "flow":
+        raise BertflowError(f"{', '.join(given)} apply to --method flow only")
+
+
+def check_no_encoding(args: argparse.Namespace, why: str,
+                      options: tuple[str, ...] = ("device", "dtype")) -> None:
+    """Refuse --device and --dtype (`options`), given other than their defaults, where no
+    encoder runs at all, as `why` says."""
+    from .errors import BertflowError
+
+    given = [f"--{name} {getattr(args, name)}" for name in options
+             if getattr(args, name) != _DEVICE_DEFAULTS[name]]
+    if given:
+        raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
 
 
 def check_fit_options(args: argparse.Namespace) -> None:
     """Refuse `fit` options that belong to another method, and checkpoint, resume and log
     options that cannot work."""
+    from .distributed import launched
     from .errors import BertflowError
 
     if (args.k is not None and args.method not in ("whitening", "whitening-k")) or (
             args.d is not None and args.method != "abtt"):
         raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
                             "--method abtt")
+    check_flow_options(args)
+    if args.input.suffix == ".npy":  # --device still places --dev-sts, and a torchrun job
+        check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
+                          ("dtype",) if args.dev_sts or launched() else ("device", "dtype"))
     if args.method != "flow":
         flow_only = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--resume",
                      args.resume), ("--logdir", args.logdir), ("--dev-sts", args.dev_sts)) if given]
@@ -139,7 +173,8 @@ def _fit_command(commands: Any) -> argparse.ArgumentParser:
                         "--k components, all-but-the-top (--d directions)")
     _baseline_options(p)
     _encoder_options(p, pooling_default=None,
-                     pooling_help=f"the embeddings' sidecar's, else {DEFAULT_POOLING}")
+                     pooling_help=f"the embeddings' sidecar's, else {DEFAULT_POOLING}",
+                     max_length_help=f"{DEFAULT_MAX_LENGTH}; for a .npy, its sidecar's")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     g = _flow_options(p)
     g.add_argument("--logdir", type=Path, default=None,
@@ -252,14 +287,14 @@ def _index_command(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--head", type=Path, default=None,
                    help="transform with this head (its encoder and pooling); default: raw "
                         "pooled vectors")
-    _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING)
+    _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING,
+                     max_length_help=_HEADS_MAX_LENGTH)
     p.add_argument("--kind", choices=("flat", "hnsw"), default="flat",
                    help="exact inner product or an HNSW graph")
     p.add_argument("--dims", type=_positive, default=None,
                    help="keep this many principal components (smaller index; default: all)")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     _quiet(p)
-    p.set_defaults(max_length=None)  # default: the head's, else 128
     return p
 
 
@@ -300,6 +335,7 @@ _HEAD_HELP = "a head folder, or the name of a ready head (`bertflow info` lists 
 _ENCODER_OF_HEAD = ("encoder folder (default: the one the head records, checked against its "
                     "fingerprint)")
 _HEADS_POOLING = f"the head's, else {DEFAULT_POOLING}"
+_HEADS_MAX_LENGTH = f"the head's, else {DEFAULT_MAX_LENGTH}"
 _CACHE_HELP = "embedding cache folder (default: $BERTFLOW_CACHE, else ~/.cache/bertflow)"
 
 
@@ -324,7 +360,8 @@ def _baseline_options(p: argparse.ArgumentParser) -> None:
 def _head_or_flow_options(p: argparse.ArgumentParser) -> None:
     """The encoder (the head's by default), the cache, and the flow fit where no head is
     given."""
-    _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING)
+    _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING,
+                     max_length_help=_HEADS_MAX_LENGTH)
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     _quiet(_flow_options(p))
 
@@ -333,7 +370,10 @@ def _encoder_options(
     p: argparse.ArgumentParser,
     pooling_default: str | None = DEFAULT_POOLING,
     pooling_help: str | None = None,
+    max_length_help: str | None = None,
 ) -> None:
+    """The encoder's options; with `max_length_help`, --max-length defaults to None, which
+    that text explains."""
     p.add_argument("--encoder", default=None,
                    help=f"Hugging Face encoder folder (default: {DEFAULT_ENCODER_NAME}, which "
                         "comes with bertflow)")
@@ -342,18 +382,23 @@ def _encoder_options(
         help="how token states become one vector" + (
             "" if pooling_default else f" (default: {pooling_help or DEFAULT_POOLING})"),
     )
-    p.add_argument("--max-length", type=_max_length, default=DEFAULT_MAX_LENGTH,
-                   help="tokens per sentence; longer sentences are truncated")
+    p.add_argument("--max-length", type=_max_length,
+                   default=None if max_length_help else DEFAULT_MAX_LENGTH,
+                   help="tokens per sentence; longer sentences are truncated" + (
+                       f" (default: {max_length_help})" if max_length_help else ""))
     p.add_argument("--encode-batch-size", dest="encode_batch_size", type=_positive,
                    default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
     _device_options(p)
 
 
 def _device_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto",
+    p.add_argument("--device", default=_DEVICE_DEFAULTS["device"],
                    help="auto (CUDA when present), cpu, cuda or cuda:N")
-    p.add_argument("--dtype", choices=DTYPES, default="float32",
+    p.add_argument("--dtype", choices=DTYPES, default=_DEVICE_DEFAULTS["dtype"],
                    help="precision of the encoder (embeddings and files stay float32)")
+
+
+_DEVICE_DEFAULTS = {"device": "auto", "dtype": "float32"}
 
 
 def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -363,13 +408,13 @@ def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    help="what comes before the flow: per-feature standardisation, full "
                         "whitening, or nothing")
     g.add_argument("--no-standardize", action="store_true", help="the same as --before none")
-    g.add_argument("--levels", type=_positive, default=None,
+    g.add_argument("--levels", type=_ceiling("levels"), default=None,
                    help="levels of the multi-scale Glow (half the features leave after each)")
-    g.add_argument("--depth", type=_positive, default=None,
+    g.add_argument("--depth", type=_ceiling("depth"), default=None,
                    help="steps per level (ActNorm, mixing, coupling)")
     g.add_argument("--coupling", choices=("additive", "affine"), default=None,
                    help="coupling layer")
-    g.add_argument("--hidden", type=_positive, default=None, help="conditioner width")
+    g.add_argument("--hidden", type=_ceiling("hidden"), default=None, help="conditioner width")
     g.add_argument("--linear", choices=("reverse", "lu"), default=None,
                    help="mixing layer: fixed reversal (as released) or learned LU")
     g = p.add_argument_group("training")
@@ -413,6 +458,16 @@ def _natural(text: str) -> int:
 
 def _max_length(text: str) -> int:
     return _integer(text, 2)
+
+
+def _ceiling(name: str) -> Callable[[str], int]:
+    """The type of a flow architecture option: a positive integer up to its ceiling."""
+    from .config import FLOW_CEILINGS
+
+    def parse(text: str) -> int:
+        return _integer(text, 1, FLOW_CEILINGS[name] + 1)
+
+    return parse
 
 
 def _seed(text: str) -> int:

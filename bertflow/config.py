@@ -1,5 +1,7 @@
 """What the configuration dataclasses (`FlowConfig`, `TrainConfig`) share: a round trip
-through a plain dict, as saved in a head's config.json and in a checkpoint."""
+through a plain dict, as saved in a head's config.json and in a checkpoint; and the ceilings of
+a flow's architecture, here so that the command line checks them when it parses its options
+without importing torch."""
 
 from __future__ import annotations
 
@@ -8,9 +10,14 @@ from typing import Any, ClassVar, TypeVar
 
 from .errors import BertflowError
 
-__all__ = ["DictConfig"]
+__all__ = ["FLOW_CEILINGS", "MAX_FLOW_PARAMETERS", "DictConfig"]
 
 C = TypeVar("C", bound="DictConfig")
+
+# The largest levels, depth (steps per level) and hidden (conditioner width) of a flow, and
+# its most parameters (1 GiB of float32 weights; training holds four times that).
+FLOW_CEILINGS = {"levels": 16, "depth": 256, "hidden": 16384}
+MAX_FLOW_PARAMETERS = 2**28
 
 
 class DictConfig:

@@ -109,6 +109,7 @@ def diagnose(
     (`method_points`, the methods fit on `sentences`), which `say` reports; without it that plot
     is left out, and `say` says so. Returns the plots and the isotropy measures before and
     after."""
+    PLOTS_FOLDER.check_destination(out)  # before any work, and again when writing
     stsb = None if data is None else list(read_stsb_splits(Path(data) / "STSBenchmark",
                                                            STSB_SPLITS).values())
     if head is not None:

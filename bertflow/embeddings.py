@@ -47,7 +47,6 @@ from .files import (
     read_json,
     refuse_link,
     remove_stale_temporaries,
-    same_file,
     sha256_file,
     write_json,
 )
@@ -275,8 +274,9 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
     path = Path(path)
     z = np.ascontiguousarray(z, dtype=np.float32)
     with atomic_file(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, z)
+        with open(tmp, "wb") as f:  # not np.save, whose short write loses the error's errno
+            np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(z))
+            f.write(memoryview(z).cast("B"))
         digest = sha256_file(tmp)
     meta = {"format": TRANSFORMED, "format_version": 1, "head": head, "source": source,
             "count": int(z.shape[0]), "dim": int(z.shape[1]), "dtype": "float32",
@@ -285,21 +285,16 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
     return meta
 
 
-def check_output(path: str | os.PathLike, inputs: Sequence[str | os.PathLike] = ()) -> Path:
-    """`path` if a `.npy` output may be written there: not one of `inputs` (nor their
-    sidecars), and free or holding a bertflow output with its sidecar (embeddings or
-    transformed vectors). Anything else is the user's and is left alone."""
+def check_output(path: str | os.PathLike) -> Path:
+    """`path` if a `.npy` output may be written there: free or holding a bertflow output with
+    its sidecar (embeddings or transformed vectors). Anything else is the user's and is left
+    alone. (That it is none of a command's inputs is `files.check_outputs`' to check.)"""
     path = Path(path)
     if path.suffix != ".npy":
         raise BertflowError(f"--out {path} must end in .npy")
     if path.is_dir():
         raise BertflowError(f"--out {path} is a folder")
     refuse_link(path)
-    for given in inputs:
-        for a, b in ((path, Path(given)), (meta_path(path), meta_path(given))):
-            if same_file(a, b):
-                raise BertflowError(f"--out {path} is an input of this command; write "
-                                    "elsewhere")
     if path.exists():
         try:
             record = read_json(meta_path(path)).get("format")

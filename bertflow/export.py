@@ -8,6 +8,7 @@ bertflow or nflows. Both have a dynamic batch dimension.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -49,8 +50,10 @@ def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
     """Write the head as a `torch.export` program: `torch.export.load(path).module()(x)`."""
     path = _check_out(path, ".pt2")
     program = _program(head)
+    buffer = io.BytesIO()  # torch's writer aborts the process on a failed write: none to file
+    torch.export.save(program, buffer)
     with atomic_file(path, suffix=".tmp.pt2") as tmp:
-        torch.export.save(program, str(tmp))
+        tmp.write_bytes(buffer.getbuffer())
     return path
 
 

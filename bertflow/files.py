@@ -12,7 +12,7 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ __all__ = [
     "atomic_directory",
     "atomic_file",
     "check_finite",
+    "check_outputs",
     "disk_error",
     "fsync",
     "iter_sentences",
@@ -347,3 +348,50 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def check_outputs(outputs: Mapping[str, str | os.PathLike | None],
+                  inputs: Mapping[str, Any]) -> None:
+    """Refuse, in one line naming both, an output that is one of `inputs` (the same path, or
+    the same file through a hard or symbolic link), lies inside one that is a folder, or is a
+    folder that holds one; and two outputs that overlap so. Outputs and inputs are named by
+    their option or role (``--out``, ``the corpus``); an input may be a list of paths (all
+    named alike); a `.npy` stands with its sidecar; None is left out. Checked before any work,
+    so that no command writes over what it reads."""
+    given_outputs, given_inputs = _with_sidecars(outputs), _with_sidecars(inputs)
+    for i, (flag, out) in enumerate(given_outputs):
+        others = [(name, path, "an input") for name, path in given_inputs]
+        others += [(name, path, "another output") for name, path in given_outputs[i + 1:]]
+        for name, other, role in others:
+            relation = _overlap(out, other)
+            if relation is not None:
+                raise BertflowError(f"{flag} {out} {relation} {role} of this command ({name} "
+                                    f"{other}); give {flag} a path of its own")
+
+
+def _with_sidecars(paths: Mapping[str, Any]) -> list[tuple[str, Path]]:
+    """(name, path) of each path given, several under one name where a list is given, and
+    the sidecar of each `.npy`."""
+    named = [(name, Path(path)) for name, value in paths.items() if value is not None
+             for path in (value if isinstance(value, (list, tuple)) else [value])]
+    return [*named, *((f"{name}'s sidecar", meta_path(path)) for name, path in named
+                      if path.suffix == ".npy")]
+
+
+def _overlap(a: Path, b: Path) -> str | None:
+    """How path `a` overlaps path `b`: it "is" `b`, "is inside" it, or "holds" it; else None."""
+    if same_file(a, b):
+        return "is"
+    a, b = _resolved(a), _resolved(b)
+    if b in a.parents:
+        return "is inside"
+    if a in b.parents:
+        return "holds"
+    return None
+
+
+def _resolved(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):  # a loop of symbolic links
+        return path.absolute()

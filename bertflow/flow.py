@@ -22,7 +22,7 @@ from nflows.transforms import (
 )
 from torch import Tensor, nn
 
-from .config import DictConfig
+from .config import FLOW_CEILINGS, MAX_FLOW_PARAMETERS, DictConfig
 from .errors import BertflowError
 
 __all__ = [
@@ -193,6 +193,9 @@ class FlowConfig(DictConfig):
     and what a saved head without this key means. With reversal mixing and depth 3, each
     feature of the second half has passed through 2 couplings of the level, of the first half
     through 1.
+
+    `levels`, `depth` and `hidden` are at most `config.FLOW_CEILINGS`; `check` refuses a config
+    that cannot be built on a given width (before any data is embedded, where it is known).
     """
 
     KIND = "flow config"
@@ -205,10 +208,12 @@ class FlowConfig(DictConfig):
     factor_out: str = "second"
 
     def __post_init__(self) -> None:
-        for name in ("levels", "depth", "hidden"):
+        for name, ceiling in FLOW_CEILINGS.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise BertflowError(f"{name} must be a positive integer, got {value!r}")
+            if value > ceiling:
+                raise BertflowError(f"{name} must be at most {ceiling}, got {value}")
         if self.linear == "reverse" and self.depth < 2:
             raise BertflowError("reversal mixing needs depth ≥ 2 (or use linear='lu')")
         if self.coupling not in ("additive", "affine"):
@@ -218,6 +223,35 @@ class FlowConfig(DictConfig):
         if self.factor_out not in ("first", "second"):
             raise BertflowError(
                 f"factor_out must be 'first' or 'second', not {self.factor_out!r}")
+
+    def check(self, features: int) -> None:
+        """Refuse this flow on `features`-d vectors where it cannot be built: levels that
+        would halve them below 2 features, or more than `MAX_FLOW_PARAMETERS` parameters."""
+        if features >> (self.levels - 1) < 2:
+            raise BertflowError(f"{self.levels} levels halve {features} features below 2; "
+                                "use fewer levels")
+        count = self.parameters(features)
+        if count > MAX_FLOW_PARAMETERS:
+            raise BertflowError(
+                f"a flow of {self.levels} levels × {self.depth} steps, hidden width "
+                f"{self.hidden}, on {features} features has {count:,} parameters, more than "
+                f"{MAX_FLOW_PARAMETERS:,}; use fewer levels or steps, or a narrower hidden "
+                "width")
+
+    def parameters(self, features: int) -> int:
+        """How many parameters the `Glow` of this config has on `features`-d vectors,
+        computed without building it (to within one conditioner output per step of an odd
+        width with learned mixing, whose couplings alternate between the two halves)."""
+        width = 2 if self.coupling == "affine" else 1  # conditioner outputs per feature
+        total = 0
+        for level in range(self.levels):
+            n = features >> level
+            kept, changed = n // 2, n - n // 2
+            mixing = 2 * n * n + n if self.linear == "lu" else 0
+            conditioner = (kept + 1) * self.hidden + (self.hidden + 1) * self.hidden \
+                + (self.hidden + 1) * changed * width
+            total += self.depth * (2 * n + mixing + conditioner)
+        return total
 
 
 
@@ -237,11 +271,7 @@ class Glow(Flow):
 
     def __init__(self, features: int, config: FlowConfig | None = None):
         config = config or FlowConfig()
-        smallest = features >> (config.levels - 1)
-        if smallest < 2:
-            raise BertflowError(
-                f"{config.levels} levels halve {features} features below 2; use fewer levels"
-            )
+        config.check(features)
         if config.levels == 1:
             transform = _level(features, config)
         else:

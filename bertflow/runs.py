@@ -2,9 +2,10 @@
 resumable from a checkpoint file, logged to TensorBoard, scored on STS-B dev after each epoch.
 
 `FitJob` says what to fit and where everything lives; `fit_head` runs it. The files a run
-touches are checked before any work: the head folder, the checkpoint (never an input or an
-output of the run, nor someone else's file), the log folder (a new subfolder per run, removed
-again when the run fails and cannot be resumed).
+touches are checked before any work: the head folder, the checkpoint and the log folder
+(none of them an input of the run or inside one, nor inside one another; the checkpoint never
+someone else's file; the log folder gets a new subfolder per run, removed again when the run
+fails and cannot be resumed).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import itertools
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -26,8 +27,11 @@ from .constants import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_POOLING,
 )
+from .corpus import Corpus
+from .embeddings import EmbeddingFile
+from .encoder import Encoder
 from .errors import BertflowError, first_line
-from .files import meta_path, same_file
+from .files import check_outputs
 from .head import FlowHead, check_destination, nll_text
 from .recipes import Recipe, resolve
 from .train import Checkpoint, TrainState, log_hparams, open_checkpoint
@@ -40,8 +44,9 @@ Say = Callable[[str], None]
 @dataclass(frozen=True)
 class FitJob:
     """What `bertflow fit` fits and where: the embeddings of `source` (a text file, encoded
-    with `encoder`, `pooling` and `max_length` through the embedding `cache`, or a `.npy` from
-    `bertflow encode`), into the head folder `out`, by `method` (``flow``, or a closed-form
+    with `encoder`, `pooling` and `max_length` (default 128) on `device` in `dtype` through the
+    embedding `cache`, or a `.npy` from `bertflow encode`, whose sidecar a `max_length` given
+    must agree with), into the head folder `out`, by `method` (``flow``, or a closed-form
     baseline: ``whitening``, ``whitening-k`` keeping `k` components, ``abtt`` removing `d`
     directions). A flow is fit by `recipe`: a `Recipe`, or (a dict, by default empty) the
     changes to make to the recommended recipe of the embeddings' pooling (`Recipe.updated`),
@@ -57,7 +62,7 @@ class FitJob:
     recipe: Recipe | dict[str, Any] = field(default_factory=dict)
     encoder: str | None = None
     pooling: str | None = None
-    max_length: int = DEFAULT_MAX_LENGTH
+    max_length: int | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
     device: str = "auto"
     dtype: str = "float32"
@@ -82,21 +87,18 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     shows bars where they help (None), always (True) or never (False). Under torchrun every
     process calls it and only the first gets the result (the others None)."""
     say = say if distributed.is_main() else None
+    job, check_width = _checked(job)
     if job.method != "flow":
         return _fit_linear(job, progress)
-    check_destination(job.out)
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
     saved = None
     if job.checkpoint is not None:
-        _check_checkpoint_path(job.checkpoint, _fit_paths(job))
         saved = open_checkpoint(job.checkpoint, keep=not job.resume)
-    x, origin = _embeddings(job, progress)
-    job = replace(job, recipe=resolve(job.recipe, origin["pooling"] or DEFAULT_POOLING))
+    x, origin = _embeddings(job, progress, check_width)
     if job.checkpoint is not None and isinstance(getattr(x, "path", None), Path):
         # the file actually read, known only now: a hard link to a cached file is outside the
         # cache folder checked above
-        _check_checkpoint_path(job.checkpoint, [("the embeddings file", x.path, False),
-                                                ("its sidecar", meta_path(x.path), False)])
+        check_outputs({"--checkpoint": job.checkpoint}, {"the embeddings file": x.path})
     run = _run_record(job, origin)
     state = _state_to_resume(job, saved, run, say)
     measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
@@ -105,7 +107,6 @@ def fit_head(job: FitJob, *, say: Say | None = None,
 
 
 def _fit_linear(job: FitJob, progress: bool | None) -> FittedHead | None:
-    check_destination(job.out)
     x, origin = _embeddings(job, progress)
     if not distributed.is_main():
         return None
@@ -116,11 +117,68 @@ def _fit_linear(job: FitJob, progress: bool | None) -> FittedHead | None:
     return FittedHead(head, None)
 
 
-def _embeddings(job: FitJob, progress: bool | None) -> tuple[Any, dict[str, Any]]:
+def _checked(job: FitJob) -> tuple[FitJob, Callable[[int], None] | None]:
+    """Refuse, before any work, what cannot be done: a head folder that may not be replaced,
+    an output that overlaps an input or another output (`check_outputs`), a --max-length
+    other than the embeddings file's, and a flow that cannot be built on the embeddings' width
+    (here for a `.npy`; for a corpus, by the check returned, once the encoder is loaded). The
+    job comes back with its recipe resolved."""
+    check_destination(job.out)
+    check_outputs({"--checkpoint": job.checkpoint, "--logdir": job.logdir, "--out": job.out},
+                  _fit_inputs(job))
+    if job.checkpoint is not None and job.checkpoint.is_symlink():
+        raise BertflowError(f"--checkpoint {job.checkpoint} is a symbolic link; give the path "
+                            "it points to")
+    if job.source.suffix != ".npy":
+        pooling, width = job.pooling or DEFAULT_POOLING, None
+    else:
+        with EmbeddingFile(job.source) as file:
+            meta, width = file.meta, file.dim
+        if meta is not None and job.max_length not in (None, meta["max_length"]):
+            raise BertflowError(f"--max-length {job.max_length} differs from the "
+                                f"{meta['max_length']} that {job.source} was encoded with")
+        pooling = meta["pooling"] if meta is not None else job.pooling or DEFAULT_POOLING
+    if job.method != "flow":
+        return job, None
+    job = replace(job, recipe=resolve(job.recipe, pooling))
+    if width is None:
+        return job, job.recipe.flow.check
+    job.recipe.flow.check(width)
+    return job, None
+
+
+def _fit_inputs(job: FitJob) -> dict[str, Path | None]:
+    """What a fit reads, by how a message names it."""
+    encodes = job.source.suffix != ".npy" or job.dev_sts is not None
+    return {"the input": job.source,
+            "the embedding cache": EmbeddingCache(job.cache).root if encodes else None,
+            "--encoder": Path(job.encoder) if job.encoder is not None else None,
+            "--dev-sts": job.dev_sts}
+
+
+def _embeddings(job: FitJob, progress: bool | None,
+                check: Callable[[int], None] | None = None) -> tuple[Any, dict[str, Any]]:
+    """The embeddings to fit; `check` sees their width before a corpus is encoded."""
+    cache = EmbeddingCache(job.cache) if check is None else _CheckingCache(job.cache, check)
     return training_embeddings(job.source, encoder=job.encoder, pooling=job.pooling,
-                               max_length=job.max_length, batch_size=job.batch_size,
-                               cache=EmbeddingCache(job.cache), device=job.device,
+                               max_length=job.max_length or DEFAULT_MAX_LENGTH,
+                               batch_size=job.batch_size, cache=cache, device=job.device,
                                dtype=job.dtype, progress=progress)
+
+
+class _CheckingCache(EmbeddingCache):
+    """The embedding cache, showing `check` the width of the embeddings asked for before it
+    encodes anything."""
+
+    def __init__(self, root: Path | None, check: Callable[[int], None]):
+        super().__init__(root)
+        self.check = check
+
+    def files(self, corpus: Corpus, encoder: Encoder, pooling: str | Sequence[str],
+              *args: Any, **kwargs: Any) -> dict[str, EmbeddingFile]:
+        for name in [pooling] if isinstance(pooling, str) else pooling:
+            self.check(encoder.width(name))
+        return super().files(corpus, encoder, pooling, *args, **kwargs)
 
 
 def _run_record(job: FitJob, origin: dict[str, Any]) -> dict[str, Any]:
@@ -332,10 +390,6 @@ def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
     if job.encoder is None and made_by.name != DEFAULT_ENCODER_NAME:
         raise BertflowError(f"--dev-sts needs the encoder that made {job.source} "
                             f"({made_by.name}); pass --encoder with its folder")
-    if job.checkpoint is not None:
-        _check_checkpoint_path(job.checkpoint, [
-            ("the embedding cache", EmbeddingCache(job.cache).root, True),
-            ("the --dev-sts folder", job.dev_sts, True)])
     precision = (getattr(x, "meta", None) or {}).get("precision") or job.dtype
     encoder = origin.get("loaded") or load_encoder(job.encoder, job.device, precision)
     if encoder.id.fingerprint != made_by.fingerprint:
@@ -352,33 +406,3 @@ def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
         return {"dev_spearman": math.nan if value is None else value}
 
     return measure
-
-
-def _fit_paths(job: FitJob) -> list[tuple[str, Path, bool]]:
-    """What a fit reads and writes besides its checkpoint: (what, path, whether a folder)."""
-    paths = [("the input", job.source, False), ("the --out folder", job.out, True)]
-    if job.source.suffix == ".npy":
-        paths.append(("the input's sidecar", meta_path(job.source), False))
-    else:
-        paths.append(("the embedding cache", EmbeddingCache(job.cache).root, True))
-    if job.logdir is not None:
-        paths.append(("the --logdir folder", job.logdir, True))
-    if job.encoder is not None and Path(job.encoder).is_dir():
-        paths.append(("the encoder folder", Path(job.encoder), True))
-    return paths
-
-
-def _check_checkpoint_path(checkpoint: Path, paths: list[tuple[str, Path, bool]]) -> None:
-    """Refuse a checkpoint that is one of `paths`, inside one that is a folder, or above one
-    (compared resolved, and by inode where both exist: symbolic and hard links), or a link."""
-    for what, path, folder in paths:
-        if same_file(checkpoint, path):
-            raise BertflowError(f"--checkpoint {checkpoint} is {what}; give it a path of its own")
-        inside = folder and path.resolve() in checkpoint.resolve().parents
-        if inside or checkpoint.resolve() in path.resolve().parents:
-            where = "inside" if inside else "a folder above"
-            raise BertflowError(f"--checkpoint {checkpoint} is {where} {what} {path}; "
-                                "give it a path of its own")
-    if checkpoint.is_symlink():
-        raise BertflowError(f"--checkpoint {checkpoint} is a symbolic link; give the path it "
-                            "points to")

@@ -376,7 +376,7 @@ def test_help_is_fast_shows_defaults_and_every_option_has_a_meaning():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env)
     assert done.stdout.strip().endswith("False False"), done.stdout[-500:] + done.stderr
-    assert "(default: 128)" in done.stdout and "(default: 0)" in done.stdout  # max length, seed
+    assert "(default: 128" in done.stdout and "(default: 0)" in done.stdout  # max length, seed
 
     from bertflow.cli import build_parser
 
@@ -537,3 +537,71 @@ def test_whitening_on_fewer_rows_than_dimensions_is_refused(tmp_path, capsys, co
     for options in (["--method", "whitening"], ["--before", "whiten"]):
         assert_refused(capsys, ["fit", few, "--out", tmp_path / "h", *options, *common],
                        "to 16 components needs at least 17 rows, got 10", tmp_path / "h")
+
+
+# Options that cannot apply are refused, before an encoder is loaded --------------------------
+
+@pytest.fixture
+def inputs(tmp_path, capsys, corpus_file, tiny_encoder_dir, tiny_encoder):
+    """Embeddings with their sidecar (max length 128), a head (max length 32) and a data
+    folder; then loading any encoder fails the test."""
+    from .conftest import fit_tiny_head
+    from .test_sts import write_stsb
+
+    emb = tmp_path / "emb.npy"
+    assert run(capsys, "encode", corpus_file, "--out", emb, "--encoder", tiny_encoder_dir,
+               "--pooling", "cls", "--cache", tmp_path / "cache")[0] == 0
+    fit_tiny_head(tiny_encoder, "cls").save(tmp_path / "head")
+    write_stsb(tmp_path / "data" / "STSBenchmark", rows_per_split=6)
+    return {"emb": emb, "head": tmp_path / "head", "data": tmp_path / "data",
+            "corpus": corpus_file}
+
+
+@pytest.fixture
+def no_encoder(monkeypatch):
+    import bertflow.cache
+    import bertflow.encoder
+
+    def fail(*args, **kwargs):
+        raise AssertionError("an encoder was loaded")
+
+    monkeypatch.setattr(bertflow.encoder, "load_encoder", fail)
+    monkeypatch.setattr(bertflow.cache, "load_encoder", fail)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["fit", "{emb}", "--device", "cuda"],
+     "--device cuda cannot apply: {emb} holds embeddings, encoded already"),
+    (["fit", "{emb}", "--dtype", "float16"], "--dtype float16 cannot apply"),
+    (["fit", "{emb}", "--device", "cpu", "--dtype", "bfloat16", "--method", "whitening"],
+     "--device cpu and --dtype bfloat16 cannot apply"),
+    (["fit", "{emb}", "--max-length", "64"],
+     "--max-length 64 differs from the 128 that {emb} was encoded with"),
+    (["fit", "{emb}", "--method", "whitening", "--lr", "0.5", "--epochs", "9"],
+     "--epochs, --lr apply to --method flow only"),
+    (["fit", "{emb}", "--method", "abtt", "--no-standardize", "--seed", "3"],
+     "--no-standardize, --seed apply to --method flow only"),
+    (["transform", "--head", "{head}", "--embeddings", "{emb}", "--dtype", "bfloat16"],
+     "--dtype bfloat16 cannot apply: --embeddings {emb} are transformed as they are"),
+    (["transform", "--head", "{head}", "--embeddings", "{emb}", "--device", "cuda"],
+     "--device cuda cannot apply"),
+    (["eval", "--data", "{data}", "--head", "{head}", "--levels", "2"],
+     "--levels apply to a flow fit here, not to --head {head}"),
+    (["eval", "--data", "{data}", "--method", "whitening", "--lr", "0.1", "--before", "whiten"],
+     "--before, --lr apply to --method flow only"),
+    (["eval", "--data", "{data}", "--head", "{head}", "--max-length", "64"],
+     "--max-length 64 differs from the head's 32"),
+    (["diagnose", "{corpus}", "--head", "{head}", "--depth", "3"],
+     "--depth apply to a flow fit here"),
+    (["diagnose", "{corpus}", "--head", "{head}", "--max-length", "64"],
+     "--max-length 64 differs from the head's 32"),
+])
+def test_options_that_cannot_apply_are_refused(tmp_path, capsys, inputs, no_encoder, args,
+                                               message):
+    out = tmp_path / "out"
+    outputs = {"fit": ["--out", out], "transform": ["--out", tmp_path / "z.npy"],
+               "eval": ["--json", tmp_path / "rows.json"], "diagnose": ["--out", out]}
+    args = [a.format(**inputs) for a in args] + outputs[args[0]] + ["--quiet"] * (
+        args[0] != "transform")
+    assert_refused(capsys, args, message.format(**inputs), out)
+    assert not (tmp_path / "z.npy").exists() and not (tmp_path / "rows.json").exists()

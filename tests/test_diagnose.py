@@ -80,9 +80,10 @@ def test_diagnose_with_a_head_and_refusals(tmp_path, capsys, corpus_file, tiny_e
                  "--quiet"]) == 0
     assert "alignment_uniformity.png left out: it needs STS-B" in capsys.readouterr().out
     check_pngs(out, [p for p in PLOTS if p != "alignment_uniformity.png"])
+    (tmp_path / "no-sts").mkdir()
     code = main(["diagnose", str(corpus_file), "--out", str(tmp_path / "p3"), "--head",
-                 str(head), "--encoder", str(tiny_encoder_dir), "--data", str(tmp_path),
-                 "--quiet"])
+                 str(head), "--encoder", str(tiny_encoder_dir), "--data",
+                 str(tmp_path / "no-sts"), "--quiet"])
     assert code == 1 and "STSBenchmark/sts-dev.csv" in capsys.readouterr().err
     assert not (tmp_path / "p3").exists()
     code = main(["diagnose", str(corpus_file), "--out", str(tmp_path / "p2"), "--head",

@@ -132,3 +132,22 @@ def test_a_head_whitened_before_its_flow_exports_to_onnx(tmp_path):
     name = session.get_inputs()[0].name
     got = session.run(None, {name: x[:7]})[0]
     np.testing.assert_allclose(got, head.transform(x[:7]), atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt, name", [("torch-export", "h.pt2"), ("onnx", "h.onnx")])
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, head, fmt, name):
+    from .test_outputs import run_limited
+
+    head.save(tmp_path / "head")
+    done = run_limited(8, "export", "--head", "head", "--format", fmt, "--out", name,
+                       cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0] == f"bertflow: error: file too large (a file size limit) while writing {name}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head"]
+    assert main(["export", "--head", str(tmp_path / "head"), "--format", fmt, "--out",
+                 str(tmp_path / name)]) == 0
+    first = (tmp_path / name).read_bytes()
+    assert main(["export", "--head", str(tmp_path / "head"), "--format", fmt, "--out",
+                 str(tmp_path / name)]) == 0
+    assert (tmp_path / name).read_bytes() == first  # the same bytes each time

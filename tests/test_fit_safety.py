@@ -302,6 +302,10 @@ def test_fit_on_a_constant_npy_or_a_corpus_of_one_sentence_says_so(
         ("eval", "--epochs", "0"),
         ("diagnose", "--encode-batch-size", "-2"),
         ("diagnose", "--levels", "0"),
+        ("fit", "--depth", "1000000000"),
+        ("fit", "--levels", "17"),
+        ("eval", "--hidden", "100000"),
+        ("diagnose", "--depth", "257"),
         ("index", "--encode-batch-size", "0"),
         ("index", "--max-length", "0"),
         ("index", "--dims", "0"),
@@ -349,3 +353,32 @@ def test_config_from_dict_refuses_unknown_keys_and_reads_an_old_head():
     assert config["training"]["config"].items() <= train.to_dict().items()
     legacy = {**config["flow"], "factor_out": "first"}  # saved before factor_out existed
     assert FlowConfig.from_dict(legacy).to_dict() == legacy
+
+
+def test_a_flow_too_large_for_the_width_is_refused_before_encoding(
+    tmp_path, capsys, npy, corpus_file, tiny_encoder_dir, monkeypatch, no_training
+):
+    import bertflow.cache
+
+    def fail(*args, **kwargs):
+        raise AssertionError("encoding started")
+
+    monkeypatch.setattr(bertflow.cache, "write_embeddings", fail)
+    data = tmp_path / "data"
+    from .test_sts import write_stsb
+
+    write_stsb(data / "STSBenchmark", rows_per_split=6)
+    common = ["--encoder", tiny_encoder_dir, "--cache", tmp_path / "cache", "--quiet"]
+    for args, message in [
+        (["fit", npy, "--pooling", "cls", "--out", tmp_path / "h", "--levels", "5"],
+         "5 levels halve 16 features below 2"),
+        (["fit", corpus_file, "--out", tmp_path / "h", "--levels", "5", *common],
+         "5 levels halve 16 features below 2"),
+        (["fit", corpus_file, "--out", tmp_path / "h", "--hidden", "16384", "--depth", "2",
+          *common], "parameters, more than 268,435,456"),
+        (["eval", "--data", data, "--levels", "5", *common], "5 levels halve 16 features"),
+        (["diagnose", corpus_file, "--out", tmp_path / "p", "--depth", "256", "--hidden",
+          "8192", *common], "parameters, more than"),
+    ]:
+        refused(capsys, args, message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "data", "x.npy"]

@@ -256,3 +256,25 @@ def test_log_likelihood_is_the_base_density_plus_the_log_det():
     base = torch.distributions.Normal(0.0, 1.0).log_prob(z).sum(-1)
     assert torch.allclose(log_likelihood(z, log_det), base + log_det, atol=1e-6)
     assert bits_per_dim(3 * math.log(2), 3) == pytest.approx(1.0)
+
+
+def test_the_architecture_has_ceilings_checked_without_building_the_flow(monkeypatch):
+    for name, value in (("levels", 17), ("depth", 10**9), ("hidden", 10**6)):
+        with pytest.raises(BertflowError, match=f"{name} must be at most"):
+            FlowConfig(**{name: value})
+    FlowConfig(levels=16, depth=256, hidden=16384)  # the ceilings themselves are allowed
+    with pytest.raises(BertflowError, match="10 levels halve 384 features below 2"):
+        FlowConfig(levels=10).check(384)
+    FlowConfig(levels=8).check(384)
+    monkeypatch.setattr("bertflow.flow._level", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(BertflowError, match="parameters, more than 268,435,456"):
+        Glow(1024, FlowConfig(hidden=16384, depth=8))
+
+
+@pytest.mark.parametrize("features", [8, 16, 384])
+@pytest.mark.parametrize("coupling", ["additive", "affine"])
+@pytest.mark.parametrize("linear", ["lu", "reverse"])
+def test_the_parameter_count_is_the_built_flows(features, coupling, linear):
+    config = FlowConfig(levels=2, depth=2, hidden=24, coupling=coupling, linear=linear)
+    glow = Glow(features, config)
+    assert config.parameters(features) == sum(p.numel() for p in glow.parameters())

@@ -1,0 +1,177 @@
+"""No command writes over what it reads: every output is checked against every input (the file,
+its sidecar, a file inside an input folder, a hard or symbolic link to an input) before any
+work; and a full disk while writing an output is one line."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertflow.cli import main
+
+from .conftest import REPO, fit_tiny_head
+from .test_sts import write_stsb
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_encoder_dir, tiny_encoder):
+    """A folder of inputs: an encoder, a corpus, its embeddings, a head, an STS data folder, a
+    folder holding sentences, a cache, and links to some of them."""
+    root = tmp_path_factory.mktemp("world")
+    shutil.copytree(tiny_encoder_dir, root / "enc")
+    corpus = root / "corpus.txt"
+    corpus.write_text("a man plays the guitar\nthe dog runs in the park\na green house\n")
+    code = main(["encode", str(corpus), "--out", str(root / "emb.npy"), "--encoder",
+                 str(root / "enc"), "--pooling", "cls", "--cache", str(root / "cache")])
+    assert code == 0
+    fit_tiny_head(tiny_encoder, "cls").save(root / "head")
+    write_stsb(root / "data" / "STSBenchmark", rows_per_split=6)
+    (root / "d").mkdir()
+    (root / "d" / "s.txt").write_text("a big red car\nmusic\n")
+    (root / "lines.meta.json").write_text("a cat sleeps\na dog runs\n")
+    for name in ("corpus-link.npy", "corpus-link.json"):
+        (root / name).symlink_to("corpus.txt")
+    for name in ("corpus-hard.npy", "corpus-hard.json"):
+        os.link(corpus, root / name)
+    os.link(root / "emb.npy", root / "emb-hard.npy")
+    (root / "side.meta.json").symlink_to("emb.meta.json")
+    (root / "head-link").symlink_to("head")
+    return root
+
+
+@pytest.fixture
+def no_encoding(monkeypatch):
+    """Encoding anything fails the test: the refusals come before it."""
+    import bertflow.cache
+    import bertflow.encoder
+
+    def fail(*args, **kwargs):
+        raise AssertionError("encoding started")
+
+    monkeypatch.setattr(bertflow.cache, "write_embeddings", fail)
+    monkeypatch.setattr(bertflow.encoder.Encoder, "encode", fail)
+
+
+ENC = ["--encoder", "enc"]
+INPUT = "an input of this command"
+CASES = [
+    (["encode", "corpus.txt", "--out", "enc/x.npy", *ENC],
+     f"--out enc/x.npy is inside {INPUT} (--encoder enc)"),
+    (["encode", "corpus.txt", "--out", "cache/x.npy", "--cache", "cache", *ENC],
+     f"is inside {INPUT} (the embedding cache cache)"),
+    (["encode", "lines.meta.json", "--out", "lines.npy", *ENC],
+     f"--out's sidecar lines.meta.json is {INPUT} (the corpus lines.meta.json)"),
+    (["encode", "corpus.txt", "--out", "corpus-link.npy", *ENC], "is not bertflow embeddings"),
+    (["encode", "corpus.txt", "--out", "corpus-hard.npy", *ENC], "is not bertflow embeddings"),
+    (["fit", "corpus.txt", "--out", "enc/h", *ENC], f"--out enc/h is inside {INPUT} (--encoder"),
+    (["fit", "corpus.txt", "--out", "cache/h", "--cache", "cache", *ENC],
+     f"is inside {INPUT} (the embedding cache cache)"),
+    (["fit", "emb.npy", "--out", "h", "--logdir", "h/runs"],
+     "--logdir h/runs is inside another output of this command (--out h)"),
+    (["transform", "--head", "head", "--embeddings", "emb.npy", "--out", "head/z.npy"],
+     f"--out head/z.npy is inside {INPUT} (--head head)"),
+    (["transform", "--head", "head", "--embeddings", "emb.npy", "--out", "emb.npy"],
+     f"--out emb.npy is {INPUT} (--embeddings emb.npy)"),
+    (["transform", "--head", "head", "--embeddings", "emb.npy", "--out", "emb-hard.npy"],
+     f"is {INPUT} (--embeddings emb.npy)"),
+    (["transform", "--head", "head", "--embeddings", "emb.npy", "--out", "side.npy"],
+     f"--out's sidecar side.meta.json is {INPUT} (--embeddings's sidecar emb.meta.json)"),
+    (["transform", "--head", "head", "--sentences", "corpus.txt", "--out", "corpus-link.npy"],
+     f"is {INPUT} (the sentences corpus.txt)"),
+    (["eval", "--data", "data", "--method", "whitening", "--json",
+      "data/STSBenchmark/sts-dev.csv", *ENC], f"is inside {INPUT} (--data data)"),
+    (["eval", "--data", "data", "--method", "whitening", "--fit-on", "corpus.txt", "--json",
+      "corpus.txt", *ENC], f"--json corpus.txt is {INPUT} (--fit-on corpus.txt)"),
+    (["eval", "--data", "data", "--fit-on", "target", "corpus.txt", "--json",
+      "corpus-link.json", *ENC], f"is {INPUT} (--fit-on corpus.txt)"),
+    (["eval", "--data", "data", "--method", "raw", "--fit-on", "corpus.txt", "--json",
+      "corpus-hard.json", *ENC], f"is {INPUT} (--fit-on corpus.txt)"),
+    (["eval", "--data", "data", "--head", "head", "--json", "head/model.safetensors"],
+     f"is inside {INPUT} (--head head)"),
+    (["eval", "--data", "data", "--head", "head-link", "--json", "head/config.json"],
+     f"is inside {INPUT} (--head head-link)"),
+    (["diagnose", "d/s.txt", "--out", "d", *ENC], f"--out d holds {INPUT} (the sentences d/s"),
+    (["diagnose", "corpus.txt", "--data", "data", "--out", "data/plots", *ENC],
+     f"is inside {INPUT} (--data data)"),
+    (["export", "--head", "head", "--format", "onnx", "--out", "head/h.onnx"],
+     f"is inside {INPUT} (--head head)"),
+    (["export", "--head", "head", "--format", "torch-export", "--out", "head-link/h.pt2"],
+     f"is inside {INPUT} (--head head)"),
+    (["export", "--head", "head", "--format", "sentence-transformers", "--out", "enc", *ENC],
+     f"--out enc is {INPUT} (--encoder enc)"),
+    (["index", "corpus.txt", "--head", "head", "--out", "head/idx", *ENC],
+     f"is inside {INPUT} (--head head)"),
+    (["index", "corpus.txt", "--out", "enc/idx", *ENC], f"is inside {INPUT} (--encoder enc)"),
+]
+
+
+@pytest.mark.parametrize("args,message", CASES, ids=[" ".join(c[0][:1] + c[0][-3:])
+                                                      for c in CASES])
+def test_no_output_is_an_input_or_inside_one(world, capsys, monkeypatch, no_encoding, args,
+                                             message):
+    monkeypatch.chdir(world)
+    before = snapshot(world)
+    code = main(args)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0].startswith("bertflow: error: ") and message in lines[0], lines[0]
+    assert snapshot(world) == before
+
+
+def test_eval_json_replaces_only_rows_of_an_earlier_eval(world, tmp_path, capsys, no_encoding):
+    base = ["eval", "--data", str(world / "data"), "--method", "whitening", "--encoder",
+            str(world / "enc"), "--cache", str(tmp_path / "cache")]
+    (tmp_path / "notes.json").write_text('{"mine": true}\n')
+    (tmp_path / "list.json").write_text('[{"task": "mine"}]\n')
+    (tmp_path / "link.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "folder.json").mkdir()
+    before = snapshot(tmp_path)
+    for name, message in [("notes.json", "is not rows written by bertflow eval"),
+                          ("list.json", "is not rows written by bertflow eval"),
+                          ("link.json", "is a symbolic link"),
+                          ("folder.json", "is a folder")]:
+        code = main([*base, "--json", str(tmp_path / name)])
+        err = capsys.readouterr().err
+        assert code == 1 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert snapshot(tmp_path) == before
+
+
+def run_limited(kilobytes, *args, cwd):
+    """`python -m bertflow ARGS` with files limited to `kilobytes` (as on a full disk), in a
+    shell that delivers SIGXFSZ as `ulimit -f` does (Python ignores it: writes fail)."""
+    command = " ".join(map(str, [sys.executable, "-m", "bertflow", *args]))
+    return subprocess.run(["bash", "-c", f"ulimit -f {kilobytes}; exec {command}"],
+                          capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_transform_on_a_full_disk_is_one_line_naming_the_file(tmp_path, tiny_encoder):
+    fit_tiny_head(tiny_encoder, "cls").save(tmp_path / "head")
+    np.save(tmp_path / "e.npy", np.random.default_rng(0).normal(size=(2000, 16))
+            .astype(np.float32))
+    done = run_limited(64, "transform", "--head", "head", "--embeddings", "e.npy",
+                       "--pooling", "cls", "--out", "z.npy", cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0] == "bertflow: error: file too large (a file size limit) while writing z.npy"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "head"]
+
+
+def test_a_transformed_file_is_what_numpy_saves(tmp_path):
+    from bertflow.embeddings import write_transformed
+
+    z = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
+    write_transformed(tmp_path / "z.npy", z, {}, {})
+    np.save(tmp_path / "n.npy", z)
+    assert (tmp_path / "z.npy").read_bytes() == (tmp_path / "n.npy").read_bytes()
+    assert json.loads((tmp_path / "z.meta.json").read_text())["count"] == 7
