@@ -70,7 +70,7 @@ CASES = [
      f"is inside {INPUT} (the embedding cache cache)"),
     (["encode", "lines.meta.json", "--out", "lines.npy", *ENC],
      f"--out's sidecar lines.meta.json is {INPUT} (the corpus lines.meta.json)"),
-    (["encode", "corpus.txt", "--out", "corpus-link.npy", *ENC], "is not bertflow embeddings"),
+    (["encode", "corpus.txt", "--out", "corpus-link.npy", *ENC], "is a symbolic link"),
     (["encode", "corpus.txt", "--out", "corpus-hard.npy", *ENC], "is not bertflow embeddings"),
     (["fit", "corpus.txt", "--out", "enc/h", *ENC], f"--out enc/h is inside {INPUT} (--encoder"),
     (["fit", "corpus.txt", "--out", "cache/h", "--cache", "cache", *ENC],
