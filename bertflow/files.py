@@ -12,7 +12,7 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -351,19 +351,25 @@ def _umask() -> int:
 
 
 def check_outputs(outputs: Mapping[str, str | os.PathLike | None],
-                  inputs: Mapping[str, Any]) -> None:
+                  inputs: Mapping[str, Any],
+                  grows: Mapping[str, Collection[str]] | None = None) -> None:
     """Refuse, in one line naming both, an output that is one of `inputs` (the same path, or
     the same file through a hard or symbolic link), lies inside one that is a folder, or is a
-    folder that holds one; and two outputs that overlap so. Outputs and inputs are named by
-    their option or role (``--out``, ``the corpus``); an input may be a list of paths (all
-    named alike); a `.npy` stands with its sidecar; None is left out. Checked before any work,
-    so that no command writes over what it reads."""
+    folder that holds one; and two outputs that overlap so, except where `grows` lets them:
+    it maps an output folder the command only adds a new entry to (a log folder) to the
+    outputs that may lie inside it. Outputs and inputs are named by their option or role (``--out``,
+    ``the corpus``); an input may be a list of paths (all named alike); a `.npy` stands with
+    its sidecar; None is left out. Checked before any work, so that no command writes over
+    what it reads."""
     given_outputs, given_inputs = _with_sidecars(outputs), _with_sidecars(inputs)
     for i, (flag, out) in enumerate(given_outputs):
         others = [(name, path, "an input") for name, path in given_inputs]
         others += [(name, path, "another output") for name, path in given_outputs[i + 1:]]
         for name, other, role in others:
             relation = _overlap(out, other)
+            folder, inside = (flag, name) if relation == "holds" else (name, flag)
+            if role == "another output" and inside in (grows or {}).get(folder, ()):
+                continue
             if relation is not None:
                 raise BertflowError(f"{flag} {out} {relation} {role} of this command ({name} "
                                     f"{other}); give {flag} a path of its own")

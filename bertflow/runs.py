@@ -125,7 +125,7 @@ def _checked(job: FitJob) -> tuple[FitJob, Callable[[int], None] | None]:
     job comes back with its recipe resolved."""
     check_destination(job.out)
     check_outputs({"--checkpoint": job.checkpoint, "--logdir": job.logdir, "--out": job.out},
-                  _fit_inputs(job))
+                  _fit_inputs(job), grows={"--logdir": ["--out"]})  # logs: a new subfolder
     if job.checkpoint is not None and job.checkpoint.is_symlink():
         raise BertflowError(f"--checkpoint {job.checkpoint} is a symbolic link; give the path "
                             "it points to")

@@ -87,6 +87,18 @@ def test_checkpoint_that_is_the_input_or_an_output_is_refused_before_training(
     assert not any((tmp_path / "out").iterdir()) and not any((tmp_path / "logs").iterdir())
 
 
+def test_the_head_may_be_written_inside_the_log_folder(tmp_path, capsys, npy):
+    """A run only adds its own subfolder to --logdir, so the head may go inside it; the log
+    folder may not go inside the head, which a save replaces."""
+    code, out, err = run(capsys, "fit", npy, "--pooling", "cls", "--out", tmp_path / "runs" /
+                         "head", "--logdir", tmp_path / "runs", *SMALL)
+    assert code == 0, err
+    FlowHead.load(tmp_path / "runs" / "head")
+    assert len([p for p in (tmp_path / "runs").iterdir() if p.name != "head"]) == 1
+    refused(capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "h", "--logdir",
+                     tmp_path / "h" / "runs", *SMALL], "inside another output")
+
+
 def test_checkpoint_in_the_embedding_cache_or_the_encoder_is_refused(
     tmp_path, capsys, corpus_file, tiny_encoder_dir, no_training
 ):
