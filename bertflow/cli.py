@@ -245,16 +245,18 @@ def _info(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
+    from .export import check_destination
     from .head import FlowHead
 
+    if args.format != "sentence-transformers" and (args.encoder is not None or args.normalize):
+        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
     _check_paths(args)
+    check_destination(args.out, args.format)
     head = FlowHead.load(args.head)
     if args.format == "sentence-transformers":
         from .pipeline import build_pipeline, save_pipeline
 
         save_pipeline(build_pipeline(head, args.encoder, args.normalize), args.out)
-    elif args.encoder is not None or args.normalize:
-        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
     elif args.format == "onnx":
         from .export import export_onnx
 
