@@ -162,6 +162,9 @@ def _eval(args: argparse.Namespace) -> None:
 
     if args.head is not None and args.fit_on is not None:
         raise BertflowError("--fit-on does not apply to --head: the head is already fit")
+    if args.head is not None and (args.k is not None or args.d is not None):
+        raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
+                            f"not to --head {args.head}, which is fit already")
     check_flow_options(args)
     _check_paths(args, "json")
     if args.json is not None:
