@@ -162,6 +162,9 @@ def _eval(args: argparse.Namespace) -> None:
 
     if args.head is not None and args.fit_on is not None:
         raise BertflowError("--fit-on does not apply to --head: the head is already fit")
+    if args.head is not None and (args.k is not None or args.d is not None):
+        raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
+                            f"not to --head {args.head}, which is fit already")
     check_flow_options(args)
     _check_paths(args, "json")
     if args.json is not None:
@@ -245,16 +248,18 @@ def _info(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
+    from .export import check_destination
     from .head import FlowHead
 
+    if args.format != "sentence-transformers" and (args.encoder is not None or args.normalize):
+        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
     _check_paths(args)
+    check_destination(args.out, args.format)
     head = FlowHead.load(args.head)
     if args.format == "sentence-transformers":
         from .pipeline import build_pipeline, save_pipeline
 
         save_pipeline(build_pipeline(head, args.encoder, args.normalize), args.out)
-    elif args.encoder is not None or args.normalize:
-        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
     elif args.format == "onnx":
         from .export import export_onnx
 

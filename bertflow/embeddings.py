@@ -268,41 +268,54 @@ def open_embeddings(path: str | os.PathLike, *, pooling: str | None = None,
 
 def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, Any],
                       source: dict[str, Any]) -> dict[str, Any]:
-    """Write vectors a head transformed to `path` (a `.npy`) and then their sidecar, which
-    says so (format `bertflow-transformed`, with the head's encoder and pooling and the
-    source's digest), so that they are never taken for raw embeddings; both atomically."""
+    """Write vectors a head transformed to `path` (a `.npy`) with their sidecar, which says so
+    (format `bertflow-transformed`, with the head's encoder and pooling and the source's
+    digest), so that they are never taken for raw embeddings.
+
+    As `encode` does, the sidecar is written first, with the sha256 of the data in its
+    temporary file, and then the data is renamed into place: a process killed at any point
+    leaves the old pair, the new pair, or the new sidecar beside old data (or none), which its
+    checksum does not describe and which `check_output` lets a rerun replace."""
     path = Path(path)
     z = np.ascontiguousarray(z, dtype=np.float32)
     with atomic_file(path) as tmp:
         with open(tmp, "wb") as f:  # not np.save, whose short write loses the error's errno
             np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(z))
             f.write(memoryview(z).cast("B"))
-        digest = sha256_file(tmp)
-    meta = {"format": TRANSFORMED, "format_version": 1, "head": head, "source": source,
-            "count": int(z.shape[0]), "dim": int(z.shape[1]), "dtype": "float32",
-            "sha256": digest}
-    write_json(meta_path(path), meta)
+        meta = {"format": TRANSFORMED, "format_version": 1, "head": head, "source": source,
+                "count": int(z.shape[0]), "dim": int(z.shape[1]), "dtype": "float32",
+                "sha256": sha256_file(tmp)}
+        write_json(meta_path(path), meta)
     return meta
 
 
 def check_output(path: str | os.PathLike) -> Path:
-    """`path` if a `.npy` output may be written there: free or holding a bertflow output with
-    its sidecar (embeddings or transformed vectors). Anything else is the user's and is left
-    alone. (That it is none of a command's inputs is `files.check_outputs`' to check.)"""
+    """`path` if a `.npy` output may be written there: free, or a bertflow output's (its sidecar
+    is an embeddings or transformed-vectors record, whether or not the data beside it is
+    there and agrees: so a write killed between the two is rerun). Anything else, a sidecar
+    alone included, is the user's and is left alone. (That it is none of a command's inputs
+    is `files.check_outputs`' to check.)"""
     path = Path(path)
     if path.suffix != ".npy":
         raise BertflowError(f"--out {path} must end in .npy")
     if path.is_dir():
         raise BertflowError(f"--out {path} is a folder")
+    sidecar = meta_path(path)
     refuse_link(path)
-    if path.exists():
+    if sidecar.is_symlink():
+        raise BertflowError(f"{sidecar} is a symbolic link; writing {path} would replace it: "
+                            "remove it or write elsewhere")
+    if path.exists() or sidecar.exists():
         try:
-            record = read_json(meta_path(path)).get("format")
+            ours = read_json(sidecar).get("format") in (FORMAT, TRANSFORMED)
         except BertflowError:
-            record = None
-        if record not in (FORMAT, TRANSFORMED):
+            ours = False
+        if not ours and path.exists():
             raise BertflowError(f"{path} exists and is not a bertflow output (no "
-                                f"{meta_path(path).name}); not replacing it")
+                                f"{sidecar.name}); not replacing it")
+        if not ours:
+            raise BertflowError(f"{sidecar} exists and is not a bertflow sidecar; "
+                                "not replacing it")
     return path
 
 

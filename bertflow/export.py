@@ -2,8 +2,10 @@
 
 `export_onnx` writes one self-contained ONNX file (weights inside, the head's config.json in its
 metadata under ``bertflow_head``) that onnxruntime runs without torch, nflows or bertflow;
-`export_program` writes a `torch.export` program (.pt2) that `torch.export.load` runs without
-bertflow or nflows. Both have a dynamic batch dimension.
+`export_program` writes a `torch.export` program (.pt2, the head's config.json in the archive's
+extra file ``bertflow_head.json``) that `torch.export.load` runs without bertflow or nflows. Both
+have a dynamic batch dimension. An existing file at the destination is replaced only when it
+is such an export (`check_destination`), found by its ``bertflow_head`` record.
 """
 
 from __future__ import annotations
@@ -13,18 +15,21 @@ import json
 import logging
 import os
 import warnings
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from .errors import BertflowError, first_line
-from .files import atomic_file
-from .head import FlowHead
+from .files import atomic_file, refuse_link
+from .head import FORMAT, FlowHead
 
-__all__ = ["INPUT_NAME", "OUTPUT_NAME", "export_onnx", "export_program"]
+__all__ = ["INPUT_NAME", "OUTPUT_NAME", "check_destination", "export_onnx", "export_program"]
 
 INPUT_NAME, OUTPUT_NAME = "embeddings", "z"
+MARKER = "bertflow_head"  # the ONNX metadata property, and the .pt2 extra file's stem
 
 
 class _Transform(nn.Module):
@@ -48,10 +53,10 @@ def _program(head: FlowHead) -> torch.export.ExportedProgram:
 
 def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
     """Write the head as a `torch.export` program: `torch.export.load(path).module()(x)`."""
-    path = _check_out(path, ".pt2")
+    path = check_destination(path, "torch-export")
     program = _program(head)
     buffer = io.BytesIO()  # torch's writer aborts the process on a failed write: none to file
-    torch.export.save(program, buffer)
+    torch.export.save(program, buffer, extra_files={f"{MARKER}.json": json.dumps(head.config())})
     with atomic_file(path, suffix=".tmp.pt2") as tmp:
         tmp.write_bytes(buffer.getbuffer())
     return path
@@ -60,13 +65,9 @@ def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
 def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = None) -> Path:
     """Write the head as one ONNX file: input ``embeddings`` (batch, dim) float32, output
     ``z`` (batch, dim) float32; the head's config in the model metadata."""
-    try:
-        import onnx
-    except ImportError:
-        raise BertflowError(
-            "ONNX export needs onnx and onnxscript: pip install 'bertflow[export]'"
-        ) from None
-    path = _check_out(path, ".onnx")
+    path = check_destination(path, "onnx")  # which checks that onnx is installed
+    import onnx
+
     logger = logging.getLogger("torch.onnx")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -84,15 +85,59 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
     with atomic_file(path) as tmp:
         program.save(str(tmp), external_data=False)
         model = onnx.load(str(tmp))
-        onnx.helper.set_model_props(model, {"bertflow_head": json.dumps(head.config())})
+        onnx.helper.set_model_props(model, {MARKER: json.dumps(head.config())})
         onnx.save(model, str(tmp))
     return path
 
 
-def _check_out(path: str | os.PathLike, suffix: str) -> Path:
+def check_destination(path: str | os.PathLike, fmt: str) -> Path:
+    """`path` if an export in `fmt` (``onnx``, ``torch-export`` or ``sentence-transformers``)
+    may be written there: free, or an export of that format by bertflow. Anything else is
+    refused, before any work."""
     path = Path(path)
+    if fmt == "sentence-transformers":
+        from .folders import PIPELINE_FOLDER
+
+        return PIPELINE_FOLDER.check_destination(path)
+    if fmt == "onnx":
+        try:
+            import onnx  # noqa: F401 - needed to read an existing export, and to write one
+        except ImportError:
+            raise BertflowError("ONNX export needs onnx and onnxscript: "
+                                "pip install 'bertflow[export]'") from None
+    suffix, ours = {"onnx": (".onnx", _onnx_head), "torch-export": (".pt2", _program_head)}[fmt]
     if path.suffix != suffix:
         raise BertflowError(f"--out {path} must end in {suffix}")
     if path.is_dir():
         raise BertflowError(f"--out {path} is a folder")
+    refuse_link(path)
+    if path.exists() and not _is_head_config(ours, path):
+        raise BertflowError(f"{path} exists and is not a bertflow export; not replacing it")
     return path
+
+
+def _onnx_head(path: Path) -> str:
+    """The ``bertflow_head`` metadata of the ONNX model at `path` (its weights are inside
+    bertflow's exports: they are read, not run)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return {p.key: p.value for p in model.metadata_props}[MARKER]
+
+
+def _program_head(path: Path) -> str:
+    """The ``bertflow_head.json`` extra file of the .pt2 archive at `path`, read as a zip
+    (`torch.export.load` would unpickle it)."""
+    with zipfile.ZipFile(path) as archive:
+        name, = (n for n in archive.namelist() if n.split("/", 1)[-1] == f"extra/{MARKER}.json")
+        return archive.read(name).decode("utf-8")
+
+
+def _is_head_config(read: Callable[[Path], str], path: Path) -> bool:
+    """Whether `read(path)` gives a head's config.json, as bertflow's exports record it; any
+    failure to read it says no."""
+    try:
+        config = json.loads(read(path))
+    except Exception:  # noqa: BLE001 - a file of any kind: a corrupt archive or protobuf
+        return False
+    return isinstance(config, dict) and config.get("format") == FORMAT

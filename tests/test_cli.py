@@ -605,3 +605,12 @@ def test_options_that_cannot_apply_are_refused(tmp_path, capsys, inputs, no_enco
         args[0] != "transform")
     assert_refused(capsys, args, message.format(**inputs), out)
     assert not (tmp_path / "z.npy").exists() and not (tmp_path / "rows.json").exists()
+
+
+@pytest.mark.parametrize("options", [["--k", "3"], ["--d", "3"], ["--k", "3", "--d", "2"]])
+def test_eval_refuses_k_and_d_with_a_head(tmp_path, capsys, inputs, no_encoder, options):
+    rows = tmp_path / "rows.json"
+    assert_refused(capsys, ["eval", "--data", inputs["data"], "--head", inputs["head"], *options,
+                            "--json", rows, "--quiet"],
+                   "--k and --d apply to --method whitening, whitening-k and abtt, not to "
+                   f"--head {inputs['head']}", rows)

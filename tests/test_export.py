@@ -151,3 +151,65 @@ def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, head, fm
     assert main(["export", "--head", str(tmp_path / "head"), "--format", fmt, "--out",
                  str(tmp_path / name)]) == 0
     assert (tmp_path / name).read_bytes() == first  # the same bytes each time
+
+
+def foreign_files(folder):
+    """Files at each kind of --out that a bertflow export must not replace: the user's own
+    ONNX model and torch.export program (valid, without bertflow's record), bytes of no
+    format, and a folder of notes."""
+    import torch
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "mine", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(graph), str(folder / "mine.onnx"))
+    program = torch.export.export(torch.nn.Linear(2, 2), (torch.zeros(1, 2),))
+    torch.export.save(program, str(folder / "mine.pt2"))
+    (folder / "bytes.onnx").write_bytes(b"\x08\x07 not a model")
+    (folder / "bytes.pt2").write_bytes(b"PK\x03\x04 not an archive")
+    (folder / "notes").mkdir()
+    (folder / "notes" / "keep.txt").write_text("keep")
+
+
+@pytest.mark.parametrize("fmt, name, message", [
+    ("onnx", "mine.onnx", "mine.onnx exists and is not a bertflow export; not replacing it"),
+    ("onnx", "bytes.onnx", "bytes.onnx exists and is not a bertflow export; not replacing it"),
+    ("torch-export", "mine.pt2", "mine.pt2 exists and is not a bertflow export; not replacing it"),
+    ("torch-export", "bytes.pt2", "bytes.pt2 exists and is not a bertflow export; not replacing"),
+    ("sentence-transformers", "notes", "notes is a non-empty folder but not a bertflow "
+     "sentence-transformers export; not replacing it"),
+])
+def test_export_replaces_no_file_that_is_not_a_bertflow_export(tmp_path, capsys, head, fmt,
+                                                                name, message):
+    from .test_outputs import snapshot
+
+    head.save(tmp_path / "head")
+    foreign_files(tmp_path)
+    before = snapshot(tmp_path)
+    code = main(["export", "--head", str(tmp_path / "head"), "--format", fmt,
+                 "--out", str(tmp_path / name)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and message in err[0], err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("fmt, name", [("torch-export", "h.pt2"), ("onnx", "h.onnx")])
+def test_export_replaces_a_bertflow_export_with_the_bytes_of_a_first_one(tmp_path, tiny_encoder,
+                                                                         head, fmt, name):
+    """Over an export of another head, or of this one, the file is what a first export
+    writes; the .pt2 records the head as the ONNX metadata does."""
+    import torch
+
+    head.save(tmp_path / "head")
+    fit_tiny_head(tiny_encoder, "cls", seed=1).save(tmp_path / "other")
+    export = ["export", "--format", fmt, "--out"]
+    assert main([*export, str(tmp_path / "first" / name), "--head", str(tmp_path / "head")]) == 0
+    first = (tmp_path / "first" / name).read_bytes()
+    for source in ("other", "head", "head"):
+        assert main([*export, str(tmp_path / name), "--head", str(tmp_path / source)]) == 0
+    assert (tmp_path / name).read_bytes() == first
+    if fmt == "torch-export":
+        extra = {"bertflow_head.json": ""}
+        torch.export.load(tmp_path / name, extra_files=extra)
+        assert json.loads(extra["bertflow_head.json"]) == head.config()

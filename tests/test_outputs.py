@@ -175,3 +175,87 @@ def test_a_transformed_file_is_what_numpy_saves(tmp_path):
     np.save(tmp_path / "n.npy", z)
     assert (tmp_path / "z.npy").read_bytes() == (tmp_path / "n.npy").read_bytes()
     assert json.loads((tmp_path / "z.meta.json").read_text())["count"] == 7
+
+
+# Runs `bertflow ARGS` in a fresh process that dies (kill -9's way: no cleanup) just before or
+# just after the rename of the file named TARGET into place.
+KILLED = """
+import os, sys
+target, when = sys.argv[1:3]
+rename = os.replace
+def replace(src, dst):
+    if os.path.basename(dst) == target and when == "before":
+        os._exit(9)
+    rename(src, dst)
+    if os.path.basename(dst) == target and when == "after":
+        os._exit(9)
+os.replace = replace
+from bertflow.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def files_of(folder, *names):
+    return tuple((folder / n).read_bytes() if (folder / n).exists() else None for n in names)
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["first write", "over an earlier one"])
+def test_transform_killed_at_any_point_is_rerun_to_the_same_files(tmp_path, monkeypatch,
+                                                                  tiny_encoder, earlier):
+    """Killed before or after either rename, `transform` leaves the earlier pair, the new pair,
+    or the new sidecar beside the earlier data (or none), which its checksum does not
+    describe; the same command again writes what an uninterrupted run writes."""
+    import hashlib
+
+    monkeypatch.chdir(tmp_path)
+    fit_tiny_head(tiny_encoder, "cls").save(tmp_path / "head")
+    rng = np.random.default_rng(0)
+    for name, rows in (("old.npy", 5), ("e.npy", 9)):
+        np.save(tmp_path / name, rng.normal(size=(rows, 16)).astype(np.float32))
+
+    def transform(embeddings):
+        return ["transform", "--head", "head", "--embeddings", embeddings, "--pooling", "cls",
+                "--out", "z.npy"]
+
+    names = ("z.npy", "z.meta.json")
+    assert main(transform("old.npy")) == 0
+    old = files_of(tmp_path, *names)
+    assert main(transform("e.npy")) == 0
+    new = files_of(tmp_path, *names)
+    start = old if earlier else (None, None)
+    for target in names:
+        for when in ("before", "after"):
+            for name, data in zip(names, start, strict=True):
+                (tmp_path / name).unlink(missing_ok=True)
+                if data is not None:
+                    (tmp_path / name).write_bytes(data)
+            done = subprocess.run([sys.executable, "-c", KILLED, target, when,
+                                   *transform("e.npy")], capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+            assert done.returncode == 9, done.stderr[-3000:]
+            left = files_of(tmp_path, *names)
+            assert left in (start, new, (start[0], new[1])), (target, when)
+            if None not in left:  # the sidecar describes the data beside it, or is refused
+                described = hashlib.sha256(left[0]).hexdigest() == json.loads(left[1])["sha256"]
+                assert described == (left in (start, new))
+            assert main(transform("e.npy")) == 0, (target, when)
+            assert files_of(tmp_path, *names) == new
+            assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+                ["e.npy", "head", "old.npy", *names])  # the killed run's temporary is gone
+
+
+def test_transform_leaves_a_sidecar_that_is_not_bertflows_alone(tmp_path, capsys, monkeypatch,
+                                                                  tiny_encoder):
+    monkeypatch.chdir(tmp_path)
+    fit_tiny_head(tiny_encoder, "cls").save(tmp_path / "head")
+    np.save(tmp_path / "e.npy", np.ones((3, 16), dtype=np.float32))
+    (tmp_path / "z.meta.json").write_text('{"mine": true}\n')
+    (tmp_path / "w.meta.json").symlink_to("elsewhere.json")
+    before = snapshot(tmp_path)
+    for out, message in (("z.npy", "z.meta.json exists and is not a bertflow sidecar; not "
+                          "replacing it"), ("w.npy", "w.meta.json is a symbolic link")):
+        code = main(["transform", "--head", "head", "--embeddings", "e.npy", "--pooling", "cls",
+                     "--out", out])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and len(lines) == 1 and message in lines[0], lines
+    assert snapshot(tmp_path) == before
