@@ -275,10 +275,11 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
     As `encode` does, the sidecar is written first, with the sha256 of the data in its
     temporary file, and then the data is renamed into place: a process killed at any point
     leaves the old pair, the new pair, or the new sidecar beside old data (or none), which its
-    checksum does not describe and which `check_output` lets a rerun replace."""
+    checksum does not describe and which `check_output` lets a rerun replace. Two processes
+    writing `path` take turns (the last one's pair stays)."""
     path = Path(path)
     z = np.ascontiguousarray(z, dtype=np.float32)
-    with atomic_file(path) as tmp:
+    with _writing(path, wait=True), atomic_file(path) as tmp:
         with open(tmp, "wb") as f:  # not np.save, whose short write loses the error's errno
             np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(z))
             f.write(memoryview(z).cast("B"))
@@ -287,6 +288,34 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
                 "sha256": sha256_file(tmp)}
         write_json(meta_path(path), meta)
     return meta
+
+
+@contextlib.contextmanager
+def _writing(path: Path, wait: bool) -> Iterator[None]:
+    """Hold `.NAME.npy.lock` beside `path` exclusively: one writer of `path` at a time (another
+    holder is waited for with `wait`, else refused)."""
+    lock = _lock(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        f = open(lock, "a+b")  # noqa: SIM115
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            f.close()
+            raise BertflowError(
+                f"another process is writing {path}; wait for it to finish") from None
+        try:
+            same = os.stat(lock).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()  # the holder removed it as we waited: lock the new one
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        f.close()
 
 
 def check_output(path: str | os.PathLike) -> Path:
@@ -513,31 +542,8 @@ class _Output:
         return self.path.with_name(
             f"{self.path.name}.progress-{rank}-of-{self.layout['world']}.json")
 
-    @contextlib.contextmanager
-    def lock(self, wait: bool) -> Iterator[None]:
-        """Hold `.EMB.npy.lock` exclusively; another holder means another writer."""
-        lock = _lock(self.path)
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            f = open(lock, "a+b")  # noqa: SIM115
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                f.close()
-                raise BertflowError(
-                    f"another process is writing {self.path}; wait for it to finish") from None
-            try:
-                same = os.stat(lock).st_ino == os.fstat(f.fileno()).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            f.close()  # the holder removed it as we waited: lock the new one
-        try:
-            yield
-        finally:
-            lock.unlink(missing_ok=True)
-            f.close()
+    def lock(self, wait: bool) -> contextlib.AbstractContextManager[None]:
+        return _writing(self.path, wait)
 
     def prepare(self, resume: bool, restart: bool) -> None:
         """Make the partial file and the records for a run (rank 0, under the lock), or keep

@@ -259,3 +259,26 @@ def test_transform_leaves_a_sidecar_that_is_not_bertflows_alone(tmp_path, capsys
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 1 and len(lines) == 1 and message in lines[0], lines
     assert snapshot(tmp_path) == before
+
+
+def test_two_transforms_of_one_output_take_turns(tmp_path):
+    """A second writer of the same output waits for the first; the pair left is one writer's
+    data with that writer's sidecar."""
+    import threading
+
+    from bertflow.embeddings import _writing, write_transformed
+    from bertflow.files import meta_path, sha256_file
+
+    out = tmp_path / "z.npy"
+    first, second = (np.full((4, 3), v, np.float32) for v in (1.0, 2.0))
+    with _writing(out, wait=False):
+        writer = threading.Thread(target=write_transformed, args=(out, second, {}, {}))
+        writer.start()
+        writer.join(timeout=1.0)
+        assert writer.is_alive() and not out.exists()  # waits for the lock's holder
+        np.save(out, first)  # the holder's own write, as a transform under the lock makes it
+    writer.join(timeout=60)
+    assert not writer.is_alive()
+    np.testing.assert_array_equal(np.load(out), second)
+    assert json.loads(meta_path(out).read_text())["sha256"] == sha256_file(out)
+    assert not (tmp_path / ".z.npy.lock").exists()
