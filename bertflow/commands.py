@@ -101,12 +101,12 @@ def check_flow_options(args: argparse.Namespace) -> None:
 
 def check_no_encoding(args: argparse.Namespace, why: str,
                       options: tuple[str, ...] = ("device", "dtype")) -> None:
-    """Refuse --device and --dtype (`options`), given other than their defaults, where no
-    encoder runs at all, as `why` says."""
+    """Refuse --device and --dtype (`options`) where no encoder runs at all, as `why` says,
+    unless they ask for what happens anyway: the CPU (where a flow trains) and float32."""
     from .errors import BertflowError
 
     given = [f"--{name} {getattr(args, name)}" for name in options
-             if getattr(args, name) != _DEVICE_DEFAULTS[name]]
+             if getattr(args, name) not in (_DEVICE_DEFAULTS[name], _WITHOUT_ENCODER[name])]
     if given:
         raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
 
@@ -399,6 +399,7 @@ def _device_options(p: argparse.ArgumentParser) -> None:
 
 
 _DEVICE_DEFAULTS = {"device": "auto", "dtype": "float32"}
+_WITHOUT_ENCODER = {"device": "cpu", "dtype": "float32"}  # what a command that encodes nothing uses
 
 
 def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
