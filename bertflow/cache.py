@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from .embeddings import (
     check_destination,
     embeddings_meta,
     open_embeddings,
+    place_embeddings,
     read_meta,
     write_embeddings,
 )
@@ -34,7 +34,6 @@ from .encoder import (
     load_encoder,
 )
 from .errors import BertflowError
-from .files import atomic_file, meta_path, write_json
 
 __all__ = ["EmbeddingCache", "default_cache", "encode_to", "training_embeddings"]
 
@@ -84,8 +83,11 @@ class EmbeddingCache:
 
     def meta(self, corpus: Corpus, encoder: Encoder, pooling: str,
              max_length: int = 128) -> dict[str, Any]:
-        return embeddings_meta(encoder.id, pooling, max_length, corpus.sha256, len(corpus),
-                               encoder.width(pooling), encoder.precision)
+        """The sidecar of the entry for this request (a max length beyond the encoder's is
+        refused: an entry records the length applied)."""
+        return embeddings_meta(encoder.id, pooling, encoder.check_max_length(max_length),
+                               corpus.sha256, len(corpus), encoder.width(pooling),
+                               encoder.precision)
 
     def path_for(self, sentences: Sequence[str], encoder: Encoder, pooling: str,
                  max_length: int = 128) -> Path:
@@ -144,7 +146,8 @@ class EmbeddingCache:
 
     def adopt(self, path: str | os.PathLike) -> Path | None:
         """Add a finished embeddings file to the cache as a hard link (no copy), so that a
-        later request for the same embeddings reads it; None where links cannot be made."""
+        later request for the same embeddings reads it; None where links cannot be made or
+        another process is writing the entry."""
         meta = read_meta(path)
         if meta is None:
             raise BertflowError(f"{path} has no sidecar to file it under")
@@ -152,19 +155,10 @@ class EmbeddingCache:
         if self.get(meta) is not None:
             return target
         try:
-            _place(Path(path), target, meta, copy=False)
-        except OSError:
+            place_embeddings(EmbeddingFile(path), target, copy=False)
+        except (OSError, BertflowError):
             return None
         return target
-
-    def copy_to(self, meta: dict[str, Any], path: str | os.PathLike) -> bool:
-        """Put the cached file for `meta`, if there is one, at `path` (linked, else copied)
-        with its sidecar; whether there was one."""
-        cached = self.get(meta)
-        if cached is None:
-            return False
-        _place(cached.path, Path(path), cached.meta, copy=True)
-        return True
 
 
 def encode_to(
@@ -181,23 +175,22 @@ def encode_to(
     progress: bool | None = None,
 ) -> bool:
     """Write the embeddings of `corpus` to `path` (and its sidecar), taking them from `cache`
-    when it has them and filing them there when it does not: whether they were encoded.
-    Resumable (`resume`, `restart`) and runnable under torchrun like `write_embeddings`."""
+    when it has them and filing them there when it does not: whether they were encoded (under
+    torchrun, rank 0 knows; the other ranks say True). Either way `path` is written by
+    `write_embeddings`, under its lock and rules for what a stopped run left there (`resume`,
+    `restart`), and runnable under torchrun."""
     check_batch_size(batch_size)
-    meta = embeddings_meta(encoder.id, check_pooling(pooling), check_max_length(max_length),
-                           corpus.sha256, len(corpus), encoder.width(pooling), encoder.precision)
     path = check_destination(path)
-    if cache is not None and cache.get(meta) is not None:
-        if distributed.is_main():
-            cache.copy_to(meta, path)
-        distributed.barrier()
-        return False
-    write_embeddings({pooling: path}, corpus, encoder, max_length, batch_size, resume=resume,
-                     restart=restart, progress=progress)
+    cached = None
     if cache is not None and distributed.is_main():
+        cached = cache.get(cache.meta(corpus, encoder, check_pooling(pooling), max_length))
+    write_embeddings({pooling: path}, corpus, encoder, max_length, batch_size, resume=resume,
+                     restart=restart, progress=progress,
+                     copies=None if cached is None else {pooling: cached})
+    if cache is not None and cached is None and distributed.is_main():
         cache.adopt(path)
     distributed.barrier()
-    return True
+    return cached is None
 
 
 def training_embeddings(
@@ -221,7 +214,7 @@ def training_embeddings(
     `pooling` (default first_last), through `cache` (default: `default_cache()`). A `.npy`
     made by `bertflow encode` says in its sidecar how it was made, and a `pooling` or
     `encoder` given besides must agree with it (`open_embeddings`)."""
-    check_max_length(max_length)
+    check_max_length(max_length)  # and against the encoder when one encodes the text
     source = Path(source)
     if source.suffix != ".npy":
         corpus = Corpus.from_file(source)
@@ -234,22 +227,6 @@ def training_embeddings(
                    "corpus": {"sha256": corpus.sha256, "file": source.name}, "loaded": loaded}
     given = load_encoder(encoder, "cpu") if encoder else None
     return open_embeddings(source, pooling=pooling, encoder=given, max_length=max_length)
-
-
-def _place(source: Path, target: Path, meta: dict[str, Any], copy: bool) -> None:
-    """Put `source` at `target` as a hard link (else, with `copy`, as a copy) with sidecar
-    `meta`, which is written before the data is renamed into place: a process killed at any
-    point leaves the old pair, the new one, or a sidecar that the data beside it (if any) fails,
-    which readers refuse and the cache encodes again."""
-    with atomic_file(target) as temporary:
-        temporary.unlink()
-        try:
-            os.link(source, temporary)
-        except OSError:
-            if not copy:
-                raise
-            shutil.copyfile(source, temporary)
-        write_json(meta_path(target), meta)
 
 
 def _same(stored: dict[str, Any], meta: dict[str, Any]) -> bool:

@@ -19,7 +19,9 @@ import errno
 import fcntl
 import hashlib
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import shutil
+import stat
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,7 @@ __all__ = [
     "embeddings_meta",
     "load_embeddings",
     "open_embeddings",
+    "place_embeddings",
     "read_meta",
     "write_embeddings",
     "write_transformed",
@@ -293,37 +296,74 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
 @contextlib.contextmanager
 def _writing(path: Path, wait: bool) -> Iterator[None]:
     """Hold `.NAME.npy.lock` beside `path` exclusively: one writer of `path` at a time (another
-    holder is waited for with `wait`, else refused)."""
+    holder is waited for with `wait`, else refused). The lock is an empty file: it is opened
+    without following a symbolic link and never written, anything else at its path is refused
+    as it is (`_check_lock`), and only the lock this process holds is removed at the end."""
     lock = _lock(path)
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        f = open(lock, "a+b")  # noqa: SIM115
+        _check_lock(path)  # by its name first: a FIFO or a device is never opened
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            _check_lock(path)  # a link or a folder put there meanwhile
+            raise _disk_error(e, f"creating {lock}") from None
+        try:
+            held = os.fstat(fd)
+            _check_lock(path, held)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            f.close()
+            os.close(fd)
             raise BertflowError(
                 f"another process is writing {path}; wait for it to finish") from None
-        try:
-            same = os.stat(lock).st_ino == os.fstat(f.fileno()).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_inode(lock, held):
             break
-        f.close()  # the holder removed it as we waited: lock the new one
+        os.close(fd)  # the holder removed it as we waited: lock the new one
     try:
         yield
     finally:
-        lock.unlink(missing_ok=True)
-        f.close()
+        if _same_inode(lock, held):
+            lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _check_lock(path: Path, status: os.stat_result | None = None) -> None:
+    """Refuse what is at the lock path of `path` (or `status`, of a file opened there) unless
+    it is free or a lock bertflow made, an empty file: a symbolic link, a folder, a file with
+    data in it (an input given by that name, say) are left as they are."""
+    lock = _lock(path)
+    if status is None:
+        try:
+            status = os.lstat(lock)
+        except FileNotFoundError:
+            return
+    if stat.S_ISLNK(status.st_mode):
+        raise BertflowError(f"{lock} is a symbolic link; writing {path} would lock it: remove "
+                            "it or write elsewhere")
+    if not stat.S_ISREG(status.st_mode) or status.st_size:
+        raise BertflowError(f"{lock} is not a lock bertflow made (an empty file); writing "
+                            f"{path} would lock it: remove it or write elsewhere")
+
+
+def _same_inode(path: Path, status: os.stat_result) -> bool:
+    try:
+        now = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (status.st_dev, status.st_ino)
 
 
 def check_output(path: str | os.PathLike) -> Path:
     """`path` if a `.npy` output may be written there: free, or a bertflow output's (its sidecar
     is an embeddings or transformed-vectors record, whether or not the data beside it is
-    there and agrees: so a write killed between the two is rerun). Anything else, a sidecar
-    alone included, is the user's and is left alone. (That it is none of a command's inputs
-    is `files.check_outputs`' to check.)"""
+    there and agrees: so a write killed between the two is rerun), where neither `path` nor
+    its sidecar is a symbolic link and its lock path is free or holds a lock (`_check_lock`).
+    Anything else, a sidecar alone included, is the user's and is left alone. (That it is none
+    of a command's inputs is `files.check_outputs`' to check.)"""
     path = Path(path)
     if path.suffix != ".npy":
         raise BertflowError(f"--out {path} must end in .npy")
@@ -334,17 +374,20 @@ def check_output(path: str | os.PathLike) -> Path:
     if sidecar.is_symlink():
         raise BertflowError(f"{sidecar} is a symbolic link; writing {path} would replace it: "
                             "remove it or write elsewhere")
-    if path.exists() or sidecar.exists():
-        try:
-            ours = read_json(sidecar).get("format") in (FORMAT, TRANSFORMED)
-        except BertflowError:
-            ours = False
-        if not ours and path.exists():
-            raise BertflowError(f"{path} exists and is not a bertflow output (no "
-                                f"{sidecar.name}); not replacing it")
-        if not ours:
-            raise BertflowError(f"{sidecar} exists and is not a bertflow sidecar; "
-                                "not replacing it")
+    _check_lock(path)
+    if not path.exists() and not sidecar.exists():
+        return path
+    if not sidecar.exists():
+        raise BertflowError(f"{path} exists and is not a bertflow output (no {sidecar.name}); "
+                            "not replacing it")
+    try:
+        ours = read_json(sidecar).get("format") in (FORMAT, TRANSFORMED)
+    except BertflowError:
+        ours = False
+    if not ours:
+        beside = f" nor {path.name}" if path.exists() else ""
+        raise BertflowError(f"{sidecar} exists and is not a bertflow sidecar; not replacing "
+                            f"it{beside}")
     return path
 
 
@@ -394,6 +437,7 @@ def write_embeddings(
     restart: bool = False,
     wait: bool = False,
     progress: bool | None = None,
+    copies: Mapping[str, EmbeddingFile] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Encode `corpus` once with every pooling in `targets` (pooling → `.npy` path) and write
     each pooling's embeddings to its path, returning the sidecars written.
@@ -403,37 +447,76 @@ def write_embeddings(
     rows in the partial file) or `restart` discards it; a run that stopped with every row in
     is finished either way. Both together (what the cache does with its own files) continue a
     stopped run where it can be continued, else start afresh. With `resume`, a target already
-    complete is left as it is. `wait` waits for another process writing the same target
-    instead of refusing. Under torchrun every rank calls this: rank 0 prepares and finishes
-    the files, and each rank encodes its own contiguous share of the chunks into them.
+    complete is left as it is. `copies` maps a pooling to a finished file of the same request
+    (the cache's), put at its target instead of encoding, after the same checks: what a
+    stopped run left there is removed where `resume` or `restart` would take it. `wait` waits
+    for another process writing the same target instead of refusing. Under torchrun every
+    rank calls this: rank 0 prepares and finishes the files (its errors are raised on every
+    rank), and each rank encodes its own contiguous share of the chunks into them.
     """
     rank, world = distributed.rank(), distributed.world_size()
-    check_max_length(max_length)
+    encoder.check_max_length(max_length)
     check_batch_size(batch_size)
+    copies = copies or {}
     outputs = {p: _Output(Path(path), embeddings_meta(
         encoder.id, check_pooling(p), max_length, corpus.sha256, len(corpus), encoder.width(p),
         encoder.precision), {"chunk_size": CHUNK_SIZE, "batch_size": batch_size, "world": world})
         for p, path in targets.items()}
     with contextlib.ExitStack() as locks:
-        error = None
-        if rank == 0:
-            try:
-                for output in outputs.values():
-                    locks.enter_context(output.lock(wait))
-                    output.prepare(resume, restart)
-            except BertflowError as e:
-                error = str(e)
-        error = distributed.broadcast_error(error)
-        if error is not None:
-            raise BertflowError(error) if rank == 0 else PeerError(error)
+
+        def prepare() -> None:
+            for p, output in outputs.items():
+                locks.enter_context(output.lock(wait))
+                output.prepare(resume, restart, copy=copies.get(p))
+
+        def finish() -> None:
+            for output in pending.values():
+                output.finish()
+
+        _on_rank_0(prepare)
         pending = {p: o for p, o in outputs.items() if o.record_path(rank).exists()}
         _encode_share(pending, corpus, encoder, max_length, batch_size, rank, world, progress)
         distributed.barrier()
-        if rank == 0:
-            for output in pending.values():
-                output.finish()
-        distributed.barrier()
+        _on_rank_0(finish)
     return {p: o.meta for p, o in outputs.items()}
+
+
+def _on_rank_0(work: Callable[[], None]) -> None:
+    """Do `work` on rank 0 only, and raise its error, if any, on every rank."""
+    error = None
+    if distributed.is_main():
+        try:
+            work()
+        except BertflowError as e:
+            error = str(e)
+    error = distributed.broadcast_error(error)
+    if error is not None:
+        raise BertflowError(error) if distributed.is_main() else PeerError(error)
+
+
+def place_embeddings(source: EmbeddingFile, path: str | os.PathLike, *, copy: bool) -> None:
+    """Put the finished embeddings `source` at `path` with their sidecar, as a hard link (else,
+    with `copy`, as a copy), under the writer's lock; refused while another process writes
+    `path`. What a stopped run left there is let be."""
+    path = Path(path)
+    with _writing(path, wait=False):
+        _place(source, path, copy)
+
+
+def _place(source: EmbeddingFile, path: Path, copy: bool) -> None:
+    """`place_embeddings` under the lock. The sidecar is written before the data is renamed
+    into place: a process killed at any point leaves the old pair, the new one, or a sidecar
+    that the data beside it (if any) fails, which readers refuse and a rerun replaces."""
+    with atomic_file(path) as temporary:
+        temporary.unlink()
+        try:
+            os.link(source.path, temporary)
+        except OSError:
+            if not copy:
+                raise
+            shutil.copyfile(source.path, temporary)
+        check_destination(path)  # what is there now may not be what was checked at the start
+        write_json(meta_path(path), source.meta)
 
 
 def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encoder,
@@ -469,28 +552,14 @@ def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encod
 
 
 def check_destination(path: str | os.PathLike) -> Path:
-    """`path` if embeddings may be written there: a `.npy` path that is free or holds bertflow
-    embeddings (with their sidecar), where none of the files a write makes (the `.npy`, its
-    sidecar, partial file, lock and progress records) is a symbolic link. Anything else is left
-    alone."""
-    path = Path(path)
-    if path.suffix != ".npy":
-        raise BertflowError(f"{path} must end in .npy")
-    if path.is_dir():
-        raise BertflowError(f"{path} is a folder")
-    refuse_link(path)
-    for companion in (meta_path(path), _partial(path), _lock(path), *_records(path)):
+    """`path` if embeddings may be written there (`check_output`: free, or a bertflow output of
+    either kind), where none of the files a write makes (the `.npy`, its sidecar, partial file,
+    lock and progress records) is a symbolic link. Anything else is left alone."""
+    path = check_output(path)
+    for companion in (_partial(path), *_records(path)):
         if companion.is_symlink():
             raise BertflowError(f"{companion} is a symbolic link; writing {path} would replace "
                                 "it: remove it or write elsewhere")
-    if path.exists():
-        try:
-            ours = read_meta(path) is not None
-        except BertflowError:
-            ours = False
-        if not ours:
-            raise BertflowError(f"{path} exists and is not bertflow embeddings (no "
-                                f"{meta_path(path).name}); not replacing it")
     return path
 
 
@@ -545,9 +614,13 @@ class _Output:
     def lock(self, wait: bool) -> contextlib.AbstractContextManager[None]:
         return _writing(self.path, wait)
 
-    def prepare(self, resume: bool, restart: bool) -> None:
+    def prepare(self, resume: bool, restart: bool, copy: EmbeddingFile | None = None) -> None:
         """Make the partial file and the records for a run (rank 0, under the lock), or keep
-        those a stopped run of this request left, once checked, to continue it."""
+        those a stopped run of this request left, once checked, to continue it; or, given a
+        `copy` of the finished file, remove them where they would be continued or discarded
+        and put the copy in place."""
+        if copy is not None and (other := self._other_request(copy.meta)) is not None:
+            raise BertflowError(f"{copy.path} holds other embeddings ({other})")
         check_destination(self.path)
         remove_stale_temporaries(self.path)  # left by a kill as the cache linked it, say
         for litter in self.path.parent.glob(f".{self.path.name}.progress-*.json.*.tmp"):
@@ -565,16 +638,20 @@ class _Output:
         if records and (resume or not restart):
             try:
                 self._check_records(records, resume)
-                self._check_rows(records)
-                return
+                if copy is None:
+                    self._check_rows(records)
+                    return
             except BertflowError:
                 if not restart:
                     raise
-        if not records and resume and self._complete():
+        if copy is None and not records and resume and self._complete():
             return
         self.partial.unlink(missing_ok=True)  # first: records without it are litter
         for record in records:
             record.unlink()
+        if copy is not None:
+            _place(copy, self.path, copy=True)
+            return
         count, dim = self.meta["count"], self.meta["dim"]
         for rank in range(self.layout["world"]):
             start, _ = _share(count, rank, self.layout["world"], self.layout["chunk_size"])
@@ -638,6 +715,7 @@ class _Output:
                                     f"{value['rows'][1]} were never written")
         try:
             digest = sha256_file(self.partial)
+            check_destination(self.path)  # what is there now may not be what was there at first
             write_json(meta_path(self.path), {**self.meta, "sha256": digest})
             os.replace(self.partial, self.path)
             fsync(self.path.parent)

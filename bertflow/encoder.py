@@ -256,11 +256,21 @@ class Encoder:
 
     @property
     def max_tokens(self) -> int | None:
-        """The longest input the tokenizer allows (RoBERTa: 512, not its 514 positions)."""
-        limit = getattr(self.tokenizer, "model_max_length", None)
-        if isinstance(limit, int) and 0 < limit < 1_000_000:
-            return limit
-        return getattr(self.model.config, "max_position_embeddings", None)
+        """The longest input the encoder takes, in tokens: the lower of the tokenizer's limit and
+        the model's positions (RoBERTa: 512, not its 514 positions); None where neither is
+        known."""
+        limits = (getattr(self.tokenizer, "model_max_length", None),
+                  getattr(self.model.config, "max_position_embeddings", None))
+        return min((n for n in limits if isinstance(n, int) and 0 < n < 1_000_000), default=None)
+
+    def check_max_length(self, max_length: Any) -> int:
+        """`max_length` if inputs may be truncated to it: at least 2 tokens and at most
+        `max_tokens`, so that the length a sidecar or a head records is the one applied."""
+        check_max_length(max_length)
+        if self.max_tokens is not None and max_length > self.max_tokens:
+            raise BertflowError(f"max_length {max_length} is more than encoder {self.id.name} "
+                                f"takes: at most {self.max_tokens} tokens")
+        return max_length
 
     def __repr__(self) -> str:
         return f"Encoder({self.id}, dim={self.dim}, {self.device}, {self.precision})"
@@ -357,7 +367,7 @@ class Encoder:
     def _encode_chunk(
         self, sentences: Sequence[str], poolings: Sequence[str], max_length: int, batch_size: int
     ) -> dict[str, np.ndarray]:
-        check_max_length(max_length)
+        self.check_max_length(max_length)
         check_batch_size(batch_size)
         tokens = _Tokens(self, sentences, max_length)
         order = np.argsort(-tokens.lengths, kind="stable")
@@ -375,11 +385,9 @@ class Encoder:
         return {p: vectors.cpu().numpy() for p, vectors in out.items()}
 
     def tokenize(self, sentences: Sequence[str], max_length: int, **kwargs: Any) -> Any:
-        """Token ids, attention and special-token masks, truncated to `max_length` (capped at
-        what the tokenizer allows); `kwargs` go to the tokenizer (e.g. padding, tensors)."""
-        check_max_length(max_length)
-        if self.max_tokens:
-            max_length = min(max_length, self.max_tokens)
+        """Token ids, attention and special-token masks, truncated to `max_length` (no more
+        than `max_tokens`); `kwargs` go to the tokenizer (e.g. padding, tensors)."""
+        self.check_max_length(max_length)
         return self.tokenizer(
             list(sentences),
             truncation=True,
@@ -444,9 +452,7 @@ class _Tokens:
         pad_id = encoder.tokenizer.pad_token_id
         self.pads = {"input_ids": 0 if pad_id is None else pad_id, "token_type_ids": 0,
                      "special_tokens_mask": 1}
-        limits = (encoder.max_tokens, getattr(encoder.model.config, "max_position_embeddings",
-                                              None))
-        self.limit = min((n for n in limits if isinstance(n, int) and n > 0), default=None)
+        self.limit = encoder.max_tokens
 
     def padded(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
         """The rows' fields right-padded to the longest of them, rounded up by `_padded_width`

@@ -53,7 +53,16 @@ def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int
         max_position_embeddings=64,
     )
     torch.manual_seed(seed)
-    BertModel(config).save_pretrained(folder)
+    model = BertModel(config)
+    # 128 positions, as many as the default max length; the first 64 and the other weights
+    # are those drawn for 64, and the rest are drawn after them
+    extra = torch.randn(128 - 64, hidden) * config.initializer_range
+    config.max_position_embeddings = 128
+    longer = BertModel(config)
+    positions = model.embeddings.position_embeddings.weight.detach()
+    longer.load_state_dict({**model.state_dict(),
+                            "embeddings.position_embeddings.weight": torch.cat([positions, extra])})
+    longer.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     assert tokenizer.unk_token_id not in tokenizer(" ".join(WORDS))["input_ids"]
     return folder

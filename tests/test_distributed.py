@@ -243,3 +243,23 @@ def test_each_process_takes_its_own_gpu_and_nccl_with_gloo_for_cpu_tensors(monke
     assert distributed.local_device(torch.device("cuda")) == torch.device("cuda")
     distributed.init(torch.device("cuda"))
     assert joined == ["cpu:gloo,cuda:nccl", "gloo"]
+
+
+def test_encode_from_the_cache_refuses_a_stopped_run_on_every_rank(setup):
+    """rank 0 checks what a stopped run left at --out before putting the cache's copy there;
+    its refusal stops every rank (no rank waits at a barrier)."""
+    encode(setup, "first.npy")  # fills the cache
+    died = encode(setup, "stopped.npy", "--no-cache", processes=2,
+                  env={"CRASH_RANK_AFTER": "1:1"}, check=False)
+    assert died.returncode != 0
+    left = sorted(p.name for p in setup.glob("stopped.npy*"))
+    result = encode(setup, "stopped.npy", processes=2, check=False)
+    assert result.returncode != 0
+    assert result.stderr.count("bertflow: error: ") == 1
+    assert "[rank 0] stopped.npy holds an interrupted encode of this request" in result.stderr
+    assert sorted(p.name for p in setup.glob("stopped.npy*")) == left
+    done = encode(setup, "stopped.npy", "--restart", processes=2)
+    assert "from the cache" in done.stdout
+    assert (setup / "stopped.npy").read_bytes() == (setup / "first.npy").read_bytes()
+    assert sorted(p.name for p in setup.glob("stopped.*")) == ["stopped.meta.json",
+                                                               "stopped.npy"]

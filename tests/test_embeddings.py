@@ -153,7 +153,7 @@ def test_foreign_files_are_never_replaced(tmp_path, tiny_encoder):
     corpus = Corpus.from_sentences(salad(20))
     mine = tmp_path / "mine.npy"
     np.save(mine, np.ones((2, 2), np.float32))
-    with pytest.raises(BertflowError, match="exists and is not bertflow embeddings"):
+    with pytest.raises(BertflowError, match="exists and is not a bertflow output"):
         write_embeddings({"cls": mine}, corpus, tiny_encoder)
     assert np.load(mine).shape == (2, 2)
     (tmp_path / "out.npy.partial").write_bytes(b"precious")
@@ -354,9 +354,9 @@ def test_a_kill_while_finishing_is_finished_by_resume_and_by_the_plain_command(
 
 
 @pytest.mark.parametrize("point,cached", [
-    (r"bertflow.cache:write_json:mean-.*\.meta\.json:before", False),  # adopt
+    (r"bertflow.embeddings:write_json:mean-.*\.meta\.json:before", False),  # adopt
     (r"os:replace:mean-.*\.npy:after", False),
-    (r"bertflow.cache:write_json:e\.meta\.json:before", True),  # copy_to
+    (r"bertflow.embeddings:write_json:e\.meta\.json:before", True),  # from the cache
     (r"os:replace:e\.npy:after", True),
 ])
 def test_a_kill_while_filing_into_or_copying_from_the_cache_wedges_nothing(
@@ -379,7 +379,8 @@ def test_a_kill_while_filing_into_or_copying_from_the_cache_wedges_nothing(
         assert (tmp_path / name).read_bytes() == whole.read_bytes()
         assert read_meta(tmp_path / name) == read_meta(whole)
     assert listing(out.parent) == ["e.meta.json", "e.npy"]
-    assert len(listing(cache)) == 2
+    # the entry, and the empty lock that a kill while filing it leaves
+    assert len([name for name in listing(cache) if not name.endswith(".lock")]) == 2
 
 
 def snapshot(folder):
@@ -548,3 +549,198 @@ def test_a_corpus_error_names_the_path_given(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(BertflowError, match=f"^{tmp_path / 'empty.txt'} is empty"):
         Corpus.from_file(tmp_path / "empty.txt")
+
+
+def refused(capsys, *args) -> str:
+    """The one line a command that exits 1 writes."""
+    from bertflow.cli import main
+
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and not out, (code, out, err)
+    return lines[0]
+
+
+@pytest.fixture
+def cached_setup(tmp_path, tiny_encoder_dir, kill_setup):
+    """`kill_setup` with the embeddings of its corpus in the cache `tmp_path / "cache"`."""
+    corpus, whole = kill_setup
+    encode_in_process(*encode_args(corpus, tmp_path / "first.npy", tiny_encoder_dir, "--cache",
+                                   tmp_path / "cache"))
+    return corpus, whole, tmp_path / "cache"
+
+
+def test_encode_from_the_cache_waits_its_turn_at_the_writers_lock(
+        tmp_path, capsys, tiny_encoder_dir, cached_setup):
+    from bertflow.embeddings import _writing
+
+    corpus, whole, cache = cached_setup
+    out = tmp_path / "out" / "e.npy"
+    with _writing(out, wait=False):  # another encode (or transform) of the same --out
+        line = refused(capsys, *encode_args(corpus, out, tiny_encoder_dir, "--cache", cache))
+        assert f"another process is writing {out}" in line
+        assert listing(out.parent) == [".e.npy.lock"]
+    encode_in_process(*encode_args(corpus, out, tiny_encoder_dir, "--cache", cache))
+    assert out.read_bytes() == whole.read_bytes()
+    assert listing(out.parent) == ["e.meta.json", "e.npy"]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_encode_from_the_cache_takes_a_stopped_run_as_encoding_would(
+        tmp_path, capsys, tiny_encoder_dir, cached_setup, pooling):
+    """Refused without --resume or --restart; with either, the cache's copy finishes the job
+    and the stopped run's files go (with --resume, only a stopped run of this request's)."""
+    import shutil
+
+    corpus, whole, cache = cached_setup
+    out = tmp_path / "out" / "e.npy"
+    killed_at(r"bertflow.embeddings:write_json:e\.npy\.progress-0-of-1\.json:after:2",
+              *encode_args(corpus, out, tiny_encoder_dir, "--no-cache")[:-3], "--pooling",
+              pooling, "--encode-batch-size", "4")
+    (out.parent / ".e.npy.lock").unlink()  # the killed run's
+    before = snapshot(out.parent)
+    line = refused(capsys, *encode_args(corpus, out, tiny_encoder_dir, "--cache", cache))
+    assert "interrupted encode" in line and "--resume" in line and "--restart" in line, line
+    assert snapshot(out.parent) == before
+    for flag in ("--resume", "--restart"):
+        folder = shutil.copytree(out.parent, tmp_path / flag, symlinks=True)
+        args = encode_args(corpus, folder / "e.npy", tiny_encoder_dir, "--cache", cache, flag)
+        if flag == "--resume" and pooling != "mean":
+            assert "belongs to another run (pooling cls, not mean)" in refused(capsys, *args)
+            assert snapshot(folder) == before
+            continue
+        encode_in_process(*args)
+        assert "from the cache" in capsys.readouterr().out
+        assert (folder / "e.npy").read_bytes() == whole.read_bytes()
+        assert read_meta(folder / "e.npy") == read_meta(whole)
+        assert listing(folder) == ["e.meta.json", "e.npy"]
+
+
+def test_a_file_made_at_out_while_encoding_is_not_replaced(tmp_path, capsys, tiny_encoder_dir,
+                                                           kill_setup, monkeypatch):
+    """--out is checked again just before the finished file takes its place."""
+    corpus, whole = kill_setup
+    out = tmp_path / "out" / "e.npy"
+    mine = np.arange(6, dtype=np.float32).reshape(2, 3)
+    real = bertflow.embeddings.sha256_file
+
+    def meanwhile(path):  # as the finished rows are hashed, a user saves a file at --out
+        if not out.exists():
+            np.save(out, mine)
+        return real(path)
+
+    monkeypatch.setattr(bertflow.embeddings, "sha256_file", meanwhile)
+    line = refused(capsys, *encode_args(corpus, out, tiny_encoder_dir, "--no-cache"))
+    assert f"{out} exists and is not a bertflow output" in line, line
+    np.testing.assert_array_equal(np.load(out), mine)
+    monkeypatch.setattr(bertflow.embeddings, "sha256_file", real)
+    out.unlink()  # the user moves it away: the run, every row in, is finished
+    encode_in_process(*encode_args(corpus, out, tiny_encoder_dir, "--no-cache"))
+    assert out.read_bytes() == whole.read_bytes()
+    assert listing(out.parent) == ["e.meta.json", "e.npy"]
+
+
+def test_a_file_made_at_out_while_copying_from_the_cache_is_not_replaced(
+        tmp_path, capsys, tiny_encoder_dir, cached_setup, monkeypatch):
+    import contextlib
+
+    corpus, whole, cache = cached_setup
+    out = tmp_path / "out" / "e.npy"
+    (tmp_path / "out").mkdir()
+    real = bertflow.embeddings.atomic_file
+
+    @contextlib.contextmanager
+    def meanwhile(path, *args, **kwargs):
+        with real(path, *args, **kwargs) as temporary:
+            if path == out:
+                meta_path(out).write_text('{"mine": true}\n')
+            yield temporary
+
+    monkeypatch.setattr(bertflow.embeddings, "atomic_file", meanwhile)
+    line = refused(capsys, *encode_args(corpus, out, tiny_encoder_dir, "--cache", cache))
+    assert f"{meta_path(out)} exists and is not a bertflow sidecar" in line, line
+    assert listing(out.parent) == ["e.meta.json"]
+    assert meta_path(out).read_text() == '{"mine": true}\n'
+
+
+@pytest.mark.parametrize("command", ["encode", "encode --no-cache", "fit", "index"])
+def test_a_max_length_beyond_the_encoders_positions_is_refused_before_any_work(
+        tmp_path, capsys, tiny_encoder_dir, kill_setup, command):
+    corpus, _ = kill_setup
+    name, *extra = command.split()
+    out = tmp_path / "out" / ("e.npy" if name == "encode" else "h")
+    (tmp_path / "out").mkdir()
+    before = snapshot(tmp_path)
+    line = refused(capsys, name, corpus, "--out", out, "--encoder", tiny_encoder_dir,
+                   "--cache", tmp_path / "cache", "--max-length", 100000, *extra)
+    assert line.endswith("max_length 100000 is more than encoder tiny-bert0 takes: at most "
+                         "128 tokens"), line
+    assert snapshot(tmp_path) == before
+
+
+def test_the_lock_never_follows_a_link_nor_removes_what_bertflow_did_not_make(tmp_path):
+    from bertflow.embeddings import _writing
+
+    out, lock = tmp_path / "z.npy", tmp_path / ".z.npy.lock"
+    (tmp_path / "precious.txt").write_text("mine\n")
+    for kind in ("link", "dangling link", "file", "folder"):
+        if kind == "link":
+            lock.symlink_to("precious.txt")
+        elif kind == "dangling link":
+            lock.symlink_to("nowhere")
+        elif kind == "file":
+            lock.write_text("mine\n")
+        else:
+            lock.mkdir()
+        before = snapshot(tmp_path)
+        with pytest.raises(BertflowError, match=f"^{lock} is (a symbolic link|not a lock "
+                                                "bertflow made)"), _writing(out, wait=False):
+            pass
+        assert snapshot(tmp_path) == before, kind
+        lock.rmdir() if kind == "folder" else lock.unlink()
+    with _writing(out, wait=False):  # another lock takes its place meanwhile: it stays
+        lock.unlink()
+        lock.write_bytes(b"")
+    assert lock.exists()
+    with _writing(out, wait=False):  # an empty lock a killed writer left is taken over
+        pass
+    assert not lock.exists()
+
+
+def test_an_input_at_the_lock_path_is_refused_and_left_whole(tmp_path, capsys,
+                                                            tiny_encoder_dir, tiny_encoder):
+    from .conftest import fit_tiny_head
+
+    corpus = tmp_path / ".p.npy.lock"
+    corpus.write_text("\n".join(salad(20)) + "\n")
+    before = snapshot(tmp_path)
+    line = refused(capsys, "encode", corpus, "--out", tmp_path / "p.npy", "--encoder",
+                   tiny_encoder_dir, "--no-cache")
+    assert f"{corpus} is not a lock bertflow made" in line
+    fit_tiny_head(tiny_encoder, "mean").save(tmp_path / "head")
+    before = snapshot(tmp_path)
+    line = refused(capsys, "transform", "--head", tmp_path / "head", "--sentences", corpus,
+                   "--encoder", tiny_encoder_dir, "--out", tmp_path / "p.npy")
+    assert f"{corpus} is not a lock bertflow made" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_encode_replaces_either_kind_of_bertflow_output_and_names_a_foreign_sidecar(
+        tmp_path, capsys, tiny_encoder_dir, tiny_encoder, kill_setup):
+    from .conftest import fit_tiny_head
+
+    corpus, whole = kill_setup
+    fit_tiny_head(tiny_encoder, "mean").save(tmp_path / "head")
+    out = tmp_path / "zt.npy"
+    encode_in_process("transform", "--head", str(tmp_path / "head"), "--embeddings",
+                      str(whole), "--out", str(out))
+    assert json.loads(meta_path(out).read_text())["format"] == "bertflow-transformed"
+    encode_in_process(*encode_args(corpus, out, tiny_encoder_dir, "--no-cache"))
+    assert out.read_bytes() == whole.read_bytes() and read_meta(out) == read_meta(whole)
+    for sidecar in ('{"format": "mine"}', "not json"):
+        meta_path(out).write_text(sidecar)
+        line = refused(capsys, *encode_args(corpus, out, tiny_encoder_dir, "--no-cache"))
+        assert line.endswith(f"{meta_path(out)} exists and is not a bertflow sidecar; not "
+                             "replacing it nor zt.npy"), line

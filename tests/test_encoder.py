@@ -109,6 +109,24 @@ def test_truncation_at_max_length(tiny_encoder):
     assert not np.allclose(truncated, whole, atol=1e-3)
 
 
+def test_a_max_length_beyond_what_the_encoder_takes_is_refused(tiny_encoder, monkeypatch):
+    """The limit is the lower of the model's positions (128) and the tokenizer's own limit;
+    a longer max length would be cut to it silently, so it is refused before any encoding."""
+    calls = []
+    monkeypatch.setattr(type(tiny_encoder), "states", lambda *args: calls.append(args))
+    assert tiny_encoder.max_tokens == 128
+    with pytest.raises(BertflowError, match=r"^max_length 129 is more than encoder .* takes: at "
+                                            r"most 128 tokens$"):
+        tiny_encoder.encode(SENTENCES, "mean", max_length=129)
+    monkeypatch.setattr(tiny_encoder.tokenizer, "model_max_length", 32)
+    assert tiny_encoder.check_max_length(32) == 32
+    for call in (lambda: tiny_encoder.encode(SENTENCES, "mean", max_length=33),
+                 lambda: tiny_encoder.tokenize(SENTENCES, 33)):
+        with pytest.raises(BertflowError, match="at most 32 tokens"):
+            call()
+    assert calls == []
+
+
 def test_default_encoder_is_found_in_the_installed_package():
     path = default_encoder_path()
     assert (path / "config.json").is_file()
@@ -196,7 +214,7 @@ def distil_encoder_dir(tmp_path_factory):
     DistilBertTokenizerFast(vocab=str(folder / "vocab.txt")).save_pretrained(folder)
     torch.manual_seed(0)
     config = DistilBertConfig(vocab_size=len(WORDS) + 5, dim=16, n_layers=3, n_heads=2,
-                              hidden_dim=32, max_position_embeddings=64)
+                              hidden_dim=32, max_position_embeddings=128)
     DistilBertModel(config).save_pretrained(folder)
     return folder
 
@@ -232,11 +250,11 @@ def test_batches_are_padded_to_few_widths_within_the_models_positions(tiny_encod
     tokenizer.save_pretrained(tmp_path)
     short = load_encoder(tmp_path)
     long_sentence = " ".join(["the dog runs in the park"] * 5)  # 30 words, truncated to 17
-    tokens = _Tokens(short, [long_sentence, "a man"], max_length=128)
+    tokens = _Tokens(short, [long_sentence, "a man"], max_length=17)
     assert tokens.padded(np.array([0, 1]))["input_ids"].shape == (2, 17)
     assert tokens.padded(np.array([1]))["input_ids"].shape == (1, 4)
-    got = short.encode([long_sentence, "a man"], "mean")
-    alone = short.encode(["a man"], "mean", batch_size=1)
+    got = short.encode([long_sentence, "a man"], "mean", max_length=17)
+    alone = short.encode(["a man"], "mean", max_length=17, batch_size=1)
     np.testing.assert_allclose(got[1], alone[0], atol=1e-6)
 
 

@@ -36,7 +36,7 @@ def make_narrow_encoder(folder, kind: str, embedding: int = EMBEDDING, hidden: i
     tokenizer(vocab=str(vocab), do_lower_case=True).save_pretrained(folder)
     options = dict(vocab_size=len(WORDS) + 5, embedding_size=embedding, hidden_size=hidden,
                    num_hidden_layers=3, num_attention_heads=2, intermediate_size=2 * hidden,
-                   max_position_embeddings=64)
+                   max_position_embeddings=128)
     torch.manual_seed(0)
     if kind == "electra":
         ElectraModel(ElectraConfig(**options)).save_pretrained(folder)
