@@ -80,11 +80,26 @@ def _inputs(args: argparse.Namespace) -> dict[str, Any]:
               if getattr(args, dest, None) is not None}
     head = inputs.get("--head")
     if head is not None and not head.exists():
-        inputs["--head"] = ready_heads().get(str(head), head)
+        inputs["--head"] = head = ready_heads().get(str(head), head)
+    if head is not None and "--encoder" not in inputs:
+        inputs["the head's encoder"] = _recorded_encoder_folder(head)
     inputs["--fit-on"] = [p for p in getattr(args, "fit_on", None) or [] if p != "target"]
     if hasattr(args, "cache") and not getattr(args, "no_cache", False):
         inputs["the embedding cache"] = EmbeddingCache(args.cache).root
     return inputs
+
+
+def _recorded_encoder_folder(head: Path) -> Path | None:
+    """The folder of the encoder the head at `head` records, where it is a folder that exists
+    (read from its config, unchecked: the head is checked when it loads)."""
+    from .files import read_json
+
+    try:
+        record = read_json(head / "config.json").get("encoder")
+    except BertflowError:
+        return None
+    kind, _, where = str(record.get("source") if isinstance(record, dict) else "").partition(":")
+    return Path(where) if kind == "folder" and Path(where).is_dir() else None
 
 
 def _encode(args: argparse.Namespace) -> None:
@@ -132,14 +147,15 @@ def _fit(args: argparse.Namespace) -> None:
 
 def _transform(args: argparse.Namespace) -> None:
     from .embeddings import check_output, open_embeddings, write_transformed
-    from .files import read_sentences, sha256_file
+    from .files import Checked, meta_path, read_sentences, sha256_file
     from .head import FlowHead
 
     _check_paths(args)
-    check_output(args.out)
+    out = Checked(args.out, check_output, also=[meta_path(args.out)])
     if args.embeddings is not None:
         check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
-    head = FlowHead.load(args.head)
+    # --pooling: how the sentences are encoded, or how the embeddings were (`head.check`)
+    head = _load_head(args) if args.sentences is not None else FlowHead.load(args.head)
     if args.sentences is not None:
         z = head.encode(read_sentences(args.sentences), _load_encoder(args, head.encoder),
                         args.encode_batch_size, progress=_progress(args))
@@ -149,14 +165,14 @@ def _transform(args: argparse.Namespace) -> None:
         x, origin = open_embeddings(args.embeddings, pooling=args.pooling, encoder=given)
         head.check(x.dim, origin["encoder"], origin["pooling"])
         z, source = head.transform(x.load()), origin["corpus"]
-    write_transformed(args.out, z, head.describe(), source)
+    write_transformed(args.out, z, head.describe(), source, out)
     print(f"wrote {args.out}: {z.shape[0]} × {z.shape[1]}")
 
 
 def _eval(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
     from .evaluate import evaluate_head, evaluate_method, format_table, undefined_notes
-    from .files import write_json
+    from .files import Checked, write_json
     from .recipes import corpus_note
     from .sts import load_tasks
 
@@ -167,8 +183,7 @@ def _eval(args: argparse.Namespace) -> None:
                             f"not to --head {args.head}, which is fit already")
     check_flow_options(args)
     _check_paths(args, "json")
-    if args.json is not None:
-        _check_rows_destination(args.json)
+    out = Checked(args.json, _check_rows_destination) if args.json is not None else None
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
@@ -188,7 +203,7 @@ def _eval(args: argparse.Namespace) -> None:
                                DEFAULT_POOLING, fit_on=fit_on, k=args.k,
                                d=args.d, recipe=flow_options(args), **common)
     if args.json is not None:
-        write_json(args.json, rows)
+        write_json(args.json, rows, recheck=out)
     for aggregation in ("all", "wmean"):
         print(f"Spearman × 100 ({aggregation}):")
         print(format_table(rows, aggregation))
@@ -322,7 +337,8 @@ def _load_head(args: argparse.Namespace) -> Any:
         return None
     head = FlowHead.load(args.head)
     for flag, given, recorded in (("--pooling", args.pooling, head.pooling),
-                                  ("--max-length", args.max_length, head.max_length)):
+                                  ("--max-length", getattr(args, "max_length", None),
+                                   head.max_length)):
         if None not in (given, recorded) and given != recorded:
             raise BertflowError(f"{flag} {given} differs from the head's {recorded}")
     return head

@@ -81,6 +81,10 @@ def flow_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 _FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
+# The encoder's options and the values they may have where nothing is encoded: their defaults,
+# and what a command that encodes nothing uses anyway.
+_WITHOUT_ENCODING = {"device": ("auto", "cpu"), "dtype": ("float32",),
+                     "encode_batch_size": (DEFAULT_BATCH_SIZE,), "cache": (None,)}
 _FLOW_AND_TRAINING = ("before", "no_standardize", *_FLOW_FIELDS, "seed", "epochs", "batch_size",
                       "lr", "val_fraction", "patience")
 
@@ -100,13 +104,14 @@ def check_flow_options(args: argparse.Namespace) -> None:
 
 
 def check_no_encoding(args: argparse.Namespace, why: str,
-                      options: tuple[str, ...] = ("device", "dtype")) -> None:
-    """Refuse --device and --dtype (`options`) where no encoder runs at all, as `why` says,
-    unless they ask for what happens anyway: the CPU (where a flow trains) and float32."""
+                      options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
+    """Refuse the encoder's options among `options` (--device, --dtype, --encode-batch-size,
+    --cache) where nothing is encoded, as `why` says, unless they are their defaults or ask
+    for what happens anyway: the CPU (where a flow trains) and float32."""
     from .errors import BertflowError
 
-    given = [f"--{name} {getattr(args, name)}" for name in options
-             if getattr(args, name) not in (_DEVICE_DEFAULTS[name], _WITHOUT_ENCODER[name])]
+    given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
+             if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
     if given:
         raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
 
@@ -122,9 +127,10 @@ def check_fit_options(args: argparse.Namespace) -> None:
         raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
                             "--method abtt")
     check_flow_options(args)
-    if args.input.suffix == ".npy":  # --device still places --dev-sts, and a torchrun job
+    if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
+        unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
         check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
-                          ("dtype",) if args.dev_sts or launched() else ("device", "dtype"))
+                          unused if args.dev_sts or launched() else ("device", *unused))
     if args.method != "flow":
         flow_only = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--resume",
                      args.resume), ("--logdir", args.logdir), ("--dev-sts", args.dev_sts)) if given]
@@ -154,8 +160,9 @@ def _encode_command(commands: Any) -> argparse.ArgumentParser:
                                   "it stopped")
     interrupted.add_argument("--restart", action="store_true",
                              help="discard an interrupted encode at --out and start afresh")
-    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP + ", read and filled")
-    p.add_argument("--no-cache", action="store_true", help="neither read nor fill the cache")
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP + ", read and filled")
+    cache.add_argument("--no-cache", action="store_true", help="neither read nor fill the cache")
     _quiet(p)
     return p
 
@@ -399,7 +406,6 @@ def _device_options(p: argparse.ArgumentParser) -> None:
 
 
 _DEVICE_DEFAULTS = {"device": "auto", "dtype": "float32"}
-_WITHOUT_ENCODER = {"device": "cpu", "dtype": "float32"}  # what a command that encodes nothing uses
 
 
 def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:

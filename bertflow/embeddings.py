@@ -42,9 +42,11 @@ from .encoder import (
 )
 from .errors import BertflowError, PeerError, first_line
 from .files import (
+    Checked,
     atomic_file,
     check_finite,
     fsync,
+    identity,
     meta_path,
     read_json,
     refuse_link,
@@ -270,7 +272,7 @@ def open_embeddings(path: str | os.PathLike, *, pooling: str | None = None,
 
 
 def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, Any],
-                      source: dict[str, Any]) -> dict[str, Any]:
+                      source: dict[str, Any], checked: Checked | None = None) -> dict[str, Any]:
     """Write vectors a head transformed to `path` (a `.npy`) with their sidecar, which says so
     (format `bertflow-transformed`, with the head's encoder and pooling and the source's
     digest), so that they are never taken for raw embeddings.
@@ -279,17 +281,33 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
     temporary file, and then the data is renamed into place: a process killed at any point
     leaves the old pair, the new pair, or the new sidecar beside old data (or none), which its
     checksum does not describe and which `check_output` lets a rerun replace. Two processes
-    writing `path` take turns (the last one's pair stays)."""
-    path = Path(path)
+    writing `path` take turns (the last one's pair stays). With `checked` (`check_output` of
+    `path`, its sidecar watched, run before the work), a pair changed since is checked again
+    just before the sidecar's rename; data made at `path` after that is kept, and the new
+    sidecar removed from beside it."""
+    path, sidecar = Path(path), meta_path(path)
     z = np.ascontiguousarray(z, dtype=np.float32)
-    with _writing(path, wait=True), atomic_file(path) as tmp:
+    placed = None  # what this call renamed onto the sidecar
+
+    def keep_new_data(p: Path) -> None:
+        try:
+            checked.unchanged(p)
+        except BertflowError:
+            if identity(sidecar) == placed:
+                sidecar.unlink()
+            raise
+
+    with (_writing(path, wait=True),
+          atomic_file(path, recheck=keep_new_data if checked is not None else None) as tmp):
         with open(tmp, "wb") as f:  # not np.save, whose short write loses the error's errno
             np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(z))
             f.write(memoryview(z).cast("B"))
+        fsync(tmp)  # before the sidecar: nothing slow is left between the two renames
         meta = {"format": TRANSFORMED, "format_version": 1, "head": head, "source": source,
                 "count": int(z.shape[0]), "dim": int(z.shape[1]), "dtype": "float32",
                 "sha256": sha256_file(tmp)}
-        write_json(meta_path(path), meta)
+        write_json(sidecar, meta, recheck=checked)
+        placed = identity(sidecar)
     return meta
 
 

@@ -5,7 +5,8 @@ metadata under ``bertflow_head``) that onnxruntime runs without torch, nflows or
 `export_program` writes a `torch.export` program (.pt2, the head's config.json in the archive's
 extra file ``bertflow_head.json``) that `torch.export.load` runs without bertflow or nflows. Both
 have a dynamic batch dimension. An existing file at the destination is replaced only when it
-is such an export (`check_destination`), found by its ``bertflow_head`` record.
+is such an export (`check_destination`), found by its ``bertflow_head`` record; checked before
+the export and again, where it has changed meanwhile, just before it is replaced.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import BertflowError, first_line
-from .files import atomic_file, refuse_link
+from .files import Checked, atomic_file, refuse_link
 from .head import FORMAT, FlowHead
 
 __all__ = ["INPUT_NAME", "OUTPUT_NAME", "check_destination", "export_onnx", "export_program"]
@@ -53,19 +54,19 @@ def _program(head: FlowHead) -> torch.export.ExportedProgram:
 
 def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
     """Write the head as a `torch.export` program: `torch.export.load(path).module()(x)`."""
-    path = check_destination(path, "torch-export")
+    out = _checked(path, "torch-export")
     program = _program(head)
     buffer = io.BytesIO()  # torch's writer aborts the process on a failed write: none to file
     torch.export.save(program, buffer, extra_files={f"{MARKER}.json": json.dumps(head.config())})
-    with atomic_file(path, suffix=".tmp.pt2") as tmp:
+    with atomic_file(out.path, suffix=".tmp.pt2", recheck=out) as tmp:
         tmp.write_bytes(buffer.getbuffer())
-    return path
+    return out.path
 
 
 def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = None) -> Path:
     """Write the head as one ONNX file: input ``embeddings`` (batch, dim) float32, output
     ``z`` (batch, dim) float32; the head's config in the model metadata."""
-    path = check_destination(path, "onnx")  # which checks that onnx is installed
+    out = _checked(path, "onnx")  # which checks that onnx is installed
     import onnx
 
     logger = logging.getLogger("torch.onnx")
@@ -82,12 +83,18 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
         raise BertflowError(f"ONNX export needs onnxscript: {first_line(e)}") from None
     finally:
         logger.setLevel(level)
-    with atomic_file(path) as tmp:
+    with atomic_file(out.path, recheck=out) as tmp:
         program.save(str(tmp), external_data=False)
         model = onnx.load(str(tmp))
         onnx.helper.set_model_props(model, {MARKER: json.dumps(head.config())})
         onnx.save(model, str(tmp))
-    return path
+    return out.path
+
+
+def _checked(path: str | os.PathLike, fmt: str) -> Checked:
+    """`path`, checked now (`check_destination`) and again just before the export replaces it,
+    where it has changed meanwhile."""
+    return Checked(path, lambda p: check_destination(p, fmt))
 
 
 def check_destination(path: str | os.PathLike, fmt: str) -> Path:

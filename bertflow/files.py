@@ -21,12 +21,14 @@ import numpy as np
 from .errors import BertflowError, first_line
 
 __all__ = [
+    "Checked",
     "atomic_directory",
     "atomic_file",
     "check_finite",
     "check_outputs",
     "disk_error",
     "fsync",
+    "identity",
     "iter_sentences",
     "meta_path",
     "read_json",
@@ -132,8 +134,10 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
     return value
 
 
-def write_json(path: str | os.PathLike, value: Any) -> None:
-    with atomic_file(Path(path)) as tmp:
+def write_json(path: str | os.PathLike, value: Any,
+               recheck: Callable[[Path], object] | None = None) -> None:
+    """Write `value` as JSON to `path` atomically (`atomic_file`, with its `recheck`)."""
+    with atomic_file(Path(path), recheck=recheck) as tmp:
         tmp.write_text(json.dumps(value, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
@@ -146,13 +150,16 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
+def atomic_file(path: Path, suffix: str = ".tmp",
+                recheck: Callable[[Path], object] | None = None) -> Iterator[Path]:
     """Yield a temporary path beside `path` (an empty file with the mode a new file gets); if
     the block succeeds, flush it to the disk, rename it onto `path` and flush the folder, so
     that `path` holds the old file or the whole new one, even after a power loss.
 
-    A symbolic link at `path` is refused rather than replaced; a full disk is one line naming
-    `path`; temporary files left by killed processes of this machine are removed."""
+    `recheck(path)`, where given, is called just before the rename and keeps what is at `path`
+    by raising (a `Checked` checks it again where it changed since it was checked). A symbolic
+    link at `path` is refused rather than replaced; a full disk is one line naming `path`;
+    temporary files left by killed processes of this machine are removed."""
     path = Path(path)
     refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,10 +172,62 @@ def atomic_file(path: Path, suffix: str = ".tmp") -> Iterator[Path]:
         with _disk_errors(path):
             yield tmp
             fsync(tmp)
+        if recheck is not None:
+            recheck(path)
         os.replace(tmp, path)
         fsync(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+Identity = tuple[int, int, int, int] | None
+
+
+def identity(path: str | os.PathLike) -> Identity:
+    """What is at `path` now, as `Checked` compares it: None where nothing is, else the device,
+    inode, size and modification time of the file (of a symbolic link itself)."""
+    try:
+        s = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns
+
+
+class Checked:
+    """An output file that `check(path)` says may be replaced (it raises where not), checked
+    when this is made, before the work; what is then at `path` and at `also` (files the check
+    reads, such as a sidecar) is noted (`identity`). Called again as `atomic_file`'s recheck,
+    it runs the check again where any of them has changed since (made, replaced or rewritten
+    by another process meanwhile) until what it checked is still there; unchanged, it lets the
+    write go on. What remains is the instant between that last look and the rename: a file
+    made or replaced there is replaced."""
+
+    def __init__(self, path: str | os.PathLike, check: Callable[[Path], object],
+                 also: Collection[str | os.PathLike] = ()):
+        self.path, self.check = Path(path), check
+        self.watched = (self.path, *map(Path, also))
+        self.seen = self._now()
+        check(self.path)
+
+    def __call__(self, renamed: Path | None = None) -> None:
+        """Check again where anything watched has changed (`renamed`, the file about to be
+        renamed into place, is `path` or one of `also`: the check is `path`'s)."""
+        now = self._now()
+        while now != self.seen:
+            self.check(self.path)
+            self.seen, now = now, self._now()
+
+    def unchanged(self, path: Path) -> None:
+        """Refuse `path` (one of those watched) unless it is what the check last saw, or
+        nothing: for a file renamed into place after another one that the check reads (data
+        after its sidecar)."""
+        now = identity(path)
+        if now is not None and now != self.seen[self.watched.index(Path(path))]:
+            raise BertflowError(f"{path} was made or changed by another process while this "
+                                "one wrote it; not replacing it")
+
+    def _now(self) -> list[Identity]:
+        return [identity(p) for p in self.watched]
 
 
 @contextlib.contextmanager

@@ -59,8 +59,10 @@ def write_folder(path: str | os.PathLike, kind: str, fill: Callable[[Path], Any]
 
 
 def write_manifest(folder: Path, kind: str) -> None:
-    """List every file under `folder` (but the manifest) with its sha256 in `manifest.json`."""
-    files = {name: sha256_file(folder / name) for name in _files(folder) if name != MANIFEST}
+    """List every file under `folder` (but the manifest) with its sha256 in `manifest.json`, in
+    the order of their names: the same folder gives the same bytes."""
+    files = {name: sha256_file(folder / name) for name in sorted(_files(folder))
+             if name != MANIFEST}
     write_json(folder / MANIFEST, {"format": _FORMAT, "kind": kind, "files": files})
 
 
@@ -174,10 +176,10 @@ def _holds_working_folder(path: Path) -> bool:
 class FolderFormat:
     """One kind of artifact folder: `kind` names it in its manifest (and as the "format" of its
     `config` file, where it has one, beside a "format_version" of at most `version`); `name`
-    and `noun` name it in messages. `files` are those the first format wrote, without a
-    manifest: a folder written so is recognised by its config's format, or, for a kind without
-    a config, by holding nothing else (for such a kind, `files` may name later files too: a
-    folder holding some of them is still recognised).
+    and `noun` name it in messages. `files` are those the first format of a kind with a config
+    wrote, without a manifest: a folder written so is recognised by its config's format. A
+    folder of a kind without a config is recognised by its manifest alone (its `files` only
+    name what it may hold).
     """
 
     kind: str
@@ -223,12 +225,9 @@ class FolderFormat:
     def legacy_files(self, folder: Path) -> set[str] | None:
         """The files of `folder` if it is one of this kind written before manifests, else
         None."""
-        if not self.files:
+        if self.config is None:
             return None
-        if self.config is not None:
-            return legacy_files(self.config, self.kind, set(self.files))(folder)
-        present = {p.name for p in folder.iterdir()}
-        return set(self.files) if present <= set(self.files) else None
+        return legacy_files(self.config, self.kind, set(self.files))(folder)
 
 
 HEAD_FOLDER = FolderFormat("bertflow-head", "a flow head", "head", version=2,
@@ -239,8 +238,8 @@ INDEX_FOLDER = FolderFormat("bertflow-index", "an index", "index", version=2,
                                    "head/config.json", "head/model.safetensors"))
 PIPELINE_FOLDER = FolderFormat("bertflow-pipeline", "a bertflow sentence-transformers export",
                                "sentence-transformers export")
-# Every plot a plots folder may hold. The first four are all a folder written before
-# manifests held; such a folder still holds nothing else, so it is still recognised.
+# Every plot a plots folder may hold. A folder of plots without a manifest (as written before
+# manifests) is not told from the user's own: it is not replaced.
 PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plots",
                             files=("spectrum.png", "cosines.png", "token_norms.png",
                                    "projection.png", "alignment_uniformity.png",

@@ -31,7 +31,7 @@ from .corpus import Corpus
 from .embeddings import EmbeddingFile
 from .encoder import Encoder
 from .errors import BertflowError, first_line
-from .files import check_outputs
+from .files import Checked, check_outputs
 from .head import FlowHead, check_destination, nll_text
 from .recipes import Recipe, resolve
 from .train import Checkpoint, TrainState, log_hparams, open_checkpoint
@@ -224,10 +224,14 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
     """Fit, with the checkpoint written after each epoch and the logs in their folder; save
     the head. A failed run leaves `--logdir` as it was unless a checkpoint can resume it."""
     main = distributed.is_main()
+    checkpoint = None  # checked again here: it may have changed while the data was encoded
+    if job.checkpoint is not None and main:
+        checkpoint = Checked(job.checkpoint, lambda p: _check_checkpoint(p, job, run))
     logs = None
     if job.logdir is not None and main:
         logs = _RunLogs(job.logdir, job.recipe.train.seed, recorded)
-    epoch_end = _EpochEnd(job, run, logs.folder.name if logs else recorded, state, say, main)
+    epoch_end = _EpochEnd(job, run, logs.folder.name if logs else recorded, state, say, main,
+                          checkpoint)
     done = False  # the head fitted and saved
     try:
         writer = logs.open(state) if logs is not None else None
@@ -272,13 +276,16 @@ def _fit_flow(job: FitJob, x: Any, origin: dict[str, Any], state: TrainState | N
 
 
 class _EpochEnd:
-    """After each epoch (first process only): say its numbers and save the checkpoint."""
+    """After each epoch (first process only): say its numbers and save the checkpoint
+    (`checkpoint`: checked again, where it has changed since, before each save)."""
 
     def __init__(self, job: FitJob, run: dict[str, Any], logs: str | None,
-                 state: TrainState | None, say: Say | None, main: bool):
+                 state: TrainState | None, say: Say | None, main: bool,
+                 checkpoint: Checked | None):
         self.job, self.run, self.logs, self.say, self.main = job, run, logs, say, main
         self.step = state.step if state is not None else 0  # the last step done
         self.written = False  # whether a checkpoint of this run names its log folder
+        self.checkpoint = checkpoint
 
     def __call__(self, state: TrainState) -> None:
         if not self.main:
@@ -290,9 +297,17 @@ class _EpochEnd:
             self.say(f"epoch {int(e['epoch'])}/{self.job.recipe.train.epochs}: train "
                      f"{e['train_nll']:.3f} val {nll_text(e)}, val cosine "
                      f"{e['val_cosine']:.3f}{dev}")
-        if self.job.checkpoint is not None:
-            state.save(self.job.checkpoint, self.run, logs=self.logs)
+        if self.checkpoint is not None:
+            state.save(self.checkpoint.path, self.run, logs=self.logs, recheck=self.checkpoint)
             self.written = True
+
+
+def _check_checkpoint(path: Path, job: FitJob, run: dict[str, Any]) -> None:
+    """Keep the file at `path` unless it is a checkpoint of `run` (or, resuming, of that run
+    with fewer epochs)."""
+    saved = open_checkpoint(path, keep=True)
+    if saved is not None:
+        saved.check(path, run, extended=job.resume, keep=True)
 
 
 class _RunLogs:

@@ -154,16 +154,18 @@ class TrainState:
         value["history"] = History(**value["history"])
         return cls(**value)
 
-    def save(self, path: str | os.PathLike, run: dict[str, Any], logs: str | None = None) -> None:
+    def save(self, path: str | os.PathLike, run: dict[str, Any], logs: str | None = None,
+             recheck: Callable[[Path], object] | None = None) -> None:
         """Write this state to `path` atomically as a training checkpoint, with `run` (the
         settings and data it belongs to, compared on resume) and `logs` (the name of the run's
-        log folder, if any). A full disk is a one-line `BertflowError`."""
+        log folder, if any); `recheck` as `atomic_file` takes it. A full disk is a one-line
+        `BertflowError`."""
         path = Path(path)
         buffer = io.BytesIO()
         torch.save({"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,
                     "run": run, "logs": logs, "state": self.to_dict()}, buffer)
-        with atomic_file(path) as tmp, open(tmp, "wb") as f:  # a full disk: one line
-            f.write(buffer.getbuffer())
+        with atomic_file(path, recheck=recheck) as tmp, open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())  # a full disk: one line
 
     @classmethod
     def load(cls, path: str | os.PathLike, run: dict[str, Any] | None = None) -> TrainState:

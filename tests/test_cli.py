@@ -614,3 +614,49 @@ def test_eval_refuses_k_and_d_with_a_head(tmp_path, capsys, inputs, no_encoder, 
                             "--json", rows, "--quiet"],
                    "--k and --d apply to --method whitening, whitening-k and abtt, not to "
                    f"--head {inputs['head']}", rows)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["fit", "{emb}", "--encode-batch-size", "7"],
+     "--encode-batch-size 7 cannot apply: {emb} holds embeddings, encoded already"),
+    (["fit", "{emb}", "--cache", "{nowhere}", "--method", "abtt"],
+     "--cache {nowhere} cannot apply: {emb} holds embeddings, encoded already"),
+    (["fit", "{emb}", "--dev-sts", "{data}", "--dtype", "float16", "--cache", "{nowhere}"],
+     "--dtype float16 cannot apply"),  # --dev-sts encodes: --cache applies
+    (["transform", "--head", "{head}", "--embeddings", "{emb}", "--encode-batch-size", "3"],
+     "--encode-batch-size 3 cannot apply: --embeddings {emb} are transformed as they are"),
+    (["transform", "--head", "{head}", "--sentences", "{corpus}", "--pooling", "mean"],
+     "--pooling mean differs from the head's cls"),
+])
+def test_encoder_options_where_nothing_is_encoded_and_another_pooling_are_refused(
+        tmp_path, capsys, inputs, no_encoder, args, message):
+    inputs = {**inputs, "nowhere": tmp_path / "no" / "cache"}
+    out = tmp_path / "out"
+    outputs = {"fit": ["--out", out, "--quiet"], "transform": ["--out", tmp_path / "z.npy"]}
+    assert_refused(capsys, [a.format(**inputs) for a in args] + outputs[args[0]],
+                   message.format(**inputs), out)
+    assert not (tmp_path / "z.npy").exists() and not (tmp_path / "no").exists()
+
+
+def test_encode_refuses_cache_with_no_cache(tmp_path, capsys, corpus_file, no_encoder):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["encode", str(corpus_file), "--out", str(tmp_path / "e.npy"), "--cache",
+              str(tmp_path / "cache"), "--no-cache"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert "argument --no-cache: not allowed with argument --cache" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
+def test_diagnose_leaves_a_folder_of_the_users_plots_alone(tmp_path, capsys, inputs):
+    """A folder holding files named as bertflow's plots, but without bertflow's manifest, is
+    the user's."""
+    mine = tmp_path / "myplots"
+    mine.mkdir()
+    (mine / "spectrum.png").write_text("mine\n")
+    assert_refused(capsys, ["diagnose", inputs["corpus"], "--head", inputs["head"], "--out",
+                            mine, "--quiet"],
+                   f"{mine} is a non-empty folder but not a folder of bertflow plots; not "
+                   "replacing it", tmp_path / "none")
+    assert [p.name for p in mine.iterdir()] == ["spectrum.png"]
+    assert (mine / "spectrum.png").read_text() == "mine\n"

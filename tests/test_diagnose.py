@@ -103,12 +103,22 @@ def test_token_frequencies(tiny_encoder):
     assert counts[the] == 3 and sum(counts.values()) == 5
 
 
-def test_plots_replace_a_folder_written_before_manifests(tmp_path, tiny_encoder):
+def test_plots_replace_their_own_folder_only(tmp_path, tiny_encoder):
+    """A folder of plots without a manifest (written before manifests, or the user's own
+    plots) is not told from the user's: it is refused; a folder of bertflow's plots is
+    replaced."""
     old = tmp_path / "old"
     old.mkdir()
     for name in FIRST_PLOTS:
         (old / name).write_bytes(b"\x89PNG old")
     x = np.random.default_rng(0).normal(size=(60, 16))
+    with pytest.raises(BertflowError, match="old is a non-empty folder but not a folder of "
+                                            "bertflow plots; not replacing it"):
+        plot_all(x, x * 2, old, encoder=tiny_encoder, corpus=["the dog"], title="t")
+    assert {p.name: p.read_bytes() for p in old.iterdir()} == dict.fromkeys(
+        FIRST_PLOTS, b"\x89PNG old")
+    for name in FIRST_PLOTS:
+        (old / name).unlink()
     paths = plot_all(x, x * 2, old, encoder=tiny_encoder, corpus=["the dog", "a cat"],
                      title="t")
     assert [p.name for p in paths] == [p for p in PLOTS if p != "alignment_uniformity.png"]

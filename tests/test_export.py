@@ -213,3 +213,23 @@ def test_export_replaces_a_bertflow_export_with_the_bytes_of_a_first_one(tmp_pat
         extra = {"bertflow_head.json": ""}
         torch.export.load(tmp_path / name, extra_files=extra)
         assert json.loads(extra["bertflow_head.json"]) == head.config()
+
+
+@pytest.mark.parametrize("moment", ["before the write", "while written"])
+@pytest.mark.parametrize("fmt, name", [("torch-export", "h.pt2"), ("onnx", "h.onnx")])
+def test_export_keeps_a_file_made_at_out_while_it_ran(tmp_path, capsys, monkeypatch, head, fmt,
+                                                      name, moment):
+    import bertflow.export
+
+    from .test_outputs import made_by_the_user, made_while_written, refused_keeping_the_users
+
+    head.save(tmp_path / "head")
+    out = tmp_path / "out"
+    out.mkdir()
+    if moment == "before the write":
+        made_by_the_user(monkeypatch, bertflow.export, "_program", out / name)
+    else:
+        made_while_written(monkeypatch, out / name)
+    refused_keeping_the_users(
+        capsys, ["export", "--head", tmp_path / "head", "--format", fmt, "--out", out / name],
+        out, f"{name} exists and is not a bertflow export; not replacing it")

@@ -394,3 +394,30 @@ def test_a_flow_too_large_for_the_width_is_refused_before_encoding(
     ]:
         refused(capsys, args, message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "data", "x.npy"]
+
+
+@pytest.mark.parametrize("moment", ["before training", "while written", "over a checkpoint"])
+def test_a_file_made_at_checkpoint_while_fit_ran_is_kept(tmp_path, capsys, monkeypatch, npy,
+                                                         moment):
+    """Made while the data is read (before training starts), while a checkpoint is being
+    written, or over the checkpoint of the epoch before, the user's file at --checkpoint is
+    kept, and the fit fails in one line."""
+    import bertflow.runs
+    import bertflow.train
+
+    from .test_outputs import made_by_the_user, made_while_written, refused_keeping_the_users
+
+    out = tmp_path / "out"
+    out.mkdir()
+    if moment == "before training":
+        made_by_the_user(monkeypatch, bertflow.runs, "_train", out / "ck.pt")
+    elif moment == "while written":
+        made_while_written(monkeypatch, out / "ck.pt")
+    else:
+        made_by_the_user(monkeypatch, bertflow.train.TrainState, "save", out / "ck.pt",
+                         after=True)
+    refused_keeping_the_users(
+        capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "head", "--checkpoint",
+                 out / "ck.pt", "--epochs", "2", "--levels", "1", "--depth", "2", "--quiet"], out,
+        "ck.pt is not a bertflow training checkpoint; not overwriting it")
+    assert not (tmp_path / "head").exists()

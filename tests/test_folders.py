@@ -383,3 +383,48 @@ def test_checksums_a_config_lists_are_checked_like_the_manifests(tmp_path):
         verify_checksums(tmp_path, {"a": "0" * 64})
     with pytest.raises(BertflowError, match="lists a file outside the folder"):
         verify_checksums(tmp_path, {"../a": digest})
+
+
+# Every command that writes files, run in one process (the embedding cache inside the folder it
+# runs in): what it leaves must not depend on the process's hash seed. (A training checkpoint
+# records each epoch's seconds, and torch.save a random id: it is left out.)
+EVERY_OUTPUT = """
+import sys
+from bertflow.cli import main
+enc, corpus, data = sys.argv[1:]
+cache = ["--cache", "cache", "--quiet"]
+for args in (
+    ["encode", corpus, "--out", "e.npy", "--encoder", enc, "--pooling", "cls", *cache],
+    ["fit", "e.npy", "--out", "head", "--epochs", "1", "--levels", "1", "--depth", "2",
+     "--quiet"],
+    ["fit", "e.npy", "--out", "abtt", "--method", "abtt"],
+    ["index", corpus, "--head", "head", "--out", "index", "--kind", "hnsw", *cache],
+    ["export", "--head", "head", "--format", "sentence-transformers", "--out", "st"],
+    ["transform", "--head", "head", "--embeddings", "e.npy", "--out", "z.npy"],
+    ["eval", "--data", data, "--head", "head", "--json", "rows.json", *cache],
+):
+    assert main(args) == 0, args
+"""
+
+
+def test_every_output_has_the_same_bytes_whatever_the_hash_seed(tmp_path, tiny_encoder_dir,
+                                                                 corpus_file):
+    """Manifests and every other file bertflow writes (JSON built from sets or dicts included)
+    are byte for byte the same in processes of different PYTHONHASHSEED."""
+    from .test_sts import write_stsb
+
+    write_stsb(tmp_path / "data" / "STSBenchmark", rows_per_split=6)
+    made = {}
+    for seed in ("1", "2"):
+        (tmp_path / seed).mkdir()
+        done = subprocess.run([sys.executable, "-c", EVERY_OUTPUT, str(tiny_encoder_dir),
+                               str(corpus_file), str(tmp_path / "data")], cwd=tmp_path / seed,
+                              capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr[-3000:]
+        made[seed] = {str(p.relative_to(tmp_path / seed)): p.read_bytes()
+                      for p in sorted((tmp_path / seed).rglob("*")) if p.is_file()}
+    assert {"head/manifest.json", "abtt/manifest.json", "index/manifest.json",
+            "st/manifest.json", "rows.json", "z.meta.json"} <= made["1"].keys()
+    assert made["1"].keys() == made["2"].keys()
+    assert [name for name in made["1"] if made["1"][name] != made["2"][name]] == []

@@ -282,3 +282,122 @@ def test_two_transforms_of_one_output_take_turns(tmp_path):
     np.testing.assert_array_equal(np.load(out), second)
     assert json.loads(meta_path(out).read_text())["sha256"] == sha256_file(out)
     assert not (tmp_path / ".z.npy.lock").exists()
+
+
+@pytest.fixture(scope="module")
+def head_of_enc(world):
+    """A head in the world that records its encoder folder `enc`: used without --encoder."""
+    from bertflow import load_encoder
+
+    fit_tiny_head(load_encoder(world / "enc"), "cls").save(world / "head-enc")
+    return world / "head-enc"
+
+
+RECORDED = [
+    ["transform", "--head", "head-enc", "--sentences", "corpus.txt", "--out", "enc/z.npy"],
+    ["transform", "--head", "head-enc", "--embeddings", "emb.npy", "--out", "enc/z.npy"],
+    ["eval", "--data", "data", "--head", "head-enc", "--json", "enc/rows.json"],
+    ["diagnose", "corpus.txt", "--head", "head-enc", "--out", "enc/plots"],
+    ["export", "--head", "head-enc", "--format", "sentence-transformers", "--out", "enc/st"],
+    ["export", "--head", "head-enc", "--format", "onnx", "--out", "enc/h.onnx"],
+    ["index", "corpus.txt", "--head", "head-enc", "--out", "enc/ix"],
+]
+
+
+@pytest.mark.parametrize("args", RECORDED, ids=[" ".join(a[:1] + a[-3:]) for a in RECORDED])
+def test_no_output_is_inside_the_encoder_a_head_records(world, head_of_enc, capsys, monkeypatch,
+                                                        no_encoding, args):
+    monkeypatch.chdir(world)
+    before = snapshot(world)
+    code = main(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, lines
+    assert f"{args[-1]} is inside {INPUT} (the head's encoder {world / 'enc'})" in lines[0]
+    assert snapshot(world) == before
+
+
+USERS = b'{"my": 1}\n'
+
+
+def made_by_the_user(monkeypatch, owner, name, path, after=False):
+    """Make `owner.name` (a function a command calls after checking its output) write the
+    user's file at `path` (with `after`, once it has returned), as another process would
+    while the command runs."""
+    original = getattr(owner, name)
+
+    def meanwhile(*args, **kwargs):
+        if not after:
+            path.write_bytes(USERS)
+        value = original(*args, **kwargs)
+        if after:
+            path.write_bytes(USERS)
+        return value
+
+    monkeypatch.setattr(owner, name, meanwhile)
+
+
+def made_while_written(monkeypatch, path):
+    """Write the user's file at `path` when a temporary file of a write of `path` is flushed,
+    just before it would be renamed into place."""
+    import bertflow.files
+
+    original = bertflow.files.fsync
+
+    def fsync(name):
+        if os.path.basename(name).startswith(f".{path.name}.") and not path.exists():
+            path.write_bytes(USERS)
+        original(name)
+
+    monkeypatch.setattr(bertflow.files, "fsync", fsync)
+
+
+def refused_keeping_the_users(capsys, args, folder, message):
+    """The command fails in one line naming `message`, leaving the user's file (at most one
+    in `folder`, besides its inputs) byte for byte, and nothing else of its own."""
+    before = {p.name for p in folder.iterdir()}
+    code = main([str(a) for a in args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and message in lines[0], lines
+    made = {p.name: p.read_bytes() for p in folder.iterdir() if p.name not in before}
+    assert list(made.values()) == [USERS], sorted(made)
+
+
+@pytest.mark.parametrize("moment", ["before the write", "while written"])
+def test_eval_keeps_a_file_made_at_json_while_it_ran(world, tmp_path, capsys, monkeypatch,
+                                                    moment):
+    import bertflow.files
+
+    rows = tmp_path / "out" / "rows.json"
+    rows.parent.mkdir()
+    if moment == "before the write":
+        made_by_the_user(monkeypatch, bertflow.files, "write_json", rows)
+    else:
+        made_while_written(monkeypatch, rows)
+    refused_keeping_the_users(
+        capsys, ["eval", "--data", world / "data", "--head", world / "head", "--json", rows,
+                 "--cache", tmp_path / "cache", "--quiet"], rows.parent,
+        f"--json {rows} exists and is not rows written by bertflow eval; not replacing it")
+
+
+@pytest.mark.parametrize("made, after, message", [
+    ("z.npy", False, "z.npy exists and is not a bertflow output (no z.meta.json)"),
+    ("z.meta.json", False, "z.meta.json exists and is not a bertflow sidecar"),
+    ("z.npy", True, "z.npy was made or changed by another process while this one wrote it"),
+], ids=["data", "sidecar", "data after the sidecar"])
+def test_transform_keeps_a_file_made_at_its_output_while_it_ran(world, tmp_path, capsys,
+                                                                monkeypatch, made, after,
+                                                                message):
+    """Made while the vectors are transformed, the user's file is refused by the second check
+    of the pair; made once the new sidecar is in place, it stays alone (the new sidecar, which
+    does not describe it, is removed)."""
+    import bertflow.embeddings
+    import bertflow.head
+
+    out = tmp_path / "out"
+    out.mkdir()
+    if after:
+        made_by_the_user(monkeypatch, bertflow.embeddings, "write_json", out / made, after=True)
+    else:
+        made_by_the_user(monkeypatch, bertflow.head.FlowHead, "transform", out / made)
+    refused_keeping_the_users(capsys, ["transform", "--head", world / "head", "--embeddings",
+                                       world / "emb.npy", "--out", out / "z.npy"], out, message)
