@@ -99,10 +99,10 @@ def launch(root, script, *args, processes=1, env=None, check=True):
 
 
 def encode(root, out, *extra, **kwargs):
+    cache = [] if "--no-cache" in extra else ["--cache", root / "cache"]
     return bertflow(root, "encode", "corpus.txt", "--out", out, "--encoder", "encoder",
-                    "--pooling", "first_last", "--cache", root / "cache",
-                    "--encode-batch-size", "4",
-                    *extra, **kwargs)
+                    "--pooling", "first_last", *cache, "--encode-batch-size", "4", *extra,
+                    **kwargs)
 
 
 def test_two_processes_encode_the_same_file_bit_for_bit(setup):
