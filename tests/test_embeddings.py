@@ -673,8 +673,9 @@ def test_a_max_length_beyond_the_encoders_positions_is_refused_before_any_work(
     out = tmp_path / "out" / ("e.npy" if name == "encode" else "h")
     (tmp_path / "out").mkdir()
     before = snapshot(tmp_path)
-    line = refused(capsys, name, corpus, "--out", out, "--encoder", tiny_encoder_dir,
-                   "--cache", tmp_path / "cache", "--max-length", 100000, *extra)
+    cache = extra or ["--cache", tmp_path / "cache"]  # --no-cache, or a cache
+    line = refused(capsys, name, corpus, "--out", out, "--encoder", tiny_encoder_dir, *cache,
+                   "--max-length", 100000)
     assert line.endswith("max_length 100000 is more than encoder tiny-bert0 takes: at most "
                          "128 tokens"), line
     assert snapshot(tmp_path) == before
