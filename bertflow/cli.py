@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from . import distributed  # after parsing: `--help` needs no torch
 
+    distributed.use_available_cpus()
     debug = args.debug or os.environ.get("BERTFLOW_DEBUG", "") not in ("", "0")
     where = ""
     try:

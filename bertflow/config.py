@@ -1,7 +1,5 @@
-"""What the configuration dataclasses (`FlowConfig`, `TrainConfig`) share: a round trip
-through a plain dict, as saved in a head's config.json and in a checkpoint; and the ceilings of
-a flow's architecture, here so that the command line checks them when it parses its options
-without importing torch."""
+"""What `FlowConfig` and `TrainConfig` share: a round trip through the dict a head or checkpoint
+saves; and a flow's ceilings, which the command line checks without importing torch."""
 
 from __future__ import annotations
 
@@ -14,15 +12,14 @@ __all__ = ["FLOW_CEILINGS", "MAX_FLOW_PARAMETERS", "DictConfig"]
 
 C = TypeVar("C", bound="DictConfig")
 
-# The largest levels, depth (steps per level) and hidden (conditioner width) of a flow, and
-# its most parameters (1 GiB of float32 weights; training holds four times that).
+# A flow's largest levels, depth (steps per level), hidden (conditioner width) and parameter
+# count (1 GiB of float32 weights; training holds four times that).
 FLOW_CEILINGS = {"levels": 16, "depth": 256, "hidden": 16384}
 MAX_FLOW_PARAMETERS = 2**28
 
 
 class DictConfig:
-    """A dataclass of settings saved as a dict; reading one refuses keys it does not know,
-    named as `KIND` keys ("unknown flow config keys: ...")."""
+    """A dataclass of settings saved as a dict; reading one refuses unknown `KIND` keys."""
 
     KIND: ClassVar[str] = "config"
 

@@ -24,15 +24,11 @@ def corpus_sha256(sentences: Iterable[str]) -> str:
 
 
 class Corpus:
-    """A sequence of sentences whose `count` and `sha256` are known before it is encoded.
+    """Sentences whose `count` and `sha256` are known before they are encoded: a list, or a text
+    file checked and hashed in one streaming pass and read again chunk by chunk, so that a
+    corpus larger than memory is never held whole."""
 
-    `Corpus.from_file` checks and hashes a text file in one streaming pass and later reads it
-    again chunk by chunk, so a corpus larger than memory is never held whole;
-    `Corpus.from_sentences` wraps a list.
-    """
-
-    def __init__(self, count: int, sha256: str, read: Callable[[int], Iterator[str]],
-                 name: str):
+    def __init__(self, count: int, sha256: str, read: Callable[[int], Iterator[str]], name: str):
         if count < 1:
             raise BertflowError(f"{name} is empty: expected one sentence per line")
         self.count, self.sha256, self.name = count, sha256, name

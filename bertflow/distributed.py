@@ -1,20 +1,19 @@
-"""Several processes, on one machine or several, started by PyTorch's `torchrun`.
-
-bertflow never launches processes itself: under `torchrun` (which sets `RANK`, `WORLD_SIZE`,
-`LOCAL_RANK` and the rendezvous), `init` joins the process group, with gloo on the CPU and
-NCCL on CUDA; without it every helper here is the one-process case.
-"""
+"""The processes a command runs in, and the threads each one computes with. bertflow launches
+no process: under PyTorch's `torchrun`, `init` joins the process group (gloo on the CPU, NCCL on
+CUDA); without it every helper here is the one-process case."""
 
 from __future__ import annotations
 
 import datetime
+import math
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["barrier", "broadcast_error", "init", "is_main", "join", "launched", "leave",
-           "local_device", "rank", "world_size"]
+__all__ = ["available_cpus", "barrier", "broadcast_error", "init", "is_main", "join", "launched",
+           "leave", "local_device", "rank", "use_available_cpus", "world_size"]
 
 _TIMEOUT = datetime.timedelta(hours=6)  # a rank may wait that long for a slower shard
 
@@ -25,9 +24,8 @@ def launched() -> bool:
 
 
 def init(device: torch.device) -> None:
-    """Join the process group torchrun describes (no-op when not launched, or joined). On CUDA,
-    collectives of CUDA tensors go through NCCL and those of CPU tensors (the flow's gradients,
-    which train on the CPU, and the messages between processes) through gloo."""
+    """Join the process group torchrun describes (once; no-op when not launched). On CUDA, CPU
+    tensors (the flow's gradients, messages between processes) still go through gloo."""
     if not launched() or dist.is_initialized():
         return
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
@@ -37,8 +35,7 @@ def init(device: torch.device) -> None:
 
 
 def join(device: str) -> str:
-    """Join the job torchrun describes on this process's own device of kind `device` (``auto``,
-    ``cpu``, ``cuda``, ``cuda:N``): the device it uses."""
+    """Join the job torchrun describes on this process's own `device` (a kind): the one used."""
     from .encoder import resolve_device
 
     chosen = local_device(resolve_device(device))
@@ -66,7 +63,6 @@ def is_main() -> bool:
 
 
 def leave() -> None:
-    """Leave the process group, if this process joined one."""
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -83,3 +79,33 @@ def broadcast_error(message: str | None) -> str | None:
     box = [message]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def use_available_cpus() -> int | None:
+    """Give torch a thread per CPU this process may use, unless OMP_NUM_THREADS or MKL_NUM_THREADS
+    is set (torch's default, every CPU of the machine, is slow on a busy one): the count or None."""
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        return None
+    threads = available_cpus()
+    torch.set_num_threads(threads)
+    return threads
+
+
+def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process may run on (its affinity), capped by the CPU quota of the cgroup
+    mounted at `cgroup` (a container's own; v2, or v1's `cpu` folder), rounded up."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quotas = [math.ceil(q) for q in map(_quota, (cgroup, cgroup / "cpu")) if q > 0]
+    return max(1, min([cpus or 1, *quotas]))
+
+
+def _quota(folder: Path) -> float:
+    """The CPUs of a cgroup's quota (v2 `cpu.max`, v1 `cpu.cfs_*_us`); 0 or less if none is set."""
+    try:
+        if (folder / "cpu.max").is_file():
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+        else:
+            quota, period = ((folder / f"cpu.cfs_{n}_us").read_text() for n in ("quota", "period"))
+        return int(quota) / int(period)
+    except (OSError, ValueError, ZeroDivisionError):
+        return 0

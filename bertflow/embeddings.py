@@ -553,7 +553,8 @@ def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encod
         with tqdm(total=stop - start, initial=done - start, desc=label, unit="sent",
                   disable=not show or rank != 0) as bar:
             for chunk in corpus.chunks(done, stop, CHUNK_SIZE):
-                vectors = encoder.encode_chunk(chunk, list(outputs), max_length, batch_size)
+                vectors = encoder.encode_chunk(chunk, list(outputs), max_length, batch_size,
+                                               bar.update)
                 # an output a kill left a chunk ahead of the others already holds these rows
                 behind = [p for p in outputs if reached[p][0] == done]
                 for p in behind:
@@ -563,7 +564,6 @@ def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encod
                 for p in behind:
                     outputs[p].record(rank, *reached[p])
                 done += len(chunk)
-                bar.update(len(chunk))
     finally:
         for f in files.values():
             f.close()

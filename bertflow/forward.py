@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -14,42 +15,34 @@ __all__ = ["FusedBert", "supports_fused"]
 
 def supports_fused(model: nn.Module) -> bool:
     """Whether `model` is a BERT-architecture encoder that `FusedBert` computes exactly: post-LN
-    layers with separate query/key/value projections and absolute position embeddings, fed
-    the embedding output as it is. Not ELECTRA with embeddings narrower than its hidden states
-    (an `embeddings_project` layer comes between them), nor ALBERT (one layer group shared
-    across depth, under `encoder.albert_layer_groups`): those run the model's own forward."""
+    layers with separate query/key/value projections, absolute positions, fed the embedding
+    output as it is (not ELECTRA's narrower embeddings, nor ALBERT's shared layers)."""
     config = getattr(model, "config", None)
     layers = getattr(getattr(model, "encoder", None), "layer", None)
     if config is None or layers is None or not hasattr(model, "embeddings"):
         return False
-    if hasattr(model, "embeddings_project"):
-        return False
     words = getattr(model.get_input_embeddings(), "embedding_dim", None)
-    if words is None or words != getattr(config, "hidden_size", None):
+    if (hasattr(model, "embeddings_project") or words is None
+            or words != getattr(config, "hidden_size", None)
+            or getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False)
+            or getattr(config, "position_embedding_type", "absolute") != "absolute"
+            or not isinstance(getattr(config, "hidden_act", None), str)):
         return False
-    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+    needed = attrgetter("attention.self.query", "attention.self.key", "attention.self.value",
+                        "attention.output.dense", "attention.output.LayerNorm",
+                        "intermediate.dense", "output.dense", "output.LayerNorm")
+    try:
+        return all(None not in needed(layer) for layer in layers)
+    except AttributeError:
         return False
-    if getattr(config, "position_embedding_type", "absolute") != "absolute":
-        return False
-    if not isinstance(getattr(config, "hidden_act", None), str):
-        return False
-    needed = ("attention.self.query", "attention.self.key", "attention.self.value",
-              "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
-              "output.dense", "output.LayerNorm")
-    return all(_has(layer, path) for layer in layers for path in needed)
 
 
 class FusedBert(nn.Module):
-    r"""The forward pass of a Hugging Face BERT-style encoder (BERT, RoBERTa, ...), computed with
-    one query-key-value projection per layer and PyTorch's fused attention.
-
-    Each layer is $h \leftarrow \mathrm{LN}(h + W_o\,\mathrm{Attn}(W_{qkv} h))$ followed by
-    $h \leftarrow \mathrm{LN}(h + W_2\,\mathrm{act}(W_1 h))$. In `dtype` bfloat16 or float16 the
-    four projections run in that precision, while the residual stream, the LayerNorms, the
-    embeddings and (on the CPU) the attention stay in float32: lower precision where the FLOPs
-    are, float32 where rounding would accumulate. In float32 it computes what the model's own
-    forward computes. The model's weights are copied, not changed.
-    """
+    """The forward pass of a Hugging Face BERT-style encoder (BERT, RoBERTa, ...) with one
+    query-key-value projection per layer and PyTorch's fused attention; the weights are copied.
+    In bfloat16 or float16 the four projections run in that precision, while the residual
+    stream, the LayerNorms, the embeddings and (on the CPU) the attention stay in float32, where
+    rounding would accumulate. In float32 it computes what the model's own forward computes."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -57,31 +50,19 @@ class FusedBert(nn.Module):
             raise ValueError(f"{type(model).__name__} is not a BERT-architecture encoder")
         from transformers.activations import ACT2FN
 
-        config = model.config
-        self.embeddings = model.embeddings
-        activation = ACT2FN[config.hidden_act]
-        self.dtype = dtype
-        self.layers = nn.ModuleList(
-            _FusedLayer(layer, int(config.num_attention_heads), activation, dtype)
-            for layer in model.encoder.layer
-        )
+        self.embeddings, self.dtype = model.embeddings, dtype
+        heads, activation = int(model.config.num_attention_heads), ACT2FN[model.config.hidden_act]
+        self.layers = nn.ModuleList(_FusedLayer(layer, heads, activation, dtype)
+                                    for layer in model.encoder.layer)
 
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        token_type_ids: Tensor | None = None,
-        keep: Collection[int] | None = None,
-    ) -> tuple[Tensor | None, ...]:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor,
+                token_type_ids: Tensor | None = None,
+                keep: Collection[int] | None = None) -> tuple[Tensor | None, ...]:
         """Hidden states $h^{(0)} \\ldots h^{(L)}$ in float32, like the model's
         `hidden_states`; only the layers in `keep` (default: all) are kept, the others are None."""
         h = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids).float()
-        keep = range(self.num_layers + 1) if keep is None else {k % (self.num_layers + 1)
-                                                                for k in keep}
+        count = len(self.layers) + 1
+        keep = range(count) if keep is None else {k % count for k in keep}
         mask = attention_mask.bool()[:, None, None, :]
         states: list[Tensor | None] = [h if 0 in keep else None]
         for index, layer in enumerate(self.layers, start=1):
@@ -123,11 +104,3 @@ def _linear(weight: Tensor, bias: Tensor, dtype: torch.dtype) -> nn.Linear:
         linear.weight.copy_(weight)
         linear.bias.copy_(bias)
     return linear.requires_grad_(False)
-
-
-def _has(module: nn.Module, path: str) -> bool:
-    for name in path.split("."):
-        module = getattr(module, name, None)
-        if module is None:
-            return False
-    return True

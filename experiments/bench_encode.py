@@ -28,7 +28,8 @@ from common import parser
 from sentence_transformers import SentenceTransformer
 
 from bertflow import load_encoder
-from bertflow.encoder import Encoder, default_encoder_path, resolve_device
+from bertflow.encoder import Encoder, resolve_device
+from bertflow.encoder_id import default_encoder_path
 from bertflow.files import read_sentences
 
 

@@ -124,7 +124,7 @@ def make_small_encoder(folder: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from bertflow.encoder import default_encoder_path
+    from bertflow.encoder_id import default_encoder_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_encoder_path()))
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=128, num_hidden_layers=2,

@@ -235,11 +235,11 @@ def test_other_architectures_use_their_own_forward(distil_encoder_dir, pooling):
 def test_batches_are_padded_to_few_widths_within_the_models_positions(tiny_encoder_dir, tmp_path):
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    from bertflow.encoder import _padded_width, _Tokens
+    from bertflow.batches import Tokens, padded_width
 
-    assert [_padded_width(n) for n in (1, 8, 9, 17, 33, 65, 100, 129)] == [
+    assert [padded_width(n) for n in (1, 8, 9, 17, 33, 65, 100, 129)] == [
         1, 8, 9, 18, 36, 72, 104, 144]
-    assert all(n <= _padded_width(n) <= n * 1.125 for n in range(1, 600))
+    assert all(n <= padded_width(n) <= n * 1.125 for n in range(1, 600))
 
     # 17 positions: a 17-token sentence would round up to 18, past the last position
     tokenizer = BertTokenizerFast.from_pretrained(str(tiny_encoder_dir))
@@ -250,7 +250,8 @@ def test_batches_are_padded_to_few_widths_within_the_models_positions(tiny_encod
     tokenizer.save_pretrained(tmp_path)
     short = load_encoder(tmp_path)
     long_sentence = " ".join(["the dog runs in the park"] * 5)  # 30 words, truncated to 17
-    tokens = _Tokens(short, [long_sentence, "a man"], max_length=17)
+    tokens = Tokens(lambda part: short.tokenize(part, 17), [long_sentence, "a man"],
+                    short.tokenizer.pad_token_id, short.max_tokens)
     assert tokens.padded(np.array([0, 1]))["input_ids"].shape == (2, 17)
     assert tokens.padded(np.array([1]))["input_ids"].shape == (1, 4)
     got = short.encode([long_sentence, "a man"], "mean", max_length=17)
@@ -260,9 +261,9 @@ def test_batches_are_padded_to_few_widths_within_the_models_positions(tiny_encod
 
 def test_loading_a_folder_does_not_need_the_default_encoder_package(tiny_encoder_dir,
                                                                     monkeypatch):
-    import bertflow.encoder
+    import bertflow.encoder_id
 
-    monkeypatch.setattr(bertflow.encoder, "_DEFAULT_PACKAGE", "no_such_encoder_package")
+    monkeypatch.setattr(bertflow.encoder_id, "_DEFAULT_PACKAGE", "no_such_encoder_package")
     with pytest.raises(BertflowError, match="default encoder package is not installed"):
         default_encoder_path()
     encoder = load_encoder(tiny_encoder_dir, device="cpu")
@@ -292,3 +293,24 @@ def test_a_damaged_or_pickled_encoder_folder_is_one_error(tiny_encoder_dir, tmp_
         pickle.dump({"weights": Payload()}, f)
     with pytest.raises(BertflowError, match="cannot load encoder .*pickled as a folder"):
         load_encoder(pickled)
+
+
+def test_progress_advances_per_batch_within_a_chunk(tiny_encoder, tiny_encoder_dir, tmp_path,
+                                                    monkeypatch):
+    """The bar moves by each batch's sentences, not once per chunk: in `encode` and in the
+    writer that `bertflow encode` (and `fit` from text) goes through."""
+    from tqdm.std import tqdm
+
+    from bertflow.cli import main
+
+    steps = []
+    update = tqdm.update
+    monkeypatch.setattr(tqdm, "update", lambda bar, n=1: steps.append(n) or update(bar, n))
+    tiny_encoder.encode(SENTENCES, "mean", batch_size=3, progress=True)
+    assert steps == [3, 3, 2]
+    steps.clear()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(SENTENCES) + "\n")
+    assert main(["encode", str(corpus), "--out", str(tmp_path / "x.npy"), "--encoder",
+                 str(tiny_encoder_dir), "--encode-batch-size", "3", "--no-cache"]) == 0
+    assert steps == [3, 3, 2]

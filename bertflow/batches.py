@@ -1,0 +1,91 @@
+"""Sentences tokenised once and cut into batches of similar length, which keeps padding small."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import BertflowError
+
+__all__ = ["Tokens", "check_batch_size", "check_max_length", "release_free_memory"]
+
+
+def check_batch_size(batch_size: Any) -> int:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise BertflowError(f"batch size must be at least 1, got {batch_size}")
+    return batch_size
+
+
+def check_max_length(max_length: Any) -> int:
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
+        raise BertflowError(f"max_length must be an integer of at least 2, got {max_length!r}")
+    return max_length
+
+
+class Tokens:
+    """A chunk's token fields as flat int32 arrays, `tokenize`d a slice at a time (a tokenizer's
+    own output for thousands of sentences takes tens of MB); `limit` is the model's positions."""
+
+    def __init__(self, tokenize: Callable[[Sequence[str]], Any], sentences: Sequence[str],
+                 pad_id: int | None, limit: int | None, slice_size: int = 512):
+        parts: dict[str, list[np.ndarray]] = {}
+        lengths = []
+        for start in range(0, len(sentences), slice_size):
+            tokens = tokenize(sentences[start : start + slice_size])
+            lengths += [len(ids) for ids in tokens["input_ids"]]
+            for key in ("input_ids", "token_type_ids", "special_tokens_mask"):
+                if key in tokens:
+                    parts.setdefault(key, []).append(
+                        np.fromiter(itertools.chain.from_iterable(tokens[key]), np.int32))
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+        self.fields = {key: np.concatenate(values) for key, values in parts.items()}
+        self.pads = {"input_ids": 0 if pad_id is None else pad_id, "token_type_ids": 0,
+                     "special_tokens_mask": 1}
+        self.limit = limit
+
+    def batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+        """The rows of each batch, longest sentences first, and the batch `padded`."""
+        order = np.argsort(-self.lengths, kind="stable")
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            yield rows, self.padded(rows)
+
+    def padded(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """The rows' fields right-padded to the longest of them, rounded up by `padded_width`
+        within the model's positions, with their attention mask."""
+        lengths = self.lengths[rows]
+        longest = int(lengths.max())
+        width = max(longest, min(padded_width(longest), self.limit or longest))
+        batch = {key: np.full((len(rows), width), self.pads[key], dtype=np.int64)
+                 for key in self.fields}
+        for j, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+            start = self.starts[row]
+            for key, values in self.fields.items():
+                batch[key][j, :length] = values[start : start + length]
+        batch["attention_mask"] = (np.arange(width) < lengths[:, None]).astype(np.int64)
+        return {key: torch.from_numpy(value) for key, value in batch.items()}
+
+
+def padded_width(longest: int) -> int:
+    """`longest` rounded up to an eighth of its power of two (at most 12.5% more padding): a few
+    dozen batch shapes instead of one per length keep the CPU allocator from fragmenting, so
+    memory does not creep up over a long corpus. Masked padding leaves the embeddings alone."""
+    step = max(1, (1 << (longest.bit_length() - 1)) // 8)
+    return -(-longest // step) * step
+
+
+def release_free_memory() -> None:
+    """Return the C allocator's free pages to the system (glibc's `malloc_trim`; elsewhere a
+    no-op). Tensors of varying shapes otherwise leave freed memory stranded in the heap."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if os.name == "posix" else None
