@@ -1,4 +1,5 @@
-# make demo: fit, export and reload flow heads on the embedded defaults, print before/after
+# make demo: fit, save, export to ONNX and reload flow heads on the embedded defaults; print
+# before/after (each step says what it does; progress bars while it encodes and trains)
 # make test: the whole test suite
 # Both create .venv on first use: the CPU build of torch first, then bertflow and its extras.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .commands import build_parser as _parser
-from .commands import check_fit_options, check_flow_options, check_no_encoding, flow_options
+from .commands import check_options, flow_options
 from .constants import DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .errors import BertflowError, PeerError, one_line
 
@@ -24,15 +25,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from . import distributed  # after parsing: `--help` needs no torch
-
-    distributed.use_available_cpus()
     debug = args.debug or os.environ.get("BERTFLOW_DEBUG", "") not in ("", "0")
-    where = ""
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
     try:
-        if distributed.launched():
-            where = f"[rank {os.environ.get('RANK', '?')}] "
-            _join_processes(args)
+        check_options(args)  # and the inputs, before torch is imported: a slip fails at once
+        _check_inputs(args)
+        from . import distributed
+
+        distributed.use_available_cpus()
+        if launched:
+            args.device = distributed.join(args.device)
         args.run(args)
     except PeerError:
         return 1  # the process that failed says why
@@ -42,52 +44,59 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # every failure ends in one line, unless asked for the traceback
         if debug:
             raise
+        where = f"[rank {os.environ.get('RANK', '?')}] " if launched else ""
         print(f"bertflow: error: {where}{one_line(e)}", file=sys.stderr)
         return 1
     finally:
-        distributed.leave()
+        if launched:
+            from . import distributed
+
+            distributed.leave()
     return 0
 
 
-def _join_processes(args: argparse.Namespace) -> None:
-    """Under torchrun: only encode, fit and index split their work across processes."""
-    from . import distributed
+# The files and folders a command reads, by argument: how a message names it, and what it must
+# be (an existing file, a head folder or a ready head's name, a data or index folder).
+_INPUTS = {"corpus": ("the corpus", "file"), "input": ("the input", "file"),
+           "sentences": ("the sentences", "file"), "embeddings": ("--embeddings", "file"),
+           "queries": ("--queries", "file"), "head": ("--head", "head"),
+           "data": ("--data", "data folder"), "dev_sts": ("--dev-sts", "data folder"),
+           "index": ("--index", "index folder"), "encoder": ("--encoder", None)}
 
-    if args.command not in ("encode", "fit", "index"):
-        raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
-                            "only encode, fit and index split their work")
-    args.device = distributed.join(args.device)
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """Refuse a missing input before anything is imported that takes time to import."""
+    from .folders import head_folder
+
+    given = [(dest, getattr(args, dest)) for dest in _INPUTS if getattr(args, dest, None)]
+    given += [("input", p) for p in getattr(args, "fit_on", None) or [] if p != "target"]
+    for dest, path in given:
+        path, kind = Path(path), _INPUTS[dest][1]
+        if kind == "file" and not path.is_file():
+            raise BertflowError(f"{path} is not a file" if path.exists() else
+                                f"no such file: {path}")
+        if kind == "head":
+            head_folder(path)
+        elif kind is not None and kind != "file" and not path.is_dir():
+            raise BertflowError(f"no {kind} at {path}")
 
 
 def _check_paths(args: argparse.Namespace, output: str = "out") -> None:
-    """Refuse, before any work, the command's output (the argument `output`) where it is,
-    holds or lies inside one of the command's inputs (`fit` checks its own paths, in
-    `runs.fit_head`)."""
-    from .files import check_outputs
-
-    check_outputs({f"--{output}": getattr(args, output)}, _inputs(args))
-
-
-_INPUTS = {"corpus": "the corpus", "sentences": "the sentences", "embeddings": "--embeddings",
-           "head": "--head", "data": "--data", "encoder": "--encoder"}
-
-
-def _inputs(args: argparse.Namespace) -> dict[str, Any]:
-    """The files and folders a command reads, by how a message names them."""
+    """Refuse the output (argument `output`) where it is, holds or lies inside an input."""
     from .cache import EmbeddingCache
-    from .head import ready_heads
+    from .files import check_outputs
+    from .folders import head_folder
 
-    inputs = {name: Path(getattr(args, dest)) for dest, name in _INPUTS.items()
+    inputs = {name: Path(getattr(args, dest)) for dest, (name, _) in _INPUTS.items()
               if getattr(args, dest, None) is not None}
-    head = inputs.get("--head")
-    if head is not None and not head.exists():
-        inputs["--head"] = head = ready_heads().get(str(head), head)
-    if head is not None and "--encoder" not in inputs:
-        inputs["the head's encoder"] = _recorded_encoder_folder(head)
+    if "--head" in inputs:
+        inputs["--head"] = head = head_folder(inputs["--head"])
+        if "--encoder" not in inputs:
+            inputs["the head's encoder"] = _recorded_encoder_folder(head)
     inputs["--fit-on"] = [p for p in getattr(args, "fit_on", None) or [] if p != "target"]
     if hasattr(args, "cache") and not getattr(args, "no_cache", False):
         inputs["the embedding cache"] = EmbeddingCache(args.cache).root
-    return inputs
+    check_outputs({f"--{output}": getattr(args, output)}, inputs)
 
 
 def _recorded_encoder_folder(head: Path) -> Path | None:
@@ -126,14 +135,14 @@ def _encode(args: argparse.Namespace) -> None:
 def _fit(args: argparse.Namespace) -> None:
     from .runs import FitJob, fit_head
 
-    check_fit_options(args)
     job = FitJob(args.input, args.out, args.method, args.k, args.d,
                  recipe=flow_options(args), encoder=args.encoder,
                  pooling=args.pooling, max_length=args.max_length,
                  batch_size=args.encode_batch_size, device=args.device, dtype=args.dtype,
                  cache=args.cache, checkpoint=args.checkpoint, resume=args.resume,
                  logdir=args.logdir, dev_sts=args.dev_sts)
-    fitted = fit_head(job, say=None if args.quiet else _say, progress=_progress(args))
+    say = None if args.quiet else functools.partial(print, file=sys.stderr)
+    fitted = fit_head(job, say=say, progress=_progress(args))
     if fitted is None:  # another process of a torchrun job
         return
     if args.method != "flow":
@@ -153,12 +162,10 @@ def _transform(args: argparse.Namespace) -> None:
 
     _check_paths(args)
     out = Checked(args.out, check_output, also=[meta_path(args.out)])
-    if args.embeddings is not None:
-        check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
     # --pooling: how the sentences are encoded, or how the embeddings were (`head.check`)
     head = _load_head(args) if args.sentences is not None else FlowHead.load(args.head)
     if args.sentences is not None:
-        z = head.encode(read_sentences(args.sentences), _load_encoder(args, head.encoder),
+        z = head.encode(read_sentences(args.sentences), _load_encoder(args, head),
                         args.encode_batch_size, progress=_progress(args))
         source = {"sentences_sha256": sha256_file(args.sentences)}
     else:
@@ -172,50 +179,49 @@ def _transform(args: argparse.Namespace) -> None:
 
 def _eval(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
-    from .evaluate import evaluate_head, evaluate_method, format_table, undefined_notes
+    from .evaluate import (
+        check_rows_destination,
+        evaluate_head,
+        evaluate_method,
+        format_table,
+        undefined_notes,
+    )
     from .files import Checked, write_json
     from .recipes import corpus_note
     from .sts import load_tasks
 
-    if args.head is not None and args.fit_on is not None:
-        raise BertflowError("--fit-on does not apply to --head: the head is already fit")
-    if args.head is not None and (args.k is not None or args.d is not None):
-        raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
-                            f"not to --head {args.head}, which is fit already")
-    check_flow_options(args)
     _check_paths(args, "json")
-    out = Checked(args.json, _check_rows_destination) if args.json is not None else None
+    out = Checked(args.json, check_rows_destination) if args.json is not None else None
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
     head = _load_head(args)
-    encoder = _load_encoder(args, head.encoder if head is not None else None)
-    common = {"max_length": args.max_length or DEFAULT_MAX_LENGTH,
-              "batch_size": args.encode_batch_size, "progress": _progress(args)}
+    encoder = _load_encoder(args, head)
+    common = {"max_length": args.max_length or DEFAULT_MAX_LENGTH, "progress": _progress(args),
+              "batch_size": args.encode_batch_size}
+    method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
+    fit_on = args.fit_on or ["target"]
     if head is not None:
         rows = evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
                              name=str(args.head), pooling=args.pooling, **common)
     else:
-        fit_on = args.fit_on or ["target"]
-        if (args.method or "flow") == "flow":
+        if method == "flow":
             _check_flow(args, encoder)
-        rows = evaluate_method(tasks, missing, args.method or "flow", encoder,
-                               EmbeddingCache(args.cache), pooling=args.pooling or
-                               DEFAULT_POOLING, fit_on=fit_on, k=args.k,
-                               d=args.d, recipe=flow_options(args), **common)
+        rows = evaluate_method(tasks, missing, method, encoder, EmbeddingCache(args.cache),
+                               pooling=pooling, fit_on=fit_on, k=args.k, d=args.d,
+                               recipe=flow_options(args), **common)
     if args.json is not None:
         write_json(args.json, rows, recheck=out)
     for aggregation in ("all", "wmean"):
         print(f"Spearman × 100 ({aggregation}):")
         print(format_table(rows, aggregation))
-    for note in undefined_notes(rows):
-        print(note)
+    notes = undefined_notes(rows)
     if missing:
-        print(f"missing from {args.data}: {', '.join(missing)}")
-    if head is None and (args.method or "flow") == "flow":
-        note = corpus_note(args.pooling or DEFAULT_POOLING, fit_on)
-        if note is not None:
-            print(note)
+        notes.append(f"missing from {args.data}: {', '.join(missing)}")
+    if head is None and method == "flow":
+        notes.append(corpus_note(pooling, fit_on))
+    for note in filter(None, notes):
+        print(note)
 
 
 def _diagnose(args: argparse.Namespace) -> None:
@@ -223,12 +229,11 @@ def _diagnose(args: argparse.Namespace) -> None:
     from .diagnose import diagnose
     from .files import read_sentences
 
-    check_flow_options(args)
     _check_paths(args)
     sentences = read_sentences(args.sentences)
     corpus = read_sentences(args.corpus) if args.corpus else None
     head = _load_head(args)
-    encoder = _load_encoder(args, head.encoder if head is not None else None)
+    encoder = _load_encoder(args, head)
     if head is None:
         _check_flow(args, encoder)
     paths, before, after = diagnose(
@@ -263,12 +268,21 @@ def _info(args: argparse.Namespace) -> None:
         print(f"{key:<{width}}  {value}")
 
 
+def _recipes(args: argparse.Namespace) -> None:
+    from .recipes import RECIPES
+
+    for pooling, recipe in RECIPES.items():
+        if args.pooling in (None, pooling):
+            print(f"{pooling}:\n  before:   {recipe.before}\n  corpus:   {recipe.corpus}")
+            for name, config in (("flow", recipe.flow), ("training", recipe.train)):
+                settings = " ".join(f"{k}={v}" for k, v in config.to_dict().items())
+                print(f"  {name + ':':<9} {settings}")
+
+
 def _export(args: argparse.Namespace) -> None:
-    from .export import check_destination
+    from .export import check_destination, export_onnx, export_program
     from .head import FlowHead
 
-    if args.format != "sentence-transformers" and (args.encoder is not None or args.normalize):
-        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
     _check_paths(args)
     check_destination(args.out, args.format)
     head = FlowHead.load(args.head)
@@ -277,12 +291,8 @@ def _export(args: argparse.Namespace) -> None:
 
         save_pipeline(build_pipeline(head, args.encoder, args.normalize), args.out)
     elif args.format == "onnx":
-        from .export import export_onnx
-
         export_onnx(head, args.out)
     else:
-        from .export import export_program
-
         export_program(head, args.out)
     print(f"wrote {args.out} ({args.format})")
 
@@ -296,12 +306,11 @@ def _index(args: argparse.Namespace) -> None:
     _check_paths(args)
     head = _load_head(args)
     items = read_sentences(args.corpus)
-    encoder = _load_encoder(args, head.encoder if head is not None else None)
-    index = Index.build(items, encoder, head=head, pooling=args.pooling,
-                        max_length=args.max_length or (head.max_length if head else None) or
-                        DEFAULT_MAX_LENGTH,
-                        batch_size=args.encode_batch_size, cache=EmbeddingCache(args.cache),
-                        kind=args.kind, dims=args.dims, progress=_progress(args))
+    max_length = args.max_length or (head.max_length if head else None) or DEFAULT_MAX_LENGTH
+    index = Index.build(items, _load_encoder(args, head), head=head, pooling=args.pooling,
+                        max_length=max_length, batch_size=args.encode_batch_size,
+                        cache=EmbeddingCache(args.cache), kind=args.kind, dims=args.dims,
+                        progress=_progress(args))
     if index is None:  # another process of a torchrun job builds it
         return
     index.save(args.out)
@@ -318,7 +327,7 @@ def _search(args: argparse.Namespace) -> None:
     if any(not q.strip() for q in queries):
         raise BertflowError("empty query")
     index = Index.load(args.index)
-    hits_per_query = index.search(queries, _load_encoder(args, index.encoder), args.k)
+    hits_per_query = index.search(queries, _load_encoder(args, index), args.top)
     for query, hits in zip(queries, hits_per_query, strict=True):
         if args.json:
             print(json.dumps({"query": query, "hits": [hit._asdict() for hit in hits]},
@@ -346,50 +355,24 @@ def _load_head(args: argparse.Namespace) -> Any:
 
 
 def _check_flow(args: argparse.Namespace, encoder: Any) -> None:
-    """Refuse, before anything is encoded, a flow that cannot be built on the encoder's
-    width."""
+    """Refuse, before anything is encoded, a flow too large for the encoder's width."""
     from .recipes import resolve
 
     pooling = args.pooling or DEFAULT_POOLING
     resolve(flow_options(args), pooling).flow.check(encoder.width(pooling))
 
 
-def _check_rows_destination(path: Path) -> None:
-    """--json may replace the rows of an earlier `eval`, but no other file, a folder or a
-    symbolic link."""
-    from .files import refuse_link
-
-    if path.is_dir():
-        raise BertflowError(f"--json {path} is a folder")
-    refuse_link(path)
-    if not path.exists():
-        return
-    try:
-        rows = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        rows = None
-    if not (isinstance(rows, list) and rows and all(
-            isinstance(row, dict) and {"task", "aggregation", "spearman"} <= row.keys()
-            for row in rows)):
-        raise BertflowError(f"--json {path} exists and is not rows written by bertflow eval; "
-                            "not replacing it")
-
-
-def _load_encoder(args: argparse.Namespace, recorded: Any = None) -> Any:
-    """--encoder, else the encoder a head or an index records (`recorded`), else the
-    default."""
+def _load_encoder(args: argparse.Namespace, owner: Any = None) -> Any:
+    """--encoder, else the encoder `owner` (a head or an index) records, else the default."""
     from .encoder import resolve_encoder
 
-    return resolve_encoder(args.encoder, recorded, args.device, args.dtype)
+    return resolve_encoder(args.encoder, getattr(owner, "encoder", None), args.device,
+                           args.dtype)
 
 
 def _progress(args: argparse.Namespace) -> bool | None:
     """Progress bars where they help, none with --quiet."""
     return False if args.quiet else None
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 def _number(value: float | None) -> str:
@@ -398,7 +381,7 @@ def _number(value: float | None) -> str:
 
 _RUN = {"encode": _encode, "fit": _fit, "transform": _transform, "eval": _eval,
         "diagnose": _diagnose, "export": _export, "index": _index, "search": _search,
-        "info": _info}
+        "info": _info, "recipes": _recipes}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,15 +1,19 @@
 """The `bertflow` command line's arguments: one parser per command, every option with its
-type, default and help. Imports nothing heavy, so that `bertflow --help` is instant."""
+type, default and help, and the checks of options that need no file. Imports nothing heavy,
+so that `bertflow --help` is instant and a slip is refused at once."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import __version__
+from .config import FLOW_CEILINGS
 from .constants import (
     BEFORE,
     DEFAULT_BATCH_SIZE,
@@ -22,16 +26,16 @@ from .constants import (
     POOLINGS,
     TASKS,
 )
+from .errors import BertflowError
 
-__all__ = ["EXPORT_FORMATS", "build_parser", "check_fit_options", "check_flow_options",
-           "check_no_encoding", "flow_options"]
+__all__ = ["EXPORT_FORMATS", "build_parser", "check_flow_options", "check_no_encoding",
+           "check_options", "flow_options"]
 
 EXPORT_FORMATS = ("sentence-transformers", "onnx", "torch-export")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Every option with its default (where it has one worth showing); descriptions as
-    written."""
+    """Every option with its default (where it has one worth showing); descriptions as is."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -41,11 +45,14 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
         return super()._get_help_string(action) or text
 
 
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kwargs: Any):
-        kwargs.setdefault("formatter_class", _Formatter)
-        super().__init__(*args, **kwargs)
+class _Refused(argparse.Action):
+    """An option that means something else here: refused, saying what (its `const`)."""
 
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        raise argparse.ArgumentError(self, self.const)
+
+
+class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -53,13 +60,16 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(run: Mapping[str, Callable[[argparse.Namespace], None]]) -> _Parser:
     """The parser of every command; a command's parsed arguments carry `run`, the function
     of `run` (by the command's name) that carries it out."""
-    parser = _Parser(prog="bertflow", description=_DESCRIPTION)
-    parser.add_argument("--version", action="version", version=_version())
+    parser = _Parser(prog="bertflow", description=_DESCRIPTION, formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"bertflow {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of a failure (or set BERTFLOW_DEBUG=1)")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, add in _COMMANDS.items():
-        add(commands).set_defaults(run=run[name])
+    for name, (add, summary, description) in _COMMANDS.items():
+        p = commands.add_parser(name, help=summary, description=description,
+                                formatter_class=_Formatter)
+        add(p)
+        p.set_defaults(run=run[name])
     return parser
 
 
@@ -73,8 +83,6 @@ def flow_options(args: argparse.Namespace) -> dict[str, Any]:
     flow = {k: v for k, v in given.items() if k in _FLOW_FIELDS}
     train = {k: v for k, v in given.items() if k not in _FLOW_FIELDS}
     if args.no_standardize and args.before not in (None, "none"):
-        from .errors import BertflowError
-
         raise BertflowError(f"--no-standardize and --before {args.before} contradict each other")
     return {"flow": flow, "train": train,
             "before": "none" if args.no_standardize else args.before}
@@ -92,8 +100,6 @@ _FLOW_AND_TRAINING = ("before", "no_standardize", *_FLOW_FIELDS, "seed", "epochs
 def check_flow_options(args: argparse.Namespace) -> None:
     """Refuse flow and training options where no flow is fit: with --head, or with a method
     other than the flow."""
-    from .errors import BertflowError
-
     given = [f"--{name.replace('_', '-')}" for name in _FLOW_AND_TRAINING
              if getattr(args, name, None) not in (None, False)]
     if given and getattr(args, "head", None) is not None:
@@ -108,29 +114,46 @@ def check_no_encoding(args: argparse.Namespace, why: str,
     """Refuse the encoder's options among `options` (--device, --dtype, --encode-batch-size,
     --cache) where nothing is encoded, as `why` says, unless they are their defaults or ask
     for what happens anyway: the CPU (where a flow trains) and float32."""
-    from .errors import BertflowError
-
     given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
              if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
     if given:
         raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
 
 
-def check_fit_options(args: argparse.Namespace) -> None:
-    """Refuse `fit` options that belong to another method, and checkpoint, resume and log
-    options that cannot work."""
-    from .distributed import launched
-    from .errors import BertflowError
-
-    if (args.k is not None and args.method not in ("whitening", "whitening-k")) or (
-            args.d is not None and args.method != "abtt"):
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse options that cannot apply together, before anything is read or imported."""
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
+    if launched and args.command not in ("encode", "fit", "index"):
+        raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
+                            "only encode, fit and index split their work")
+    check_flow_options(args)
+    if getattr(args, "head", None) is not None and args.command == "eval":
+        if args.fit_on is not None:
+            raise BertflowError("--fit-on does not apply to --head: the head is already fit")
+        if args.k is not None or args.d is not None:
+            raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
+                                f"not to --head {args.head}, which is fit already")
+    method = getattr(args, "method", None) or "flow"
+    if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
+            getattr(args, "d", None) is not None and method != "abtt"):
         raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
                             "--method abtt")
-    check_flow_options(args)
+    if args.command == "transform" and args.embeddings is not None:
+        check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
+    if args.command == "export" and args.format != "sentence-transformers" and (
+            args.encoder is not None or args.normalize):
+        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
+    if args.command == "fit":
+        _check_fit_options(args, launched)
+
+
+def _check_fit_options(args: argparse.Namespace, launched: bool) -> None:
+    """Refuse encoder options where `fit` encodes nothing, and checkpoint, resume and log
+    options that cannot work."""
     if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
         unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
         check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
-                          unused if args.dev_sts or launched() else ("device", *unused))
+                          unused if args.dev_sts or launched else ("device", *unused))
     if args.method != "flow":
         flow_only = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--resume",
                      args.resume), ("--logdir", args.logdir), ("--dev-sts", args.dev_sts)) if given]
@@ -145,12 +168,25 @@ def check_fit_options(args: argparse.Namespace) -> None:
         raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
 
 
-def _encode_command(commands: Any) -> argparse.ArgumentParser:
-    p = _command(commands, "encode", "embed a corpus (one sentence per line) into .npy", """
+_COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str, str]] = {}
+
+
+def _command(name: str, summary: str, description: str) -> Callable[[Any], Any]:
+    """Register the function below as the one that adds command `name`'s options."""
+
+    def register(add: Callable[[argparse.ArgumentParser], None]) -> Any:
+        _COMMANDS[name] = (add, summary, textwrap.dedent(description).strip())
+        return add
+
+    return register
+
+
+@_command("encode", "embed a corpus (one sentence per line) into .npy", """
         Embed every line of CORPUS with a frozen encoder and a pooling into EMB.npy (float32,
         one row per line) and its sidecar EMB.meta.json; resumable, and across processes
         under torchrun. An encode interrupted at --out is neither continued nor discarded
         without --resume or --restart.""")
+def _encode(p: argparse.ArgumentParser) -> None:
     p.add_argument("corpus", type=Path, help="text file, one sentence per line")
     p.add_argument("--out", type=Path, required=True, help="EMB.npy (+ EMB.meta.json)")
     _encoder_options(p)
@@ -164,15 +200,14 @@ def _encode_command(commands: Any) -> argparse.ArgumentParser:
     cache.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP + ", read and filled")
     cache.add_argument("--no-cache", action="store_true", help="neither read nor fill the cache")
     _quiet(p)
-    return p
 
 
-def _fit_command(commands: Any) -> argparse.ArgumentParser:
-    p = _command(commands, "fit", "fit a flow head on a corpus or on embeddings", """
+@_command("fit", "fit a flow head on a corpus or on embeddings", """
         Fit a Glow by maximum likelihood on the embeddings of CORPUS (encoded and cached) or
         of EMB.npy, and save it as a head folder that records its encoder and pooling. With
         --method whitening, whitening-k or abtt, fit that baseline in closed form instead, as
         a head of the same format.""")
+def _fit(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", type=Path, help="CORPUS.txt, or EMB.npy made by `bertflow encode`")
     p.add_argument("--out", type=Path, required=True, help="folder to write the head to")
     p.add_argument("--method", choices=("flow", *LINEAR_METHODS), default="flow",
@@ -201,13 +236,12 @@ def _fit_command(commands: Any) -> argparse.ArgumentParser:
                         "DATA/STSBenchmark/sts-dev.csv), embedded like the training "
                         "embeddings, and print and log its Spearman")
     _quiet(g)
-    return p
 
 
-def _transform_command(commands: Any) -> argparse.ArgumentParser:
-    p = _command(commands, "transform", "apply a head to sentences or embeddings", """
+@_command("transform", "apply a head to sentences or embeddings", """
         Transform sentences (encoded with the head's encoder and pooling) or embeddings from
         `bertflow encode` with a head, into OUT.npy and a sidecar that records the head.""")
+def _transform(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", type=Path, required=True, help=_HEAD_HELP)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--sentences", type=Path, help="text file, one sentence per line")
@@ -221,14 +255,13 @@ def _transform_command(commands: Any) -> argparse.ArgumentParser:
                    default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
     _device_options(p)
     _quiet(p)
-    return p
 
 
-def _eval_command(commands: Any) -> argparse.ArgumentParser:
-    p = _command(commands, "eval", "score the STS tasks of a data folder", """
+@_command("eval", "score the STS tasks of a data folder", """
         Spearman correlation × 100 of cosine similarity with human scores on the STS tasks
         found in DATA (SentEval's layout), for a fitted head or for a method fit on each task's
         own sentences (no scores) or on a text file.""")
+def _eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, required=True, help="folder in SentEval's layout")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
@@ -242,16 +275,15 @@ def _eval_command(commands: Any) -> argparse.ArgumentParser:
                    help="tasks to score, where DATA has them")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     _head_or_flow_options(p)
-    return p
 
 
-def _diagnose_command(commands: Any) -> argparse.ArgumentParser:
-    p = _command(commands, "diagnose", "plot anisotropy before and after a flow", """
+@_command("diagnose", "plot anisotropy before and after a flow", """
         PNG plots of SENTENCES' embeddings before and after a head (or a flow fit on them):
         singular-value spectrum, pair cosines, projection; of the encoder's input word
         embeddings: norms by token frequency, top two singular directions coloured by
         frequency, singular values; and, with --data, every method's alignment against
         uniformity on STS-B.""")
+def _diagnose(p: argparse.ArgumentParser) -> None:
     p.add_argument("sentences", type=Path, help="text file, one sentence per line")
     p.add_argument("--out", type=Path, required=True, help="folder for the PNG plots")
     p.add_argument("--head", type=Path, default=None,
@@ -260,7 +292,6 @@ def _diagnose_command(commands: Any) -> argparse.ArgumentParser:
                    help="text whose token frequencies to plot (default: the sentences)")
     p.add_argument("--data", type=Path, default=None, help=_ALIGNMENT_HELP)
     _head_or_flow_options(p)
-    return p
 
 
 _ALIGNMENT_HELP = (
@@ -269,11 +300,11 @@ _ALIGNMENT_HELP = (
     "dev and test pairs (alignment: those with gold ≥ 4); without it, that plot is left out")
 
 
-def _export_command(commands: Any) -> argparse.ArgumentParser:
-    p = _command(commands, "export", "write a head for use without bertflow's CLI", """
+@_command("export", "write a head for use without bertflow's CLI", """
         A sentence-transformers folder (encoder, pooling and head; load it with
         bertflow.pipeline.load_pipeline), a self-contained ONNX file, or a torch.export
         program.""")
+def _export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", type=Path, required=True, help=_HEAD_HELP)
     p.add_argument("--format", required=True, choices=EXPORT_FORMATS, help="what to write")
     p.add_argument("--out", type=Path, required=True,
@@ -282,13 +313,12 @@ def _export_command(commands: Any) -> argparse.ArgumentParser:
                    help="encoder of a sentence-transformers pipeline (default: the head's)")
     p.add_argument("--normalize", action="store_true",
                    help="end the sentence-transformers pipeline with L2 normalisation")
-    return p
 
 
-def _index_command(commands: Any) -> argparse.ArgumentParser:
-    p = _command(commands, "index", "build a FAISS index of a corpus for search", """
+@_command("index", "build a FAISS index of a corpus for search", """
         Encode CORPUS (one item per line), transform it with a head, and write a FAISS index
         of unit vectors (inner product = cosine) that `bertflow search` queries.""")
+def _index(p: argparse.ArgumentParser) -> None:
     p.add_argument("corpus", type=Path, help="text file, one item per line")
     p.add_argument("--out", type=Path, required=True, help="index folder")
     p.add_argument("--head", type=Path, default=None,
@@ -302,37 +332,40 @@ def _index_command(commands: Any) -> argparse.ArgumentParser:
                    help="keep this many principal components (smaller index; default: all)")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     _quiet(p)
-    return p
 
 
-def _search_command(commands: Any) -> argparse.ArgumentParser:
-    p = _command(commands, "search", "query an index built by `bertflow index`", """
-        The K nearest items of each query, by cosine after the index's head, with the line
+@_command("search", "query an index built by `bertflow index`", """
+        The TOP nearest items of each query, by cosine after the index's head, with the line
         of the corpus each item came from.""")
+def _search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=Path, required=True, help="folder made by `bertflow index`")
     queries = p.add_mutually_exclusive_group(required=True)
     queries.add_argument("--query", action="append", help="a query; repeat for several")
     queries.add_argument("--queries", type=Path, help="text file, one query per line")
-    p.add_argument("--k", type=_positive, default=10, help="hits per query")
+    p.add_argument("--top", type=_positive, default=10, help="hits per query")
+    p.add_argument("--k", action=_Refused, nargs="?", help=argparse.SUPPRESS,
+                   const="hits per query are --top; --k is the components of whitening-k")
     p.add_argument("--encoder", default=None, help="encoder (default: the index's)")
     _device_options(p)
     p.add_argument("--json", action="store_true", help="print JSON lines")
-    return p
 
 
-def _info_command(commands: Any) -> argparse.ArgumentParser:
-    p = _command(commands, "info", "describe a head, or list the ready heads", """
+@_command("info", "describe a head, or list the ready heads", """
         What a head is (encoder, pooling, flow, how it was fit). Without HEAD, the ready heads
         that come with bertflow, loadable by name.""")
+def _info(p: argparse.ArgumentParser) -> None:
     p.add_argument("head", type=Path, nargs="?", default=None, help=_HEAD_HELP)
     p.add_argument("--json", action="store_true", help="print the head's config.json")
-    return p
 
 
-_COMMANDS = {"encode": _encode_command, "fit": _fit_command, "transform": _transform_command,
-             "eval": _eval_command, "diagnose": _diagnose_command,
-             "export": _export_command, "index": _index_command,
-             "search": _search_command, "info": _info_command}
+@_command("recipes", "print each pooling's recommended flow recipe", """
+    The settings `bertflow fit` and `bertflow eval --method flow` start from, per pooling
+    (bertflow.recipes): what comes before the flow, the flow, its training, and the kind of
+    text the recipe was chosen on. An option given to those commands changes only itself.""")
+def _recipes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="print this pooling's recipe only")
+
 
 _DESCRIPTION = """\
 Isotropic sentence embeddings with a normalizing flow (BERT-flow): encode a corpus, fit a flow
@@ -344,11 +377,6 @@ _ENCODER_OF_HEAD = ("encoder folder (default: the one the head records, checked 
 _HEADS_POOLING = f"the head's, else {DEFAULT_POOLING}"
 _HEADS_MAX_LENGTH = f"the head's, else {DEFAULT_MAX_LENGTH}"
 _CACHE_HELP = "embedding cache folder (default: $BERTFLOW_CACHE, else ~/.cache/bertflow)"
-
-
-def _command(commands: Any, name: str, summary: str, description: str) -> argparse.ArgumentParser:
-    return commands.add_parser(name, help=summary,
-                               description=textwrap.dedent(description).strip())
 
 
 def _quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -365,30 +393,23 @@ def _baseline_options(p: argparse.ArgumentParser) -> None:
 
 
 def _head_or_flow_options(p: argparse.ArgumentParser) -> None:
-    """The encoder (the head's by default), the cache, and the flow fit where no head is
-    given."""
+    """The encoder (the head's by default), the cache, and the flow fit without a head."""
     _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING,
                      max_length_help=_HEADS_MAX_LENGTH)
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     _quiet(_flow_options(p))
 
 
-def _encoder_options(
-    p: argparse.ArgumentParser,
-    pooling_default: str | None = DEFAULT_POOLING,
-    pooling_help: str | None = None,
-    max_length_help: str | None = None,
-) -> None:
+def _encoder_options(p: argparse.ArgumentParser, pooling_default: str | None = DEFAULT_POOLING,
+                     pooling_help: str | None = None, max_length_help: str | None = None) -> None:
     """The encoder's options; with `max_length_help`, --max-length defaults to None, which
     that text explains."""
     p.add_argument("--encoder", default=None,
                    help=f"Hugging Face encoder folder (default: {DEFAULT_ENCODER_NAME}, which "
                         "comes with bertflow)")
-    p.add_argument(
-        "--pooling", choices=POOLINGS, default=pooling_default,
-        help="how token states become one vector" + (
-            "" if pooling_default else f" (default: {pooling_help or DEFAULT_POOLING})"),
-    )
+    p.add_argument("--pooling", choices=POOLINGS, default=pooling_default,
+                   help="how token states become one vector" + (
+                       "" if pooling_default else f" (default: {pooling_help or DEFAULT_POOLING})"))
     p.add_argument("--max-length", type=_max_length,
                    default=None if max_length_help else DEFAULT_MAX_LENGTH,
                    help="tokens per sentence; longer sentences are truncated" + (
@@ -399,18 +420,15 @@ def _encoder_options(
 
 
 def _device_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=_DEVICE_DEFAULTS["device"],
+    p.add_argument("--device", default="auto",
                    help="auto (CUDA when present), cpu, cuda or cuda:N")
-    p.add_argument("--dtype", choices=DTYPES, default=_DEVICE_DEFAULTS["dtype"],
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="precision of the encoder (embeddings and files stay float32)")
-
-
-_DEVICE_DEFAULTS = {"device": "auto", "dtype": "float32"}
 
 
 def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g = p.add_argument_group("flow", "Options left unset take the recommended recipe's "
-                             "values for the pooling (bertflow.recipes).")
+                             "values for the pooling (`bertflow recipes` prints them).")
     g.add_argument("--before", choices=BEFORE, default=None,
                    help="what comes before the flow: per-feature standardisation, full "
                         "whitening, or nothing")
@@ -444,70 +462,50 @@ def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
 # Types of the numeric options: a bad value is argparse's one-line usage error (exit 2), given
 # before any work, whatever else the command would do first.
 
-def _integer(text: str, low: int, high: int | None = None) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < low or (high is not None and value >= high):
-        bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
-        raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    return _integer(text, 1)
-
-
-def _natural(text: str) -> int:
-    return _integer(text, 0)
-
-
-def _max_length(text: str) -> int:
-    return _integer(text, 2)
-
-
-def _ceiling(name: str) -> Callable[[str], int]:
-    """The type of a flow architecture option: a positive integer up to its ceiling."""
-    from .config import FLOW_CEILINGS
+def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
+    """The type of an integer option in [low, high)."""
 
     def parse(text: str) -> int:
-        return _integer(text, 1, FLOW_CEILINGS[name] + 1)
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value >= high):
+            bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
+            raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {value}")
+        return value
 
     return parse
 
 
-def _seed(text: str) -> int:
-    return _integer(text, 0, 2**32)
+def _number(wanted: str, holds: Callable[[float], bool]) -> Callable[[str], float]:
+    """The type of a finite number option for which `holds` holds (`wanted` says what)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
+        return value
+
+    return parse
 
 
-def _finite(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return value
+def _ceiling(name: str) -> Callable[[str], int]:
+    """The type of a flow architecture option: a positive integer up to its ceiling."""
+    return _integer(1, FLOW_CEILINGS[name] + 1)
 
 
-def _positive_float(text: str) -> float:
-    value = _finite(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
+_positive = _integer(1)
+_natural = _integer(0)
+_max_length = _integer(2)
+_seed = _integer(0, 2**32)
+_positive_float = _number("positive", lambda v: v > 0)
+_fraction = _number("in [0, 1)", lambda v: 0 <= v < 1)
 
-
-def _fraction(text: str) -> float:
-    value = _finite(text)
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
-
-
-def _version() -> str:
-    from . import __version__
-
-    return f"bertflow {__version__}"
 
 

@@ -3,6 +3,7 @@ isotropy, alignment and uniformity, and return one row per (task, aggregation)."
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from .cache import EmbeddingCache
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .encoder import Encoder
 from .errors import BertflowError
-from .files import read_sentences
+from .files import read_sentences, refuse_link
 from .head import FlowHead
 from .isotropy import alignment, isotropy_measures, uniformity
 from .linear import default_d, default_k, linear_method
@@ -23,8 +24,8 @@ from .methods import Fitted, Method, make_method
 from .recipes import Recipe, resolve
 from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 
-__all__ = ["AGGREGATIONS", "MEASURES", "evaluate", "evaluate_head", "evaluate_method",
-           "format_table", "pair_measures", "summarise", "undefined_notes"]
+__all__ = ["AGGREGATIONS", "MEASURES", "check_rows_destination", "evaluate", "evaluate_head",
+           "evaluate_method", "format_table", "pair_measures", "summarise", "undefined_notes"]
 
 AGGREGATIONS = ("all", "wmean")
 MEASURES = ("mean_cosine", "effective_rank", "condition_number", "isotropy", "alignment",
@@ -234,3 +235,22 @@ def evaluate_method(
               **make().describe(), "fit_on": fit_label}
     embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
     return evaluate(tasks, missing, embed, make, sentences, labels, also)
+
+
+def check_rows_destination(path: Path) -> None:
+    """`eval --json` may replace the rows of an earlier `eval`, but no other file, a folder or
+    a symbolic link."""
+    if path.is_dir():
+        raise BertflowError(f"--json {path} is a folder")
+    refuse_link(path)
+    if not path.exists():
+        return
+    try:
+        rows = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        rows = None
+    if not (isinstance(rows, list) and rows and all(
+            isinstance(row, dict) and {"task", "aggregation", "spearman"} <= row.keys()
+            for row in rows)):
+        raise BertflowError(f"--json {path} exists and is not rows written by bertflow eval; "
+                            "not replacing it")

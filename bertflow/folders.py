@@ -11,6 +11,7 @@ kind; `HEAD_FOLDER`, `INDEX_FOLDER`, `PIPELINE_FOLDER` and `PLOTS_FOLDER` are be
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ from .errors import BertflowError
 from .files import atomic_directory, read_json, refuse_link, sha256_file, write_json
 
 __all__ = ["HEAD_FOLDER", "INDEX_FOLDER", "MANIFEST", "PIPELINE_FOLDER", "PLOTS_FOLDER",
-           "FolderFormat", "check_destination", "legacy_files", "verify_checksums",
-           "verify_folder", "write_folder", "write_manifest"]
+           "FolderFormat", "check_destination", "head_folder", "legacy_files", "ready_heads",
+           "verify_checksums", "verify_folder", "write_folder", "write_manifest"]
 
 MANIFEST = "manifest.json"
 _FORMAT = "bertflow-manifest"
@@ -245,3 +246,23 @@ PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plo
                                    "projection.png", "alignment_uniformity.png",
                                    "token_projection.png", "token_spectrum.png"))
 _FORMATS = {f.kind: f for f in (HEAD_FOLDER, INDEX_FOLDER, PIPELINE_FOLDER, PLOTS_FOLDER)}
+
+
+def ready_heads() -> dict[str, Path]:
+    """The heads that come with bertflow (its `heads/` package data), by name: each loads
+    with `FlowHead.load(name)` and `--head NAME`."""
+    folder = Path(str(importlib.resources.files(__package__) / "heads"))
+    if not folder.is_dir():
+        return {}
+    return {p.name: p for p in sorted(folder.iterdir()) if (p / HEAD_FOLDER.config).is_file()}
+
+
+def head_folder(path: str | os.PathLike) -> Path:
+    """The folder of head `path`: a folder, or the name of a ready head."""
+    path = Path(path)
+    if not path.is_dir() and str(path) in ready_heads():
+        path = ready_heads()[str(path)]
+    if not path.is_dir():
+        raise BertflowError(f"no flow head folder at {path}, nor a ready head of that name "
+                            f"({', '.join(ready_heads()) or 'none installed'})")
+    return path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.resources
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from .encoder import (
 from .errors import BertflowError, first_line
 from .files import check_finite, sha256_file, write_json
 from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
-from .folders import HEAD_FOLDER, verify_checksums
+from .folders import HEAD_FOLDER, head_folder, ready_heads, verify_checksums
 from .linear import LINEAR_METHODS, LinearMap, fit_map
 from .st_api import (
     SIMILARITY_FN_NAME,
@@ -425,7 +424,7 @@ class FlowHead(nn.Module):
         weights are checked against the config), the config against the weights file's header
         before anything is built, and the weights for finite values and a usable
         standardisation."""
-        path = _head_folder(path)
+        path = head_folder(path)
         config, _ = HEAD_FOLDER.read(path)
         saved = _SavedHead.parse(path, config)
         file = path / saved.weights
@@ -466,15 +465,6 @@ class FlowHead(nn.Module):
         return f"dim={self.dim}{self._origin()}"
 
 
-def ready_heads() -> dict[str, Path]:
-    """The heads that come with bertflow (its `heads/` package data), by name: each loads
-    with `FlowHead.load(name)` and `--head NAME`."""
-    folder = Path(str(importlib.resources.files(__package__) / "heads"))
-    if not folder.is_dir():
-        return {}
-    return {p.name: p for p in sorted(folder.iterdir()) if (p / _CONFIG).is_file()}
-
-
 def check_destination(path: str | os.PathLike) -> Path:
     """`path` if a head may be written there: absent, empty, or a head and nothing else."""
     return HEAD_FOLDER.check_destination(path)
@@ -493,17 +483,6 @@ def nll_text(record: dict[str, Any]) -> str | None:
     if not isinstance(nll, (int, float)) or not isinstance(bits, (int, float)):
         return None
     return f"{nll:.3f} nats ({bits:.4f} bits/dim)"
-
-
-def _head_folder(path: str | os.PathLike) -> Path:
-    """The folder of head `path`: a folder, or the name of a ready head."""
-    path = Path(path)
-    if not path.is_dir() and str(path) in ready_heads():
-        path = ready_heads()[str(path)]
-    if not path.is_dir():
-        raise BertflowError(f"no flow head folder at {path}, nor a ready head of that name "
-                            f"({', '.join(ready_heads()) or 'none installed'})")
-    return path
 
 
 def _check_before(before: str, standardize: bool | None) -> str:

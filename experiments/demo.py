@@ -1,9 +1,11 @@
-"""The main job on the embedded defaults: fit, export, reload and compare, per pooling.
+"""The main job on the embedded defaults: fit, save, export, reload and compare, per pooling.
 
 Fits one flow head per pooling, by the pooling's recommended recipe (`bertflow.recipes`),
 on the Lee background corpus (2,682 unlabeled news sentences, shipped in gensim's wheel) with
-the default encoder (all-MiniLM-L6-v2), exports each head under checkpoints/demo/, loads it
-back, and prints before/after numbers:
+the default encoder (all-MiniLM-L6-v2); saves each head under checkpoints/demo/ and exports it
+there as one ONNX file (`bertflow export --format onnx`), loads both back (the ONNX file with
+onnxruntime, when installed) and checks that they transform as the fitted head does; then
+prints before/after numbers:
 
 - the mean cosine of random pairs of the 152 sentences of the 50 rated Lee documents;
 - Spearman × 100 against the human ratings of the 1,225 document pairs, a document being the
@@ -27,6 +29,7 @@ import torch
 from common import REPO, parser
 
 from bertflow import POOLINGS, FlowHead, lee, load_encoder, mean_pair_cosine, sts
+from bertflow.export import export_onnx
 from bertflow.recipes import recommended
 
 
@@ -38,14 +41,21 @@ def main() -> None:
     options.add_argument("--seed", type=int, default=0)
     args = options.parse_args()
     began = time.perf_counter()
+    print("loading the encoder", flush=True)
     encoder = load_encoder()
     print(f"encoder: {encoder.id}, {encoder.dim}-d")
 
     def fit_export_reload(x: np.ndarray, pooling: str, name: str, corpus: str) -> FlowHead:
         recipe = recommended(pooling).updated(train={"seed": args.seed})
+        print(f"fitting the {pooling} head on {len(x)} {name} sentences ({recipe.before}, then "
+              f"{recipe.train.epochs} epoch(s) of the flow)", flush=True)
         head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=128,
-                            corpus={"name": corpus}, **recipe.fit_options())
-        return FlowHead.load(head.save(args.out / f"{name}-{pooling}"))
+                            corpus={"name": corpus}, progress=True, **recipe.fit_options())
+        folder = head.save(args.out / f"{name}-{pooling}")
+        onnx = export_onnx(head, args.out / f"{name}-{pooling}.onnx")
+        print(f"  saved {folder}, exported {onnx}; reloading both", flush=True)
+        _check_reloaded(head, FlowHead.load(folder), onnx, x[:256])
+        return head
 
     def compare(train: dict, test: dict, name: str, corpus: str,
                 score: Callable[[np.ndarray], float]) -> list[tuple]:
@@ -63,8 +73,11 @@ def main() -> None:
     def lee_score(x: np.ndarray) -> float:
         return lee.judgement_spearman(lee.document_vectors(x))
 
-    rows = compare(encoder.encode(corpus, args.poolings), encoder.encode(rated, args.poolings),
-                   "lee", "lee_background.cor", lee_score)
+    print(f"encoding the {len(corpus)} Lee background and {len(rated)} rated sentences",
+          flush=True)
+    x_corpus = encoder.encode(corpus, args.poolings, progress=True)
+    rows = compare(x_corpus, encoder.encode(rated, args.poolings, progress=True), "lee",
+                   "lee_background.cor", lee_score)
     print(f"\nLee: heads fit on {len(corpus)} background sentences; cosine over the {len(rated)} "
           "sentences of the 50 rated documents, Spearman over their 1,225 rated pairs")
     _table(rows)
@@ -73,7 +86,8 @@ def main() -> None:
     if stsb.is_dir():
         splits = sts.read_stsb_splits(stsb)
         sentences = sts.sentences_of(splits.values())
-        x = encoder.encode(sentences, args.poolings)
+        print(f"\nencoding the {len(sentences)} STS-B sentences", flush=True)
+        x = encoder.encode(sentences, args.poolings, progress=True)
         rows = compare(x, x, "stsb", "STS-B train+dev+test sentences",
                        lambda v: sts.pair_spearman(splits["test"], sentences, v))
         print(f"\nSTS-B: heads fit on its {len(sentences)} sentences (no scores); cosine over "
@@ -81,7 +95,26 @@ def main() -> None:
         _table(rows)
     else:
         print(f"\n(no STSBenchmark/ in {args.data}: STS-B rows skipped)")
-    print(f"\nheads saved in {args.out}; {time.perf_counter() - began:.0f} s")
+    print(f"\nheads and their ONNX exports in {args.out}; {time.perf_counter() - began:.0f} s")
+
+
+def _check_reloaded(head: FlowHead, reloaded: FlowHead, onnx: Path, x: np.ndarray) -> None:
+    """The saved head transforms `x` bit for bit as the fitted one; the ONNX export (run by
+    onnxruntime, where installed) to float32 rounding."""
+    z = head.transform(x)
+    if not np.array_equal(reloaded.transform(x), z):
+        raise SystemExit("the saved head, reloaded, transforms otherwise")
+    try:
+        import onnxruntime
+    except ImportError:
+        print("  (onnxruntime is not installed: the ONNX export is left unchecked)")
+        return
+    session = onnxruntime.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    [z_onnx] = session.run(None, {"embeddings": np.ascontiguousarray(x, np.float32)})
+    gap = float(np.abs(z_onnx - z).max())
+    if gap > 1e-3:
+        raise SystemExit(f"{onnx} transforms otherwise (largest difference {gap:.2g})")
+    print(f"  reloaded: the saved head is identical, the ONNX export within {gap:.1g}")
 
 
 def _cosine(x: np.ndarray) -> float:

@@ -321,7 +321,7 @@ def test_fit_on_a_constant_npy_or_a_corpus_of_one_sentence_says_so(
         ("index", "--encode-batch-size", "0"),
         ("index", "--max-length", "0"),
         ("index", "--dims", "0"),
-        ("search", "--k", "0"),
+        ("search", "--top", "0"),
     ],
 )
 def test_numeric_options_are_refused_when_parsed(tmp_path, capsys, command, option, value):

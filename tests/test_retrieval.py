@@ -134,13 +134,13 @@ def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, ite
                  str(tmp_path / "head"), "--encoder", str(tiny_encoder_dir)]) == 0
     assert "mean pooling, with a head" in capsys.readouterr().out
     assert main(["search", "--index", str(tmp_path / "idx"), "--query", "a man plays the guitar",
-                 "--k", "2", "--encoder", str(tiny_encoder_dir), "--json"]) == 0
+                 "--top", "2", "--encoder", str(tiny_encoder_dir), "--json"]) == 0
     hit = json.loads(capsys.readouterr().out)
     assert hit["hits"][0]["item"] == "a man plays the guitar" and len(hit["hits"]) == 2
     for h in hit["hits"]:  # the 1-based line of the corpus file each item came from
         assert set(h) == {"score", "item", "line"}
         assert corpus.read_text().splitlines()[h["line"] - 1] == h["item"]
-    assert main(["search", "--index", str(tmp_path / "idx"), "--query", items[40], "--k", "1",
+    assert main(["search", "--index", str(tmp_path / "idx"), "--query", items[40], "--top", "1",
                  "--encoder", str(tiny_encoder_dir)]) == 0
     assert capsys.readouterr().out.splitlines()[1].split()[2:4] == ["line", "41"]
 
