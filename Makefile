@@ -1,6 +1,7 @@
 # make demo: fit, save, export to ONNX and reload flow heads on the embedded defaults; print
 # before/after (each step says what it does; progress bars while it encodes and trains)
-# make test: the whole test suite
+# make test: the documentation build (warnings as errors), then the whole test suite
+# make docs: the documentation site (docs/, with the API reference) into build/site
 # Both create .venv on first use: the CPU build of torch first, then bertflow and its extras.
 
 PYTHON ?= python3
@@ -9,7 +10,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test docs lint clean
 
 install: $(STAMP)
 
@@ -22,11 +23,14 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python experiments/demo.py
 
-test: $(STAMP)
+test: $(STAMP) docs
 	$(BIN)/python -m pytest
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 lint: $(STAMP)
 	$(BIN)/ruff check bertflow tests experiments
 
 clean:
-	rm -rf $(VENV) checkpoints/demo .pytest_cache
+	rm -rf $(VENV) checkpoints/demo .pytest_cache build/site
