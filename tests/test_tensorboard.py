@@ -14,8 +14,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from bertflow import FlowConfig, FlowHead, TrainConfig
 from bertflow.cli import main
+from bertflow.logs import TensorBoard, log_hparams
 from bertflow.sts import pair_spearman, read_stsb
-from bertflow.train import log_hparams
 
 from .conftest import SENTENCES, WORDS
 
@@ -73,8 +73,8 @@ def test_fit_logs_each_step_and_each_epoch_once(tmp_path):
         return {"dev_score": float(len(calls))}
 
     with SummaryWriter(str(tmp_path)) as writer:
-        head = FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=config, writer=writer,
-                            measure=measure)
+        head = FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=config,
+                            hook=TensorBoard(writer), measure=measure)
     acc = events(tmp_path)
     per_epoch = math.ceil(180 / 30)  # 20 of the 200 rows are held out
     total = 3 * per_epoch
@@ -106,7 +106,7 @@ def test_hparams_land_in_the_run_folder_itself(tmp_path):
     x = np.random.default_rng(0).normal(size=(80, 4)).astype(np.float32)
     with SummaryWriter(str(tmp_path)) as writer:
         head = FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=TrainConfig(epochs=2),
-                            writer=writer, measure=lambda model: {"dev_spearman": 42.0})
+                            hook=TensorBoard(writer), measure=lambda model: {"dev_spearman": 42.0})
         log_hparams(writer, {"flow": {"levels": 1}, "pooling": "cls", "max_grad_norm": None,
                              "shape": (80, 4)}, head.history, step=6)
     assert [p for p in tmp_path.iterdir() if p.is_dir()] == []
@@ -255,17 +255,17 @@ def test_a_continued_run_s_event_file_sorts_after_the_one_it_continues(tmp_path,
     """TensorBoard reads event files in name order: the second they were made in, then the
     host, the process and its writer count (10 sorts before 9). A writer opened in the same
     second as an existing file waits for the next second, so its file sorts after."""
-    from bertflow import runs
+    from bertflow import logs
 
     now = int(time.time())
     (tmp_path / f"events.out.tfevents.{now:010d}.host.1.9").write_bytes(b"")
     (tmp_path / "events.out.tfevents.odd").write_bytes(b"")  # not ours: ignored
-    runs._after_newest_events(tmp_path)
+    logs._after_newest_events(tmp_path)
     assert int(time.time()) > now
     slept = []
-    monkeypatch.setattr(runs.time, "sleep", slept.append)
-    runs._after_newest_events(tmp_path / "empty")  # nothing there: no wait
+    monkeypatch.setattr(logs.time, "sleep", slept.append)
+    logs._after_newest_events(tmp_path / "empty")  # nothing there: no wait
     assert slept == []
     (tmp_path / f"events.out.tfevents.{now - 5:010d}.host.1.1").write_bytes(b"")
-    runs._after_newest_events(tmp_path)  # the newest file is from a past second: no wait
+    logs._after_newest_events(tmp_path)  # the newest file is from a past second: no wait
     assert all(s == 0 for s in slept)
