@@ -18,8 +18,7 @@ from .errors import BertflowError
 from .files import atomic_file
 from .train import TrainState
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "open_checkpoint",
-           "read_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "open_checkpoint"]
 
 CHECKPOINT_FORMAT = "bertflow-train-state"
 CHECKPOINT_VERSION = 1
@@ -27,8 +26,7 @@ CHECKPOINT_VERSION = 1
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A training state, the run it belongs to (its settings and data, compared on resume)
-    and the name of the run's log folder."""
+    """A training state, its run's settings and data (compared on resume) and log folder."""
 
     state: TrainState
     run: dict[str, Any]
@@ -55,29 +53,29 @@ class Checkpoint:
 
     def check(self, path: str | os.PathLike, run: dict[str, Any], *, extended: bool = True,
               keep: bool = False) -> None:
-        """Refuse this checkpoint (at `path`) for `run` unless it is that run's, or, with
-        `extended`, that run's of fewer epochs; with `keep`, saying the file is left as it is."""
+        """Refuse this checkpoint (at `path`) for `run` unless it is that run's (or, with
+        `extended`, of fewer epochs); with `keep`, saying the file is left as it is."""
         if self.run != run and not (extended and self.extends(run)):
             raise BertflowError(f"{path} was written by a run with other settings or data"
                                 + ("; not overwriting it" if keep else ""))
 
 
 def open_checkpoint(path: str | os.PathLike, keep: bool = False) -> Checkpoint | None:
-    """The training checkpoint at `path`, or None where there is no file; any other file is
-    refused (with `keep`, saying that it is left as it is)."""
-    checkpoint = read_checkpoint(path)
-    if checkpoint is None and Path(path).exists():
+    """The training checkpoint at `path`, or None where there is no file. Any other file is
+    refused (with `keep`, saying that it is left as it is), and so is a checkpoint of
+    another format version."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    checkpoint = _read(path) if path.is_file() else None
+    if checkpoint is None:
         raise BertflowError(f"{path} is not a bertflow training checkpoint"
                             + ("; not overwriting it" if keep else ""))
     return checkpoint
 
 
-def read_checkpoint(path: str | os.PathLike) -> Checkpoint | None:
-    """The training checkpoint at `path`; None where there is no file, or a file that is not
-    one. A checkpoint of another format version is refused."""
-    path = Path(path)
-    if not path.is_file():
-        return None
+def _read(path: Path) -> Checkpoint | None:
+    """The checkpoint at `path`, or None where the file is not one."""
     with open(path, "rb") as f:  # an unreadable file is an OSError, not "not a checkpoint"
         if not zipfile.is_zipfile(f):
             return None

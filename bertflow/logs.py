@@ -8,37 +8,25 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from torch import Tensor
 
 from .isotropy import effective_rank, mean_pair_cosine, partition_isotropy
 from .train import RECORD, History, TrainState
 
-__all__ = ["RunLogs", "SummaryWriter", "TensorBoard", "log_hparams"]
+__all__ = ["RunLogs", "TensorBoard", "log_hparams"]
 
 _SPECTRAL = 2048  # held-out rows whose spectrum is measured (two SVDs each epoch)
 
 
-class SummaryWriter(Protocol):
-    """What is logged through: TensorBoard's `SummaryWriter` or anything alike."""
-
-    def add_scalar(self, tag: str, value: float, step: int) -> Any: ...
-
-    def add_histogram(self, tag: str, values: Tensor, step: int) -> Any: ...
-
-    def add_hparams(self, hparam_dict: dict[str, Any], metric_dict: dict[str, float],
-                    hparam_domain_discrete: Any = None, run_name: str | None = None,
-                    global_step: int | None = None) -> Any: ...
-
-
 class TensorBoard:
-    """A `train.Hook` writing to `writer`: each step's `train/` scalars; each epoch's train and
-    held-out NLL, the measures of `fit`'s `measure` (`dev_spearman` as `dev/spearman`) and the
-    isotropy of held-out latents (mean cosine, effective rank, I(W), a histogram); at the
-    start, the isotropy of the held-out inputs."""
+    """A `train.Hook` writing to `writer` (TensorBoard's `SummaryWriter` or alike): each step's
+    `train/` scalars; each epoch's NLLs, the measures of `fit`'s `measure` (`dev_spearman` as
+    `dev/spearman`) and the isotropy of held-out latents (mean cosine, effective rank, I(W), a
+    histogram); at the start, the isotropy of the held-out inputs."""
 
-    def __init__(self, writer: SummaryWriter):
+    def __init__(self, writer: Any):
         self.writer = writer
 
     def start(self, x: Tensor) -> None:
@@ -67,7 +55,7 @@ class TensorBoard:
         self.writer.add_scalar(f"partition_isotropy/{which}", partition_isotropy(x), step)
 
 
-def log_hparams(writer: SummaryWriter, hparams: dict[str, Any], history: History,
+def log_hparams(writer: Any, hparams: dict[str, Any], history: History,
                 step: int | None = None) -> None:
     """Log a finished run's hyperparameters with its results, for TensorBoard's HPARAMS tab,
     into the writer's own folder (not a subfolder).
@@ -91,37 +79,33 @@ def log_hparams(writer: SummaryWriter, hparams: dict[str, Any], history: History
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in values.items():
-        name = f"{prefix}{key}"
         if isinstance(value, dict):
-            flat.update(_flatten(value, f"{name}/"))
-        elif value is None or isinstance(value, (bool, int, float, str)):
-            flat[name] = value
+            flat.update(_flatten(value, f"{prefix}{key}/"))
         else:
-            flat[name] = str(value)
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            flat[f"{prefix}{key}"] = value if plain else str(value)
     return flat
 
 
 class RunLogs:
     """A run's folder inside `logdir`: the one named by the checkpoint a run resumes
-    (`recorded`), else a new TIME-seedN; and the folders made for it, innermost first (the
-    run's folder, then any missing parents, `logdir` included)."""
+    (`recorded`), else a new TIME-seedN; `made`: the folders made for it, innermost first."""
 
     def __init__(self, logdir: Path, seed: int, recorded: str | None):
         self.made = [p for p in (logdir, *logdir.parents) if not p.exists()]
         self.writer: Any = None
-        if recorded and recorded == Path(recorded).name and recorded not in (".", ".."):
-            self.folder = logdir / recorded
-            if not self.folder.exists():
-                self.made.insert(0, self.folder)
-            self.folder.mkdir(parents=True, exist_ok=True)
-            return
+        resumed = bool(recorded) and recorded == Path(recorded).name and recorded not in (
+            ".", "..")
         logdir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for n in itertools.count(1):
-            self.folder = logdir / f"{stamp}-seed{seed}{f'-{n}' if n > 1 else ''}"
+            self.folder = logdir / (recorded if resumed else
+                                    f"{stamp}-seed{seed}{f'-{n}' if n > 1 else ''}")
             try:
                 self.folder.mkdir()
             except FileExistsError:
+                if resumed:
+                    return
                 continue
             self.made.insert(0, self.folder)
             return
@@ -138,12 +122,10 @@ class RunLogs:
 
     def close(self, keep: bool) -> None:
         """Close the writer; unless `keep`, remove the run's folder if this run made it, then
-        the parents made for it while they are empty. Nothing else is touched."""
+        the parents made for it while they are empty."""
         if self.writer is not None:
             self.writer.close()
-        if keep:
-            return
-        for path in self.made:
+        for path in [] if keep else self.made:
             if path == self.folder:
                 shutil.rmtree(path, ignore_errors=True)
                 continue

@@ -1,5 +1,5 @@
-"""Tables of embeddings read by rows (`Rows`), and their per-column statistics streamed a block
-at a time (`moments`), so that no table need fit in memory."""
+"""Tables of embeddings read by rows (`Rows`), and their statistics streamed a block at a time
+(`moments`): no table need fit in memory."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ _READ_ROWS = 8192  # rows per block when streaming statistics
 
 
 class Rows(Protocol):
-    """A (rows, dim) table read by row indices or by ranges, as float32 arrays. An array
-    qualifies through `as_rows`; `EmbeddingFile` reads a file."""
+    """A (rows, dim) table read by row indices or ranges as float32 arrays (`EmbeddingFile`)."""
 
     shape: tuple[int, int]
 
@@ -45,6 +44,7 @@ class ArrayRows:
 
 
 def as_rows(x: np.ndarray | Tensor | Rows) -> Rows:
+    """`x` itself where it is `Rows`, else `ArrayRows` of it."""
     return x if hasattr(x, "take") and hasattr(x, "read") else ArrayRows(x)
 
 
@@ -63,15 +63,11 @@ class Moments:
         """The unbiased standard deviation (as `torch.std`)."""
         return np.sqrt(self.squares / max(self.count - 1, 1))
 
-    @property
-    def constant(self) -> np.ndarray:
-        """Which columns hold the same value in every row: a spread below 1e-9 of the mean's
-        size, far under float32's resolution, is the rounding of the streamed mean."""
-        return np.sqrt(self.squares / max(self.count, 1)) <= 1e-9 * np.abs(self.mean)
-
     def check_varies(self, what: str = "the rows") -> None:
-        """Refuse a table whose rows are all the same: no density can be fit to it."""
-        if self.constant.all():
+        """Refuse a table whose rows are all the same: no density can be fit to it. A spread
+        below 1e-9 of the mean's size, far under float32's resolution, is the rounding of the
+        streamed mean."""
+        if (np.sqrt(self.squares / max(self.count, 1)) <= 1e-9 * np.abs(self.mean)).all():
             raise BertflowError(
                 f"{what} are constant: every row is the same (all {len(self.mean)} features are "
                 "constant, e.g. one sentence repeated), there is nothing to fit"

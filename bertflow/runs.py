@@ -1,12 +1,9 @@
-"""A head fit into a folder as `bertflow fit` runs it: from a corpus or an embeddings file,
-resumable from a checkpoint file, logged to TensorBoard, scored on STS-B dev after each epoch.
+"""A head fit into a folder as `bertflow fit` runs it (`FitJob`, `fit_head`): from a corpus or
+an embeddings file, resumable from a checkpoint, logged to TensorBoard, scored on STS-B dev.
 
-`FitJob` says what to fit and where everything lives; `fit_head` runs it. The paths a run
-writes are checked once, before any work: the head folder, the checkpoint and the log folder
-(none of them an input of the run or inside one, nor inside one another; the checkpoint never
-someone else's file; the log folder gets a new subfolder per run, removed again when the run
-fails and cannot be resumed).
-"""
+The paths a run writes are checked once, before any work: none is an input or inside one, nor
+inside another; the checkpoint is never someone else's file; the log folder gets a new
+subfolder per run, removed again when the run fails and cannot be resumed."""
 
 from __future__ import annotations
 
@@ -29,7 +26,7 @@ from .corpus import Corpus
 from .embeddings import EmbeddingFile, open_embeddings
 from .encoder import Encoder, load_encoder
 from .errors import BertflowError, first_line
-from .files import Checked, check_outputs
+from .files import Checked, check_outputs, refuse_link
 from .head import FlowHead, check_destination, nll_text
 from .logs import RunLogs, log_hparams
 from .recipes import Recipe, resolve
@@ -169,8 +166,7 @@ def _run_record(job: FitJob, origin: dict[str, Any]) -> dict[str, Any]:
     return {
         "flow": job.recipe.flow.to_dict(),
         "train": job.recipe.train.to_dict(),
-        "standardize": job.recipe.before == "standardize",
-        **({"whiten": True} if job.recipe.before == "whiten" else {}),
+        "before": job.recipe.before,
         "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
         "pooling": origin["pooling"],
         "max_length": origin["max_length"],
@@ -186,9 +182,7 @@ class _CheckpointFile:
     def __init__(self, job: FitJob):
         self.path, self.resume = job.checkpoint, job.resume
         self.run: dict[str, Any] | None = None
-        if self.path.is_symlink():
-            raise BertflowError(f"--checkpoint {self.path} is a symbolic link; give the path "
-                                "it points to")
+        refuse_link(self.path)
         self.checked = Checked(self.path, self._check)
 
     def _check(self, path: Path) -> None:
@@ -222,15 +216,27 @@ class _CheckpointFile:
 def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
            state: TrainState | None, checkpoint: _CheckpointFile | None, measure: Any,
            say: Say | None, progress: bool | None) -> FittedHead | None:
-    """Fit, with the checkpoint written after each epoch and the logs in their folder; save
-    the head. A failed run leaves `--logdir` as it was unless a checkpoint can resume it."""
+    """Fit, saying each epoch's numbers and saving the checkpoint after it (first process
+    only), logging to the run's folder; save the head. A failed run leaves `--logdir` as it
+    was unless a checkpoint can resume it."""
     main = distributed.is_main()
     recorded = checkpoint.saved.logs if state is not None else None
     logs = RunLogs(job.logdir, job.recipe.train.seed, recorded) \
         if job.logdir is not None and main else None
-    epoch_end = _EpochEnd(job.recipe.train.epochs, run, logs.folder.name if logs else recorded,
-                          state, say, checkpoint if main else None)
-    done = False  # the head fitted and saved
+    steps = [state.step if state is not None else 0]  # the last step of each epoch done
+
+    def epoch_end(done: TrainState) -> None:
+        if say is not None:
+            e = done.history.epochs[-1]
+            dev = f", dev Spearman {e['dev_spearman']:.2f}" if "dev_spearman" in e else ""
+            say(f"epoch {int(e['epoch'])}/{job.recipe.train.epochs}: train "
+                f"{e['train_nll']:.3f} val {nll_text(e)}, val cosine {e['val_cosine']:.3f}{dev}")
+        if checkpoint is not None and main:
+            Checkpoint(done, run, logs.folder.name if logs else recorded).save(
+                checkpoint.path, recheck=checkpoint.checked)
+        steps.append(done.step)
+
+    fitted = False
     try:
         hook = logs.open(state) if logs is not None else None
         try:
@@ -246,42 +252,18 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
                 from None
         if main:
             head.save(job.out)
-        done = True
+        fitted = True
         if hook is not None:
             hparams = {**run, "encoder": origin["encoder"].name if origin["encoder"] else None,
                        "data": origin["corpus"].get("file"),
                        "corpus_size": head.training_info["corpus"]["size"]}
-            log_hparams(hook.writer, hparams, head.history, epoch_end.step)
+            log_hparams(hook.writer, hparams, head.history, steps[-1])
     finally:
-        if logs is not None:
-            resumable = state is not None and logs.folder.name == recorded
-            logs.close(keep=done or epoch_end.written or resumable)
+        if logs is not None:  # a checkpoint saved or resumed names the folder: kept
+            saved = checkpoint is not None and len(steps) > 1
+            resumed = state is not None and logs.folder.name == recorded
+            logs.close(keep=fitted or saved or resumed)
     return FittedHead(head, logs.folder if logs else None) if main else None
-
-
-class _EpochEnd:
-    """After each epoch: say its numbers and save the checkpoint (checked again, where it has
-    changed since, before each save); other processes of a torchrun job get neither."""
-
-    def __init__(self, epochs: int, run: dict[str, Any], logs: str | None,
-                 state: TrainState | None, say: Say | None,
-                 checkpoint: _CheckpointFile | None):
-        self.epochs, self.run, self.logs, self.say = epochs, run, logs, say
-        self.checkpoint = checkpoint
-        self.step = state.step if state is not None else 0  # the last step done
-        self.written = False  # whether a checkpoint of this run names its log folder
-
-    def __call__(self, state: TrainState) -> None:
-        self.step = state.step
-        if self.say is not None:
-            e = state.history.epochs[-1]
-            dev = f", dev Spearman {e['dev_spearman']:.2f}" if "dev_spearman" in e else ""
-            self.say(f"epoch {int(e['epoch'])}/{self.epochs}: train {e['train_nll']:.3f} val "
-                     f"{nll_text(e)}, val cosine {e['val_cosine']:.3f}{dev}")
-        if self.checkpoint is not None:
-            Checkpoint(state, self.run, self.logs).save(self.checkpoint.path,
-                                                        recheck=self.checkpoint.checked)
-            self.written = True
 
 
 def _read_dev(data: Path) -> Any:
@@ -299,33 +281,30 @@ def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
                  progress: bool | None) -> Callable[[Any], dict[str, float]]:
     """What `--dev-sts` measures after each epoch: the Spearman × 100 of the STS-B dev pairs'
     cosines in the latent space of the model being fit (NaN where undefined), the sentences
-    embedded with the training embeddings' encoder, precision, pooling and max length, through
-    the embedding cache."""
+    embedded as the training embeddings were (encoder, precision, pooling, max length),
+    through the embedding cache."""
     import numpy as np
     import torch
 
     from .sts import pair_spearman
 
     made_by = origin["encoder"]
-    if made_by is None:
-        raise BertflowError(f"--dev-sts needs the encoder that made {job.source}, which has no "
-                            "sidecar naming one; pass --encoder with it")
-    if job.encoder is None and made_by.name != DEFAULT_ENCODER_NAME:
-        raise BertflowError(f"--dev-sts needs the encoder that made {job.source} "
-                            f"({made_by.name}); pass --encoder with its folder")
+    if made_by is None or (job.encoder is None and made_by.name != DEFAULT_ENCODER_NAME):
+        raise BertflowError(f"--dev-sts needs the encoder that made {job.source}" + (
+            ", which has no sidecar naming one; pass --encoder with it" if made_by is None
+            else f" ({made_by.name}); pass --encoder with its folder"))
     precision = (getattr(x, "meta", None) or {}).get("precision") or job.dtype
-    encoder = origin.get("loaded") or load_encoder(job.encoder, job.device, precision)
+    encoder = origin.get("loaded") or load_encoder(None, job.device, precision)
     if encoder.id.fingerprint != made_by.fingerprint:
         raise BertflowError(f"--dev-sts: {job.source} was made by encoder {made_by}, not by "
                             f"{encoder.id}")
     sentences = dev.sentences()
-    vectors = np.array(EmbeddingCache(job.cache).encode(
+    vectors = torch.from_numpy(np.array(EmbeddingCache(job.cache).encode(
         sentences, encoder, origin["pooling"], origin["max_length"], job.batch_size,
-        progress=progress), dtype=np.float32)
+        progress=progress), dtype=np.float32))
 
     def measure(model: torch.nn.Module) -> dict[str, float]:
-        z = model(torch.from_numpy(vectors))[0].double().cpu().numpy()
-        value = pair_spearman(dev, sentences, z)
+        value = pair_spearman(dev, sentences, model(vectors)[0].double().cpu().numpy())
         return {"dev_spearman": math.nan if value is None else value}
 
     return measure

@@ -138,17 +138,11 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tenso
     return order[n_val:], order[:n_val]
 
 
-def fit(
-    model: nn.Module,
-    x: Tensor | np.ndarray | Rows,
-    config: TrainConfig = TrainConfig(),
-    *,
-    state: TrainState | None = None,
-    hook: Hook | None = None,
-    on_epoch_end: Callable[[TrainState], None] | None = None,
-    measure: Callable[[nn.Module], dict[str, float]] | None = None,
-    progress: bool = False,
-) -> History:
+def fit(model: nn.Module, x: Tensor | np.ndarray | Rows, config: TrainConfig = TrainConfig(),
+        *, state: TrainState | None = None, hook: Hook | None = None,
+        on_epoch_end: Callable[[TrainState], None] | None = None,
+        measure: Callable[[nn.Module], dict[str, float]] | None = None,
+        progress: bool = False) -> History:
     """Fit `model` (whose `model(x)` is `(z, log_det)`) to the rows of `x` by maximum
     likelihood under a N(0, I) base (`log_likelihood`), reading `x` a minibatch at a time (it
     may be a file larger than memory); leave it with the weights of the best validation
@@ -160,13 +154,12 @@ def fit(
     Under torchrun every process runs `fit` on the same `x` and config, each on every
     world-size-th row of each minibatch; `DistributedDataParallel` averages the gradients, and
     the result is the one-process fit up to float rounding."""
-    trainer = _Trainer(model, as_rows(x), config, hook, progress)
-    trainer.begin(state)
+    trainer = _Trainer(model, as_rows(x), config, hook, progress, state)
     for epoch in range(trainer.epoch + 1, config.epochs + 1):
         if config.patience and trainer.bad_epochs >= config.patience:
             break
         began = time.perf_counter()
-        trainer.add(trainer.validate(epoch, trainer.train(epoch), began, measure))
+        trainer.validate(epoch, trainer.train(epoch), began, measure)
         if on_epoch_end is not None:
             on_epoch_end(trainer.state())
     trainer.history.stopped_early = len(trainer.history.epochs) < config.epochs
@@ -180,7 +173,7 @@ class _Trainer:
     its last finished epoch (`epoch`, 0 before the first)."""
 
     def __init__(self, model: nn.Module, rows: Rows, config: TrainConfig, hook: Hook | None,
-                 progress: bool):
+                 progress: bool, state: TrainState | None):
         if len(rows.shape) != 2 or rows.shape[0] < 3:
             raise BertflowError(f"need a (rows ≥ 3, dim) table to fit, got shape {rows.shape}")
         self.model, self.rows, self.config, self.hook = model, rows, config, hook
@@ -190,36 +183,35 @@ class _Trainer:
         if not len(self.val_idx):
             self.val_idx = self.train_idx
         self.rank, self.world = distributed.rank(), distributed.world_size()
-        self.jitter = config.noise * _rms_deviation(rows, self.train_idx) if config.noise \
-            else 0.0
+        self.jitter = 0.0
+        if config.noise:  # times the RMS distance of the training rows from their mean
+            chosen = np.zeros(rows.shape[0], dtype=bool)
+            chosen[self.train_idx.numpy()] = True
+            m = moments(rows, chosen)
+            self.jitter = config.noise * float(np.sqrt((m.squares / m.count).mean()))
         self.optimizer = _optimizer(model, config)
         self.total_steps = math.ceil(len(self.train_idx) / config.batch_size) * config.epochs
+        if state is not None:
+            model.load_state_dict(state.model)
+            self.optimizer.load_state_dict(state.optimizer)
+        else:  # the data-dependent initialisation (ActNorm) on the first training rows
+            model.train()
+            with torch.no_grad():
+                first = self.batch(self.train_idx[: config.init_size])
+                g = torch.Generator().manual_seed(config.seed)
+                model(first + self.jitter * torch.randn(first.shape, generator=g)
+                      if self.jitter else first)
+            state = TrainState(0, 0, {}, {}, _copy_state(model), History(), 0)
+            if hook is not None:
+                hook.start(self.batch(self.val_idx[:_SAMPLE]))
+        self.epoch, self.step, self.best_model = state.epoch, state.step, state.best_model
+        self.history, self.bad_epochs = copy.deepcopy(state.history), state.bad_epochs
         self.net: nn.Module = _Sums(model)
+        if self.world > 1:
+            self.net = nn.parallel.DistributedDataParallel(self.net, forward_sync_buffers=False)
 
     def batch(self, indices: Tensor) -> Tensor:
         return torch.from_numpy(np.asarray(self.rows.take(indices.numpy()), dtype=np.float32))
-
-    def begin(self, state: TrainState | None) -> None:
-        """Continue the run `state` saved, the model and optimiser as they were; or (None)
-        start one, after the data-dependent initialisation (ActNorm) on the first `init_size`
-        training rows."""
-        if state is not None:
-            self.model.load_state_dict(state.model)
-            self.optimizer.load_state_dict(state.optimizer)
-        else:
-            self.model.train()
-            with torch.no_grad():
-                first = self.batch(self.train_idx[: self.config.init_size])
-                g = torch.Generator().manual_seed(self.config.seed)
-                self.model(first + self.jitter * torch.randn(first.shape, generator=g)
-                           if self.jitter else first)
-            state = TrainState(0, 0, {}, {}, _copy_state(self.model), History(), 0)
-            if self.hook is not None:
-                self.hook.start(self.batch(self.val_idx[:_SAMPLE]))
-        self.epoch, self.step, self.best_model = state.epoch, state.step, state.best_model
-        self.history, self.bad_epochs = copy.deepcopy(state.history), state.bad_epochs
-        if self.world > 1:
-            self.net = nn.parallel.DistributedDataParallel(self.net, forward_sync_buffers=False)
 
     def train(self, epoch: int) -> float:
         """One pass over the training rows in an order seeded by the epoch: the mean NLL of
@@ -261,15 +253,13 @@ class _Trainer:
                                 f"{epoch}); try a lower learning rate or standardised inputs")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        lr = _learning_rate(self.config, self.step, self.total_steps)
+        lr = self.config.lr * 0.5 * (1 + math.cos(math.pi * (self.step - 1) / self.total_steps)) \
+            if self.config.schedule == "cosine" else self.config.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        grad_norm = None
-        if self.config.max_grad_norm:
+        if self.config.max_grad_norm or self.hook is not None:  # no limit: scales by 1 exactly
             grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                 self.config.max_grad_norm)
-        elif self.hook is not None:
-            grad_norm = _grad_norm(self.model)
+                                                 self.config.max_grad_norm or math.inf)
         self.optimizer.step()
         if self.hook is not None:
             self.hook.scalars(self.step, {
@@ -278,9 +268,10 @@ class _Trainer:
         return value
 
     def validate(self, epoch: int, train_nll: float, began: float,
-                 measure: Callable[[nn.Module], dict[str, float]] | None) -> dict[str, float]:
-        """The record of a finished epoch: its train NLL, the held-out measures (`_evaluate`)
-        and those of `measure`, and how long it took."""
+                 measure: Callable[[nn.Module], dict[str, float]] | None) -> None:
+        """Record a finished epoch: its train NLL, the held-out measures (`_evaluate`) and
+        those of `measure`, and how long it took; keep the model's weights if its held-out NLL
+        is the best yet, else count one more epoch without improvement (early stopping)."""
         record = {"epoch": float(epoch), "train_nll": train_nll}
         metrics, z_val = _evaluate(self.model, self.batch, self.val_idx, self.config.seed)
         if measure is not None:
@@ -296,15 +287,10 @@ class _Trainer:
                                 f"(step {self.step})")
         if self.hook is not None:
             self.hook.epoch(self.step, record, z_val)
-        return record
-
-    def add(self, record: dict[str, float]) -> None:
-        """Record a finished epoch; keep the model's weights if its held-out NLL is the best
-        yet, else count one more epoch without improvement (early stopping)."""
-        self.epoch = int(record["epoch"])
+        self.epoch = epoch
         self.history.epochs.append(record)
         if record["val_nll"] < self.history.best_val_nll:
-            self.history.best_val_nll, self.history.best_epoch = record["val_nll"], self.epoch
+            self.history.best_val_nll, self.history.best_epoch = record["val_nll"], epoch
             self.best_model, self.bad_epochs = _copy_state(self.model), 0
         else:
             self.bad_epochs += 1
@@ -341,49 +327,23 @@ def _evaluate(model: nn.Module, batch: Callable[[Tensor], Tensor], indices: Tens
     model.eval()
     nll = log_det_sum = 0.0
     n = len(indices)
-    z_sample = None
+    z = None
     for start in range(0, n, _EVAL_ROWS):
-        z, log_det = model(batch(indices[start : start + _EVAL_ROWS]))
-        nll -= log_likelihood(z, log_det).double().sum().item()
+        z_block, log_det = model(batch(indices[start : start + _EVAL_ROWS]))
+        nll -= log_likelihood(z_block, log_det).double().sum().item()
         log_det_sum += log_det.double().sum().item()
-        if z_sample is None:
-            z_sample = z.new_empty(min(n, _SAMPLE), z.shape[1])
-        if start < len(z_sample):
-            z_sample[start : start + len(z)] = z[: len(z_sample) - start]
-    z = z_sample
-    metrics = {
-        "val_nll": nll / n,
-        "val_bits_per_dim": bits_per_dim(nll / n, z.shape[1]),
-        "val_log_det": log_det_sum / n,
-        "val_cosine": mean_pair_cosine(z, seed=seed),
-    }
-    return metrics, z
-
-
-def _rms_deviation(rows: Rows, indices: Tensor) -> float:
-    """The RMS distance of the rows at `indices` from their mean."""
-    chosen = np.zeros(rows.shape[0], dtype=bool)
-    chosen[indices.numpy()] = True
-    m = moments(rows, chosen)
-    return float(np.sqrt((m.squares / m.count).mean()))
-
-
-def _grad_norm(model: nn.Module) -> Tensor:
-    """The 2-norm of all gradients together (what `clip_grad_norm_` measures)."""
-    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
-    return torch.stack(norms).norm() if norms else torch.zeros(())
+        if z is None:
+            z = z_block.new_empty(min(n, _SAMPLE), z_block.shape[1])
+        if start < len(z):
+            z[start : start + len(z_block)] = z_block[: len(z) - start]
+    return {"val_nll": nll / n, "val_bits_per_dim": bits_per_dim(nll / n, z.shape[1]),
+            "val_log_det": log_det_sum / n, "val_cosine": mean_pair_cosine(z, seed=seed)}, z
 
 
 def _permutation(n: int, generator: torch.Generator) -> Tensor:
     """A random permutation of `range(n)`, the same as `torch.randperm`'s in int64."""
     return torch.randperm(n, generator=generator,
                           dtype=torch.int32 if n < 2**31 else torch.int64)
-
-
-def _learning_rate(config: TrainConfig, step: int, total_steps: int) -> float:
-    if config.schedule == "constant":
-        return config.lr
-    return config.lr * 0.5 * (1 + math.cos(math.pi * (step - 1) / total_steps))
 
 
 def _copy_state(model: nn.Module) -> dict[str, Tensor]:
@@ -403,23 +363,19 @@ class _AdamWeightDecay(torch.optim.Optimizer):
     """BERT's AdamWeightDecayOptimizer: Adam without bias correction, the decay added to the
     update."""
 
-    def __init__(self, params: Any, lr: float, eps: float, weight_decay: float,
-                 betas: tuple[float, float] = (0.9, 0.999)):
+    def __init__(self, params: Any, lr: float, eps: float, weight_decay: float):
         super().__init__(params, {"lr": lr, "eps": eps, "weight_decay": weight_decay,
-                                  "betas": betas})
+                                  "betas": (0.9, 0.999)})
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            for p in (p for p in group["params"] if p.grad is not None):
                 state = self.state[p]
                 if not state:
                     state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
                 m, v = state["m"], state["v"]
                 m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                update = m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p
-                p.sub_(group["lr"] * update)
+                p.sub_(group["lr"] * (m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p))

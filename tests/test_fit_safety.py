@@ -154,7 +154,7 @@ def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, ca
 
 
 def test_checkpoint_save_and_read(tmp_path):
-    from bertflow.checkpoint import Checkpoint, open_checkpoint, read_checkpoint
+    from bertflow.checkpoint import Checkpoint, open_checkpoint
 
     states = []
     x = np.random.default_rng(0).normal(size=(60, 8)).astype(np.float32)
@@ -162,11 +162,11 @@ def test_checkpoint_save_and_read(tmp_path):
                  on_epoch_end=states.append)
     path = tmp_path / "state.pt"
     Checkpoint(states[0], {"seed": 0}, logs="20260101-000000-seed0").save(path)
-    loaded = read_checkpoint(path)
+    loaded = open_checkpoint(path)
     assert loaded.state.epoch == 1
     assert loaded.state.history.best_epoch == states[0].history.best_epoch
     assert loaded.logs == "20260101-000000-seed0"
-    assert read_checkpoint(tmp_path / "absent.pt") is None
+    assert open_checkpoint(tmp_path / "absent.pt") is None
     with pytest.raises(BertflowError, match="other settings or data"):
         loaded.check(path, {"seed": 1}, extended=False)
     (tmp_path / "bad.pt").write_text("x")

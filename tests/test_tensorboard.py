@@ -146,7 +146,7 @@ def test_fit_with_dev_sts_prints_and_logs_spearman_and_hparams(
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
     assert {"flow/levels", "flow/depth", "train/epochs", "train/lr", "train/seed", "pooling",
-            "encoder", "max_length", "standardize", "corpus_size", "data"} <= set(hparams)
+            "encoder", "max_length", "before", "corpus_size", "data"} <= set(hparams)
     assert hparams["pooling"].string_value == "cls"
     assert hparams["encoder"].string_value == tiny_encoder_dir.name
     assert hparams["corpus_size"].number_value == 120
