@@ -57,14 +57,10 @@ class TensorBoard:
 
 def log_hparams(writer: Any, hparams: dict[str, Any], history: History,
                 step: int | None = None) -> None:
-    """Log a finished run's hyperparameters with its results, for TensorBoard's HPARAMS tab,
-    into the writer's own folder (not a subfolder).
-
-    Nested dicts are flattened to `outer/inner` names; None is left out and any other
-    non-number becomes text. The results: `hparams/best_val_nll`, `.../best_val_bits_per_dim`,
-    `.../best_epoch`, `.../epochs_run`, and each measure of `fit`'s `measure` at the best
-    epoch (`hparams/<name>`) and at the last (`hparams/last_<name>`).
-    """
+    """Log a finished run's hyperparameters (nested dicts as `outer/inner`, None left out, any
+    other non-number as text) with its results, for TensorBoard's HPARAMS tab, in the writer's
+    own folder: `hparams/best_val_nll`, `best_val_bits_per_dim`, `best_epoch`, `epochs_run`,
+    and each measure of `fit`'s `measure` at the best epoch and the last (`last_<name>`)."""
     best, last = history.best, history.epochs[-1] if history.epochs else {}
     metrics = {"hparams/best_val_nll": history.best_val_nll,
                "hparams/best_val_bits_per_dim": best.get("val_bits_per_dim", math.nan),

@@ -84,8 +84,13 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     process calls it and only the first gets the result (the others None)."""
     say = say if distributed.is_main() else None
     check_destination(job.out)
+    encodes = job.source.suffix != ".npy" or job.dev_sts is not None
     check_outputs({"--checkpoint": job.checkpoint, "--logdir": job.logdir, "--out": job.out},
-                  _fit_inputs(job), grows={"--logdir": ["--out"]})  # logs: a new subfolder
+                  {"the input": job.source,
+                   "the embedding cache": EmbeddingCache(job.cache).root if encodes else None,
+                   "--encoder": Path(job.encoder) if job.encoder is not None else None,
+                   "--dev-sts": job.dev_sts},
+                  grows={"--logdir": ["--out"]})  # logs: a new subfolder
     flow = job.method == "flow"
     checkpoint = _CheckpointFile(job) if job.checkpoint is not None and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
@@ -102,15 +107,6 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     state = checkpoint.state_for(run, say) if checkpoint is not None else None
     measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
     return _train(job, x, origin, run, state, checkpoint, measure, say, progress)
-
-
-def _fit_inputs(job: FitJob) -> dict[str, Path | None]:
-    """What a fit reads, by how a message names it."""
-    encodes = job.source.suffix != ".npy" or job.dev_sts is not None
-    return {"the input": job.source,
-            "the embedding cache": EmbeddingCache(job.cache).root if encodes else None,
-            "--encoder": Path(job.encoder) if job.encoder is not None else None,
-            "--dev-sts": job.dev_sts}
 
 
 def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, Any]]:

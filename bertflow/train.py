@@ -1,5 +1,5 @@
 """Maximum-likelihood training of a flow on embeddings: the loop and its config. It knows no
-files: a `Hook` hears what happens (`logs.TensorBoard`), `on_epoch_end` gets a state to save."""
+files: a `Hook` hears of the progress, `on_epoch_end` gets a state to save."""
 
 from __future__ import annotations
 
@@ -33,17 +33,13 @@ RECORD = ("epoch", "train_nll", "val_nll", "val_bits_per_dim", "val_log_det", "v
 
 @dataclass(frozen=True)
 class TrainConfig(DictConfig):
-    """How to fit: Adam at `lr`, minibatches of `batch_size`, early stopping on held-out NLL.
-
-    The learning rate decays from `lr` to 0 along a cosine over all epochs
-    (`schedule="constant"` keeps it). `val_fraction` of the rows (at least one) are held out;
-    training stops after `patience` epochs without a better validation NLL (0: never early)
-    and the best weights are kept. `init_size` rows initialise ActNorm. `noise` adds Gaussian
-    jitter of that many times the data's RMS spread to each training batch, which keeps the
-    likelihood bounded on near-constant features. `weight_decay` (decoupled, as AdamW), `eps`
-    and `bias_correction=False` (BERT's AdamWeightDecay, the release's optimiser) shape Adam;
-    `max_grad_norm` clips the global gradient norm.
-    """
+    """How to fit: Adam at `lr` (decaying to 0 along a cosine over all epochs, or `constant`),
+    minibatches of `batch_size`, early stopping after `patience` epochs (0: never) without a
+    better NLL on the held-out `val_fraction` of the rows, keeping the best weights. `init_size`
+    rows initialise ActNorm. `noise`: Gaussian jitter of that many times the data's RMS spread
+    on each batch (it bounds the likelihood on near-constant features). `weight_decay`
+    (decoupled), `eps`, `bias_correction=False` (BERT's AdamWeightDecay, the release's) and
+    `max_grad_norm` (clipping the global gradient norm) shape the optimiser."""
 
     KIND = "training config"
 
@@ -96,8 +92,8 @@ class History:
 
 @dataclass
 class TrainState:
-    """Everything needed to resume `fit` bit for bit after a finished epoch: tensors, numbers
-    and strings only (`to_dict`), so that it loads with `torch.load(weights_only=True)`."""
+    """Everything needed to resume `fit` bit for bit after a finished epoch; `to_dict` holds
+    tensors, numbers and strings only (for `torch.load(weights_only=True)`)."""
 
     epoch: int
     step: int
@@ -143,17 +139,12 @@ def fit(model: nn.Module, x: Tensor | np.ndarray | Rows, config: TrainConfig = T
         on_epoch_end: Callable[[TrainState], None] | None = None,
         measure: Callable[[nn.Module], dict[str, float]] | None = None,
         progress: bool = False) -> History:
-    """Fit `model` (whose `model(x)` is `(z, log_det)`) to the rows of `x` by maximum
-    likelihood under a N(0, I) base (`log_likelihood`), reading `x` a minibatch at a time (it
-    may be a file larger than memory); leave it with the weights of the best validation
-    epoch, in eval mode. A `state` given to `on_epoch_end` resumes that run; one of fewer
-    `config.epochs` extends it, the learning rate following the cosine over the new total, so
-    that the result depends on the state and `config` alone. `measure(model)`, after each
-    epoch's validation, returns further measures (a dev-set score) for the record.
-
-    Under torchrun every process runs `fit` on the same `x` and config, each on every
-    world-size-th row of each minibatch; `DistributedDataParallel` averages the gradients, and
-    the result is the one-process fit up to float rounding."""
+    """Fit `model` (`model(x)` is `(z, log_det)`) to the rows of `x` (read a minibatch at a
+    time) by maximum likelihood under a N(0, I) base; leave it with the weights of the best
+    validation epoch, in eval mode. A `state` given to `on_epoch_end` resumes its run, or
+    extends it to more `config.epochs` (the cosine then spans the new total). `measure(model)`
+    adds further measures (a dev-set score) to each epoch's record. Under torchrun each
+    process takes every world-size-th row of each minibatch; DDP averages the gradients."""
     trainer = _Trainer(model, as_rows(x), config, hook, progress, state)
     for epoch in range(trainer.epoch + 1, config.epochs + 1):
         if config.patience and trainer.bad_epochs >= config.patience:
@@ -170,7 +161,7 @@ def fit(model: nn.Module, x: Tensor | np.ndarray | Rows, config: TrainConfig = T
 
 class _Trainer:
     """A fit: the model, its optimiser, the rows and their split, and where it stands after
-    its last finished epoch (`epoch`, 0 before the first)."""
+    its last finished epoch (`epoch`)."""
 
     def __init__(self, model: nn.Module, rows: Rows, config: TrainConfig, hook: Hook | None,
                  progress: bool, state: TrainState | None):
@@ -269,9 +260,8 @@ class _Trainer:
 
     def validate(self, epoch: int, train_nll: float, began: float,
                  measure: Callable[[nn.Module], dict[str, float]] | None) -> None:
-        """Record a finished epoch: its train NLL, the held-out measures (`_evaluate`) and
-        those of `measure`, and how long it took; keep the model's weights if its held-out NLL
-        is the best yet, else count one more epoch without improvement (early stopping)."""
+        """Record a finished epoch (its train NLL, the held-out measures, those of `measure`,
+        its time); keep the weights if its held-out NLL is the best yet."""
         record = {"epoch": float(epoch), "train_nll": train_nll}
         metrics, z_val = _evaluate(self.model, self.batch, self.val_idx, self.config.seed)
         if measure is not None:
@@ -303,9 +293,8 @@ class _Trainer:
 
 
 class _Sums(nn.Module):
-    """A model's NLL and log-determinant, each summed over the rows of `x`. No rows (a
-    process's empty share of a short minibatch) give zeros that still depend on every trained
-    parameter, so that the process joins DDP's gradient all-reduce, with zero gradients."""
+    """A model's NLL and log-det summed over the rows of `x`. No rows (an empty share of a short
+    minibatch) give zeros that depend on every parameter, to join DDP's all-reduce."""
 
     def __init__(self, model: nn.Module):
         super().__init__()

@@ -140,12 +140,18 @@ def test_existing_file_that_is_not_a_bertflow_checkpoint_is_not_overwritten(
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "h").exists()
 
 
-def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, capsys, npy):
+def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, capsys, npy,
+                                                                   monkeypatch):
+    import bertflow.checkpoint
+
     ckpt = tmp_path / "state.pt"
     base = ["fit", npy, "--pooling", "cls", "--checkpoint", ckpt, *SMALL]
     assert run(capsys, *base, "--out", tmp_path / "a")[0] == 0
     before = ckpt.read_bytes()
+    reads, read = [], bertflow.checkpoint._read
+    monkeypatch.setattr(bertflow.checkpoint, "_read", lambda path: reads.append(path) or read(path))
     refused(capsys, [*base, "--out", tmp_path / "b", "--seed", "3"], "other settings or data")
+    assert len(reads) == 1  # read once, before any work
     refused(capsys, [*base, "--out", tmp_path / "b", "--seed", "3", "--resume"],
             "other settings or data")
     assert ckpt.read_bytes() == before and not (tmp_path / "b").exists()

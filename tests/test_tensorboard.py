@@ -169,7 +169,7 @@ def test_fit_with_dev_sts_prints_and_logs_spearman_and_hparams(
 
 
 def test_dev_sts_is_refused_without_a_known_encoder_or_a_dev_set(
-    tmp_path, capsys, tiny_encoder_dir
+    tmp_path, capsys, tiny_encoder_dir, monkeypatch
 ):
     npy = tmp_path / "x.npy"
     np.save(npy, np.random.default_rng(0).normal(size=(40, 16)).astype(np.float32))
@@ -184,11 +184,16 @@ def test_dev_sts_is_refused_without_a_known_encoder_or_a_dev_set(
         assert code == 1 and len(lines) == 1, err
         assert lines[0].startswith("bertflow: error: ") and message in lines[0], lines[0]
     assert not (tmp_path / "h").exists() and not (tmp_path / "runs").exists()
-    # with --encoder, the embeddings' encoder is known: the dev set is scored
+    # with --encoder, the embeddings' encoder is known (and loaded once): the dev set is scored
+    import bertflow.runs
+
+    loads, load = [], bertflow.runs.load_encoder
+    monkeypatch.setattr(bertflow.runs, "load_encoder", lambda *a: loads.append(a) or load(*a))
     code, _, err = run(capsys, "fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
                        "--encoder", tiny_encoder_dir, "--cache", tmp_path / "cache",
                        "--dev-sts", data, "--epochs", "1", *FIT)
     assert code == 0 and "dev Spearman" in err, err
+    assert len(loads) == 1
 
 
 def test_resume_continues_the_curves_and_may_extend_the_epochs(
