@@ -34,8 +34,7 @@ class Checkpoint:
 
     def save(self, path: str | os.PathLike,
              recheck: Callable[[Path], object] | None = None) -> None:
-        """Write to `path` atomically (`atomic_file`, with its `recheck`); a full disk is one
-        line."""
+        """Write to `path` atomically (`atomic_file`, with its `recheck`)."""
         buffer = io.BytesIO()
         torch.save({"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,
                     "run": self.run, "logs": self.logs, "state": self.state.to_dict()}, buffer)

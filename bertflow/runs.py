@@ -143,8 +143,7 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
 
 
 class _CheckingCache(EmbeddingCache):
-    """The embedding cache, showing `check` the width of the embeddings asked for before it
-    encodes anything."""
+    """The embedding cache, showing `check` the width asked for before it encodes anything."""
 
     def __init__(self, root: Path | None, check: Callable[[int], None]):
         super().__init__(root)
@@ -159,15 +158,10 @@ class _CheckingCache(EmbeddingCache):
 
 def _run_record(job: FitJob, origin: dict[str, Any]) -> dict[str, Any]:
     """The settings and data a checkpoint of this job belongs to."""
-    return {
-        "flow": job.recipe.flow.to_dict(),
-        "train": job.recipe.train.to_dict(),
-        "before": job.recipe.before,
-        "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
-        "pooling": origin["pooling"],
-        "max_length": origin["max_length"],
-        "data": origin["data"],
-    }
+    return {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
+            "before": job.recipe.before, "pooling": origin["pooling"],
+            "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
+            "max_length": origin["max_length"], "data": origin["data"]}
 
 
 class _CheckpointFile:
