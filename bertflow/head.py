@@ -30,6 +30,7 @@ from .files import check_finite, sha256_file, write_json
 from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
 from .folders import HEAD_FOLDER, head_folder, ready_heads, verify_checksums
 from .linear import LINEAR_METHODS, LinearMap, fit_map
+from .rows import Moments, Rows, as_rows, moments
 from .st_api import (
     SIMILARITY_FN_NAME,
     as_sentences,
@@ -39,7 +40,7 @@ from .st_api import (
     similarity,
     similarity_pairwise,
 )
-from .train import Moments, Rows, TrainConfig, as_rows, fit, moments
+from .train import TrainConfig, fit
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "check_destination", "corpus_digest",
            "nll_text", "ready_heads"]

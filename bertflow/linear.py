@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from .constants import LINEAR_METHODS
 from .errors import BertflowError
 from .files import check_finite
-from .train import Rows, as_rows
+from .rows import Rows, as_rows
 
 __all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "abtt_weight", "all_but_the_top",
            "covariance", "default_d", "default_k", "fit_map", "fit_weight", "linear_method",

@@ -61,7 +61,8 @@ from bertflow.cache import EmbeddingCache
 from bertflow.encoder import Encoder, pool
 from bertflow.files import write_json
 from bertflow.flow import ActNorm, AdditiveCoupling, StandardScaler, robust_std
-from bertflow.train import as_rows, fit, moments
+from bertflow.rows import as_rows, moments
+from bertflow.train import fit
 
 DIM = 384  # all-MiniLM-L6-v2's width, every pooling
 SCALE = DIM * math.log(2) / 2  # bertflow's loss over the release's

@@ -257,7 +257,7 @@ def test_failed_fit_leaves_no_head_and_no_new_logdir(
     from bertflow import BertflowError
 
     def diverge(*args, **kwargs):
-        kwargs["writer"].add_scalar("train/nll", 1.0, 1)
+        kwargs["hook"].scalars(1, {"nll": 1.0})
         raise BertflowError("non-finite loss (nan) at step 3 (epoch 1)")
 
     monkeypatch.setattr(bertflow.head.FlowHead, "fit", diverge)

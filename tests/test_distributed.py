@@ -41,6 +41,7 @@ import sys
 import numpy as np, torch
 from bertflow import distributed
 from bertflow.flow import FlowConfig, Glow
+from bertflow.logs import TensorBoard
 from bertflow.train import TrainConfig, fit
 
 class Writer:
@@ -59,7 +60,7 @@ for rows, batch in ((40, 7), (12, 1)):  # 36 and 11 training rows
     torch.manual_seed(0)
     flow, writer = Glow(8, FlowConfig(levels=2, coupling="affine")), Writer()
     config = TrainConfig(epochs=2, batch_size=batch, noise=0.1, max_grad_norm=1.0)
-    fit(flow, x, config, writer=writer)
+    fit(flow, x, config, hook=TensorBoard(writer))
     results.append((flow.state_dict(), writer.scalars))
 if distributed.is_main():
     torch.save(results, sys.argv[1])

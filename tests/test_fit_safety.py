@@ -140,12 +140,18 @@ def test_existing_file_that_is_not_a_bertflow_checkpoint_is_not_overwritten(
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "h").exists()
 
 
-def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, capsys, npy):
+def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, capsys, npy,
+                                                                   monkeypatch):
+    import bertflow.checkpoint
+
     ckpt = tmp_path / "state.pt"
     base = ["fit", npy, "--pooling", "cls", "--checkpoint", ckpt, *SMALL]
     assert run(capsys, *base, "--out", tmp_path / "a")[0] == 0
     before = ckpt.read_bytes()
+    reads, read = [], bertflow.checkpoint._read
+    monkeypatch.setattr(bertflow.checkpoint, "_read", lambda path: reads.append(path) or read(path))
     refused(capsys, [*base, "--out", tmp_path / "b", "--seed", "3"], "other settings or data")
+    assert len(reads) == 1  # read once, before any work
     refused(capsys, [*base, "--out", tmp_path / "b", "--seed", "3", "--resume"],
             "other settings or data")
     assert ckpt.read_bytes() == before and not (tmp_path / "b").exists()
@@ -153,25 +159,40 @@ def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, ca
     assert code == 0, err
 
 
-def test_train_state_save_and_load(tmp_path):
-    from bertflow.train import TrainState, read_checkpoint
+def test_checkpoint_save_and_read(tmp_path):
+    from bertflow.checkpoint import Checkpoint, open_checkpoint
 
     states = []
     x = np.random.default_rng(0).normal(size=(60, 8)).astype(np.float32)
     FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=TrainConfig(epochs=1),
                  on_epoch_end=states.append)
     path = tmp_path / "state.pt"
-    states[0].save(path, {"seed": 0}, logs="20260101-000000-seed0")
-    loaded = TrainState.load(path, {"seed": 0})
-    assert loaded.epoch == 1 and loaded.history.best_epoch == states[0].history.best_epoch
-    assert read_checkpoint(path).logs == "20260101-000000-seed0"
-    assert read_checkpoint(tmp_path / "absent.pt") is None
+    Checkpoint(states[0], {"seed": 0}, logs="20260101-000000-seed0").save(path)
+    loaded = open_checkpoint(path)
+    assert loaded.state.epoch == 1
+    assert loaded.state.history.best_epoch == states[0].history.best_epoch
+    assert loaded.logs == "20260101-000000-seed0"
+    assert open_checkpoint(tmp_path / "absent.pt") is None
     with pytest.raises(BertflowError, match="other settings or data"):
-        TrainState.load(path, {"seed": 1})
+        loaded.check(path, {"seed": 1}, extended=False)
     (tmp_path / "bad.pt").write_text("x")
     with pytest.raises(BertflowError, match="is not a bertflow training checkpoint"):
-        TrainState.load(tmp_path / "bad.pt", {"seed": 0})
+        open_checkpoint(tmp_path / "bad.pt")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_checkpoint_of_another_version_or_without_the_format_is_refused(tmp_path, capsys,
+                                                                          npy, no_training):
+    from bertflow.checkpoint import CHECKPOINT_FORMAT
+
+    saved = {"run": {}, "logs": None, "state": {"epoch": 1}}
+    torch.save({"format": CHECKPOINT_FORMAT, "format_version": 2, **saved}, tmp_path / "v2.pt")
+    torch.save(saved, tmp_path / "unmarked.pt")
+    for name, message in [("v2.pt", "v2.pt is a bertflow training checkpoint of format "
+                           "version 2; this bertflow reads version 1"),
+                          ("unmarked.pt", "unmarked.pt is not a bertflow training checkpoint")]:
+        refused(capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
+                         "--checkpoint", tmp_path / name, "--resume", *SMALL], message)
 
 
 def test_a_full_disk_while_writing_the_checkpoint_is_one_line(tmp_path, capsys, npy):
@@ -200,7 +221,7 @@ def test_failed_fit_leaves_an_existing_logdir_as_it_was(tmp_path, capsys, npy, m
     import bertflow.head
 
     def diverge(*args, **kwargs):
-        kwargs["writer"].add_scalar("train/nll", 1.0, 1)
+        kwargs["hook"].scalars(1, {"nll": 1.0})
         raise BertflowError("non-finite loss (nan) at step 3 (epoch 1)")
 
     logdir = tmp_path / "runs"
@@ -402,8 +423,8 @@ def test_a_file_made_at_checkpoint_while_fit_ran_is_kept(tmp_path, capsys, monke
     """Made while the data is read (before training starts), while a checkpoint is being
     written, or over the checkpoint of the epoch before, the user's file at --checkpoint is
     kept, and the fit fails in one line."""
+    import bertflow.checkpoint
     import bertflow.runs
-    import bertflow.train
 
     from .test_outputs import made_by_the_user, made_while_written, refused_keeping_the_users
 
@@ -414,7 +435,7 @@ def test_a_file_made_at_checkpoint_while_fit_ran_is_kept(tmp_path, capsys, monke
     elif moment == "while written":
         made_while_written(monkeypatch, out / "ck.pt")
     else:
-        made_by_the_user(monkeypatch, bertflow.train.TrainState, "save", out / "ck.pt",
+        made_by_the_user(monkeypatch, bertflow.checkpoint.Checkpoint, "save", out / "ck.pt",
                          after=True)
     refused_keeping_the_users(
         capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "head", "--checkpoint",

@@ -14,8 +14,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from bertflow import FlowConfig, FlowHead, TrainConfig
 from bertflow.cli import main
+from bertflow.logs import TensorBoard, log_hparams
 from bertflow.sts import pair_spearman, read_stsb
-from bertflow.train import log_hparams
 
 from .conftest import SENTENCES, WORDS
 
@@ -73,8 +73,8 @@ def test_fit_logs_each_step_and_each_epoch_once(tmp_path):
         return {"dev_score": float(len(calls))}
 
     with SummaryWriter(str(tmp_path)) as writer:
-        head = FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=config, writer=writer,
-                            measure=measure)
+        head = FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=config,
+                            hook=TensorBoard(writer), measure=measure)
     acc = events(tmp_path)
     per_epoch = math.ceil(180 / 30)  # 20 of the 200 rows are held out
     total = 3 * per_epoch
@@ -106,7 +106,7 @@ def test_hparams_land_in_the_run_folder_itself(tmp_path):
     x = np.random.default_rng(0).normal(size=(80, 4)).astype(np.float32)
     with SummaryWriter(str(tmp_path)) as writer:
         head = FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=TrainConfig(epochs=2),
-                            writer=writer, measure=lambda model: {"dev_spearman": 42.0})
+                            hook=TensorBoard(writer), measure=lambda model: {"dev_spearman": 42.0})
         log_hparams(writer, {"flow": {"levels": 1}, "pooling": "cls", "max_grad_norm": None,
                              "shape": (80, 4)}, head.history, step=6)
     assert [p for p in tmp_path.iterdir() if p.is_dir()] == []
@@ -146,7 +146,7 @@ def test_fit_with_dev_sts_prints_and_logs_spearman_and_hparams(
     content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
     assert {"flow/levels", "flow/depth", "train/epochs", "train/lr", "train/seed", "pooling",
-            "encoder", "max_length", "standardize", "corpus_size", "data"} <= set(hparams)
+            "encoder", "max_length", "before", "corpus_size", "data"} <= set(hparams)
     assert hparams["pooling"].string_value == "cls"
     assert hparams["encoder"].string_value == tiny_encoder_dir.name
     assert hparams["corpus_size"].number_value == 120
@@ -169,7 +169,7 @@ def test_fit_with_dev_sts_prints_and_logs_spearman_and_hparams(
 
 
 def test_dev_sts_is_refused_without_a_known_encoder_or_a_dev_set(
-    tmp_path, capsys, tiny_encoder_dir
+    tmp_path, capsys, tiny_encoder_dir, monkeypatch
 ):
     npy = tmp_path / "x.npy"
     np.save(npy, np.random.default_rng(0).normal(size=(40, 16)).astype(np.float32))
@@ -184,11 +184,16 @@ def test_dev_sts_is_refused_without_a_known_encoder_or_a_dev_set(
         assert code == 1 and len(lines) == 1, err
         assert lines[0].startswith("bertflow: error: ") and message in lines[0], lines[0]
     assert not (tmp_path / "h").exists() and not (tmp_path / "runs").exists()
-    # with --encoder, the embeddings' encoder is known: the dev set is scored
+    # with --encoder, the embeddings' encoder is known (and loaded once): the dev set is scored
+    import bertflow.runs
+
+    loads, load = [], bertflow.runs.load_encoder
+    monkeypatch.setattr(bertflow.runs, "load_encoder", lambda *a: loads.append(a) or load(*a))
     code, _, err = run(capsys, "fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
                        "--encoder", tiny_encoder_dir, "--cache", tmp_path / "cache",
                        "--dev-sts", data, "--epochs", "1", *FIT)
     assert code == 0 and "dev Spearman" in err, err
+    assert len(loads) == 1
 
 
 def test_resume_continues_the_curves_and_may_extend_the_epochs(
@@ -255,17 +260,17 @@ def test_a_continued_run_s_event_file_sorts_after_the_one_it_continues(tmp_path,
     """TensorBoard reads event files in name order: the second they were made in, then the
     host, the process and its writer count (10 sorts before 9). A writer opened in the same
     second as an existing file waits for the next second, so its file sorts after."""
-    from bertflow import runs
+    from bertflow import logs
 
     now = int(time.time())
     (tmp_path / f"events.out.tfevents.{now:010d}.host.1.9").write_bytes(b"")
     (tmp_path / "events.out.tfevents.odd").write_bytes(b"")  # not ours: ignored
-    runs._after_newest_events(tmp_path)
+    logs._after_newest_events(tmp_path)
     assert int(time.time()) > now
     slept = []
-    monkeypatch.setattr(runs.time, "sleep", slept.append)
-    runs._after_newest_events(tmp_path / "empty")  # nothing there: no wait
+    monkeypatch.setattr(logs.time, "sleep", slept.append)
+    logs._after_newest_events(tmp_path / "empty")  # nothing there: no wait
     assert slept == []
     (tmp_path / f"events.out.tfevents.{now - 5:010d}.host.1.1").write_bytes(b"")
-    runs._after_newest_events(tmp_path)  # the newest file is from a past second: no wait
+    logs._after_newest_events(tmp_path)  # the newest file is from a past second: no wait
     assert all(s == 0 for s in slept)

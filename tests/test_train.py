@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from bertflow import BertflowError, FlowConfig, FlowHead, Glow, TrainConfig, fit
+from bertflow.logs import TensorBoard
 from bertflow.train import TrainState, split_indices
 
 
@@ -150,7 +151,7 @@ def test_writer_gets_loss_bits_log_det_cosines_and_histogram():
 
     writer = Recorder()
     FlowHead.fit(correlated_gaussian(200, 8), flow=FlowConfig(levels=1, depth=2),
-                 train=TrainConfig(epochs=1), writer=writer)
+                 train=TrainConfig(epochs=1), hook=TensorBoard(writer))
     assert {
         "train/nll", "train/bits_per_dim", "train/log_det", "val/nll", "val/bits_per_dim",
         "val/log_det", "cosine/input", "cosine/latent", "latent/z",
@@ -198,7 +199,8 @@ def test_bad_train_configs_are_refused(field, value, message):
 
 
 def test_a_checkpoint_belongs_to_its_run_or_to_the_same_run_extended(tmp_path):
-    from bertflow.train import Checkpoint, History, open_checkpoint
+    from bertflow.checkpoint import Checkpoint, open_checkpoint
+    from bertflow.train import History
 
     state = TrainState(1, 3, {}, {}, {}, History(), 0)
     run = {"train": {"epochs": 2, "seed": 0}, "data": "x"}

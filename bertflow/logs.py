@@ -1,0 +1,142 @@
+"""A fit's TensorBoard logs: what `train.fit` tells its `Hook`, as curves (`TensorBoard`), the
+run's hyperparameters with its results (`log_hparams`), and the run's folder (`RunLogs`)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from .isotropy import effective_rank, mean_pair_cosine, partition_isotropy
+from .train import RECORD, History, TrainState
+
+__all__ = ["RunLogs", "TensorBoard", "log_hparams"]
+
+_SPECTRAL = 2048  # held-out rows whose spectrum is measured (two SVDs each epoch)
+
+
+class TensorBoard:
+    """A `train.Hook` writing to `writer` (TensorBoard's `SummaryWriter` or alike): each step's
+    `train/` scalars; each epoch's NLLs, the measures of `fit`'s `measure` (`dev_spearman` as
+    `dev/spearman`) and the isotropy of held-out latents (mean cosine, effective rank, I(W), a
+    histogram); at the start, the isotropy of the held-out inputs."""
+
+    def __init__(self, writer: Any):
+        self.writer = writer
+
+    def start(self, x: Tensor) -> None:
+        self.writer.add_scalar("cosine/input", mean_pair_cosine(x), 0)
+        self._spectrum("input", x, 0)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(f"train/{key}", value, step)
+
+    def epoch(self, step: int, record: dict[str, float], z: Tensor) -> None:
+        self.writer.add_scalar("train/epoch", record["epoch"], step)
+        self.writer.add_scalar("train/epoch_nll", record["train_nll"], step)
+        for key in ("val_nll", "val_bits_per_dim", "val_log_det"):
+            self.writer.add_scalar(f"val/{key.removeprefix('val_')}", record[key], step)
+        self.writer.add_scalar("cosine/latent", record["val_cosine"], step)
+        self._spectrum("latent", z, step)
+        self.writer.add_histogram("latent/z", z, step)
+        for key in sorted(record.keys() - set(RECORD)):
+            self.writer.add_scalar(key.replace("_", "/", 1), record[key], step)
+
+    def _spectrum(self, which: str, x: Tensor, step: int) -> None:
+        """The effective rank and I(W) of a sample (NaN where undefined)."""
+        x = x[:_SPECTRAL].detach().cpu().double().numpy()
+        self.writer.add_scalar(f"effective_rank/{which}", effective_rank(x), step)
+        self.writer.add_scalar(f"partition_isotropy/{which}", partition_isotropy(x), step)
+
+
+def log_hparams(writer: Any, hparams: dict[str, Any], history: History,
+                step: int | None = None) -> None:
+    """Log a finished run's hyperparameters (nested dicts as `outer/inner`, None left out, any
+    other non-number as text) with its results, for TensorBoard's HPARAMS tab, in the writer's
+    own folder: `hparams/best_val_nll`, `best_val_bits_per_dim`, `best_epoch`, `epochs_run`,
+    and each measure of `fit`'s `measure` at the best epoch and the last (`last_<name>`)."""
+    best, last = history.best, history.epochs[-1] if history.epochs else {}
+    metrics = {"hparams/best_val_nll": history.best_val_nll,
+               "hparams/best_val_bits_per_dim": best.get("val_bits_per_dim", math.nan),
+               "hparams/best_epoch": float(history.best_epoch),
+               "hparams/epochs_run": float(len(history.epochs))}
+    for key in sorted(last.keys() - set(RECORD)):
+        metrics[f"hparams/{key}"] = best.get(key, math.nan)
+        metrics[f"hparams/last_{key}"] = last[key]
+    writer.add_hparams(_flatten(hparams), metrics, run_name=".", global_step=step)
+
+
+def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            plain = value is None or isinstance(value, (bool, int, float, str))
+            flat[f"{prefix}{key}"] = value if plain else str(value)
+    return flat
+
+
+class RunLogs:
+    """A run's folder inside `logdir`: the one named by the checkpoint a run resumes
+    (`recorded`), else a new TIME-seedN; `made`: the folders made for it, innermost first."""
+
+    def __init__(self, logdir: Path, seed: int, recorded: str | None):
+        self.made = [p for p in (logdir, *logdir.parents) if not p.exists()]
+        self.writer: Any = None
+        resumed = bool(recorded) and recorded == Path(recorded).name and recorded not in (
+            ".", "..")
+        logdir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in itertools.count(1):
+            self.folder = logdir / (recorded if resumed else
+                                    f"{stamp}-seed{seed}{f'-{n}' if n > 1 else ''}")
+            try:
+                self.folder.mkdir()
+            except FileExistsError:
+                if resumed:
+                    return
+                continue
+            self.made.insert(0, self.folder)
+            return
+
+    def open(self, state: TrainState | None) -> TensorBoard:
+        """The run's hook; a resumed run hides what the interrupted one logged after its
+        checkpoint."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        _after_newest_events(self.folder)
+        self.writer = SummaryWriter(str(self.folder),
+                                    purge_step=state.step + 1 if state is not None else None)
+        return TensorBoard(self.writer)
+
+    def close(self, keep: bool) -> None:
+        """Close the writer; unless `keep`, remove the run's folder if this run made it, then
+        the parents made for it while they are empty."""
+        if self.writer is not None:
+            self.writer.close()
+        for path in [] if keep else self.made:
+            if path == self.folder:
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            try:
+                path.rmdir()
+            except OSError:
+                return
+
+
+def _after_newest_events(folder: Path) -> None:
+    """Wait, where needed, until the clock has passed the second of the newest event file in
+    `folder`. TensorBoard reads event files in the order of their names, which start with the
+    second they were made in and end with a writer count (10 sorts before 9): a file made in
+    the same second as the one it continues could be read first, cutting the curves back."""
+    seconds = [int(part) for p in folder.glob("events.out.tfevents.*")
+               if (part := p.name.split(".")[3]).isdigit()]
+    if seconds:
+        time.sleep(max(0.0, max(seconds) + 1 - time.time()))
