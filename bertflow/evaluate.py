@@ -103,7 +103,7 @@ def summarise(rows: list[dict[str, Any]], labels: dict[str, Any]) -> list[dict[s
                "tasks": [r["task"] for r in scored]}
         for key in MEASURES:
             values = [r[key] for r in scored if r.get(key) is not None]
-            row[key] = float(np.mean(values)) if values and len(values) == len(scored) else None
+            row[key] = float(np.mean(values)) if len(values) == len(scored) else None
         out.append(row)
     return out
 
@@ -162,9 +162,8 @@ def evaluate_head(tasks: dict[str, Task], missing: Sequence[str], head: FlowHead
                   progress: bool | None = None) -> list[dict[str, Any]]:
     """`evaluate` a fitted head (`name` in the rows) on embeddings of `encoder` with its
     pooling (a given `pooling` must be the head's) and max length (else `max_length`)."""
-    head.check(dim=encoder.width(head.pooling or DEFAULT_POOLING), encoder=encoder.id)
-    if pooling is not None:
-        head.check(pooling=pooling)
+    head.check(dim=encoder.width(head.pooling or DEFAULT_POOLING), encoder=encoder.id,
+               pooling=pooling)
     pooling, max_length = head.pooling or DEFAULT_POOLING, head.max_length or max_length
     corpus = head.training_info.get("corpus") or {}
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": head.method, "head": name,

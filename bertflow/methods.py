@@ -6,7 +6,7 @@ the flow are heads (`FlowHead.fit_linear`, `FlowHead.fit`). `make_method` builds
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,22 +22,15 @@ __all__ = ["METHODS", "Fitted", "FlowMethod", "LinearMethod", "Method", "Raw", "
            "make_method"]
 
 
-class Method(Protocol):
-    name: str
-
-    def fit(self, x: np.ndarray) -> Method: ...
-
-    def transform(self, x: np.ndarray) -> np.ndarray: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
-class _Method:
-    """What methods share: no options to describe, and a transform through the head, where
-    they have one."""
+class Method:
+    """Fit on embeddings, then maps embeddings to the vectors cosine is taken on; `describe`
+    gives its options. By default `fit` does nothing and `transform` goes through `head`."""
 
     name: str
-    head: FlowHead | None
+    head: FlowHead | None = None
+
+    def fit(self, x: np.ndarray) -> Method:
+        return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         if self.head is None:
@@ -49,20 +42,17 @@ class _Method:
 
 
 @dataclass
-class Raw(_Method):
+class Raw(Method):
     """The pooled embeddings as they are."""
 
     name: str = "raw"
-
-    def fit(self, x: np.ndarray) -> Raw:
-        return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=np.float32)
 
 
 @dataclass
-class ScalerOnly(_Method):
+class ScalerOnly(Method):
     r"""$\tilde x = (x - \mu) / \sigma$ per feature: a flow head's `StandardScaler` without
     the flow (the method ``standardize``)."""
 
@@ -75,24 +65,21 @@ class ScalerOnly(_Method):
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         if self.scaler is None:
-            raise BertflowError("fit the standardisation before transforming")
+            raise BertflowError("fit the scaler before transforming")
         with torch.no_grad():
             return self.scaler(torch.from_numpy(np.array(x, dtype=np.float32)))[0].numpy()
 
 
 @dataclass
-class Fitted(_Method):
-    """A head: `fit` leaves it as it is."""
+class Fitted(Method):
+    """A head already fit."""
 
     head: FlowHead
     name: str = "flow"
 
-    def fit(self, x: np.ndarray) -> Fitted:
-        return self
-
 
 @dataclass
-class LinearMethod(_Method):
+class LinearMethod(Method):
     """A linear baseline as a head fit in closed form (`FlowHead.fit_linear`): ``whitening``,
     ``whitening-k`` keeping `k` components or ``abtt`` removing `d` directions (defaults in
     `linear.linear_options`); whitening given `k` is whitening-k."""
@@ -114,7 +101,7 @@ class LinearMethod(_Method):
 
 
 @dataclass
-class FlowMethod(_Method):
+class FlowMethod(Method):
     """The flow head fit by maximum likelihood (`FlowHead.fit`); `before` the Glow is one of
     `constants.BEFORE`."""
 

@@ -102,9 +102,8 @@ def read_sick(folder: str | os.PathLike, split: str) -> Pairs:
 
 
 def read_sts_subset(folder: str | os.PathLike, subset: str) -> Pairs:
-    """One SemEval STS subset in SentEval's layout: `STS.input.<subset>.txt` (sentence1 TAB
-    sentence2) and `STS.gs.<subset>.txt` (the 0-5 gold score on the same line; an empty gold
-    line means the pair has no score and is skipped)."""
+    """One SemEval STS subset in SentEval's layout: `STS.input.<subset>.txt` (two sentences,
+    tab-separated) and `STS.gs.<subset>.txt` (their 0-5 score; a pair without one is skipped)."""
     folder = Path(folder)
     inputs = folder / f"STS.input.{subset}.txt"
     scores = folder / f"STS.gs.{subset}.txt"
@@ -249,9 +248,7 @@ def pair_vectors(pairs: Pairs, sentences: Sequence[str] | dict[str, int],
 def positive_pairs(subsets: Iterable[Pairs], threshold: float = POSITIVE_GOLD) -> Pairs:
     """The pairs of `subsets` whose gold score is at least `threshold`, as one (maybe empty)
     `Pairs`: the positives of Wang & Isola's alignment, as SimCSE takes them."""
-    first: list[str] = []
-    second: list[str] = []
-    gold, names = [np.zeros(0)], []
+    first, second, gold, names = [], [], [np.zeros(0)], []
     for pairs in subsets:
         keep = np.flatnonzero(pairs.gold >= threshold)
         first += [pairs.first[i] for i in keep]
