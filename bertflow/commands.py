@@ -218,7 +218,7 @@ def _fit(p: argparse.ArgumentParser) -> None:
                      pooling_help=f"the embeddings' sidecar's, else {DEFAULT_POOLING}",
                      max_length_help=f"{DEFAULT_MAX_LENGTH}; for a .npy, its sidecar's")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
-    g = _flow_options(p)
+    g = _flow_arguments(p)
     g.add_argument("--logdir", type=Path, default=None,
                    help="write TensorBoard logs to a new subfolder TIME-seedN of this folder "
                         "(removed if the fit fails and cannot be resumed; a run resumed from "
@@ -397,7 +397,7 @@ def _head_or_flow_options(p: argparse.ArgumentParser) -> None:
     _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING,
                      max_length_help=_HEADS_MAX_LENGTH)
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
-    _quiet(_flow_options(p))
+    _quiet(_flow_arguments(p))
 
 
 def _encoder_options(p: argparse.ArgumentParser, pooling_default: str | None = DEFAULT_POOLING,
@@ -426,7 +426,7 @@ def _device_options(p: argparse.ArgumentParser) -> None:
                    help="precision of the encoder (embeddings and files stay float32)")
 
 
-def _flow_options(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+def _flow_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g = p.add_argument_group("flow", "Options left unset take the recommended recipe's "
                              "values for the pooling (`bertflow recipes` prints them).")
     g.add_argument("--before", choices=BEFORE, default=None,

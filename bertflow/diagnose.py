@@ -1,8 +1,6 @@
-"""Pictures of anisotropy: the singular spectrum, random-pair cosines, token norms against
-frequency, and a 2-D view, before and after a transform (`diagnose`: a head, or a flow fit on
-the sentences themselves); every method's alignment and uniformity on STS-B; and the input word
-embeddings' degeneration (Gao et al., 2019): their top two singular directions by frequency,
-and their singular values."""
+"""Pictures of anisotropy before and after a head (or a flow fit on the sentences): spectrum,
+random-pair cosines, a 2-D view; every method's alignment and uniformity on STS-B; and the
+input word embeddings' degeneration (Gao et al., 2019): norms, top directions and spectrum."""
 
 from __future__ import annotations
 
@@ -28,7 +26,8 @@ from .isotropy import (
     pair_cosines,
     singular_values,
 )
-from .methods import Fitted, default_d, default_k, make_method
+from .linear import linear_options
+from .methods import Fitted, make_method
 from .recipes import Recipe, resolve
 from .sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
 
@@ -41,22 +40,13 @@ Points = Mapping[str, Mapping[str, "float | None"]]
 _BEFORE, _AFTER = "#c0392b", "#2471a3"
 
 
-def plot_all(
-    before: np.ndarray,
-    after: np.ndarray,
-    out: str | os.PathLike,
-    *,
-    encoder: Encoder,
-    corpus: Sequence[str],
-    title: str,
-    after_label: str = "after the flow",
-    points: Points | None = None,
-    points_title: str = "",
-) -> list[Path]:
-    """Write the PNGs of `PLOTS` into folder `out`, replaced as a whole (a folder that holds
-    anything else is refused), and return their paths: `alignment_uniformity.png` only with
-    `points`, each method's alignment and uniformity by its label (`method_points`), under
-    `points_title`."""
+def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
+             encoder: Encoder, corpus: Sequence[str], title: str,
+             after_label: str = "after the flow", points: Points | None = None,
+             points_title: str = "") -> list[Path]:
+    """Write the PNGs of `PLOTS` into folder `out`, replaced as a whole (a folder holding
+    anything else is refused), and return their paths; `alignment_uniformity.png` only with
+    `points` (`method_points`), under `points_title`."""
     out = PLOTS_FOLDER.check_destination(out)
     plt = _pyplot()
     counts = token_frequencies(encoder, corpus)
@@ -85,30 +75,19 @@ def plot_all(
     return [Path(out) / name for name in PLOTS if name in figures]
 
 
-def diagnose(
-    sentences: Sequence[str],
-    out: str | os.PathLike,
-    encoder: Encoder,
-    *,
-    head: FlowHead | None = None,
-    pooling: str | None = None,
-    max_length: int = DEFAULT_MAX_LENGTH,
-    corpus: Sequence[str] | None = None,
-    cache: EmbeddingCache | None = None,
-    recipe: Recipe | dict[str, Any] | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    progress: bool | None = None,
-    data: str | os.PathLike | None = None,
-    say: Callable[[str], None] | None = None,
-) -> tuple[list[Path], dict[str, float | None], dict[str, float | None]]:
-    """Plot `sentences`' embeddings before and after `head` (its pooling and max length; a given
-    `pooling` must be the head's), or, without a head, after a flow fit on them by `recipe` (a
-    `Recipe`, or changes to the pooling's recommended one), into folder `out` (`plot_all`; token
-    frequencies from `corpus`, default the sentences). With `data`, a folder in SentEval's
-    layout, also plot every method's alignment and uniformity on its STS-B dev and test pairs
-    (`method_points`, the methods fit on `sentences`), which `say` reports; without it that plot
-    is left out, and `say` says so. Returns the plots and the isotropy measures before and
-    after."""
+def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder, *,
+             head: FlowHead | None = None, pooling: str | None = None,
+             max_length: int = DEFAULT_MAX_LENGTH, corpus: Sequence[str] | None = None,
+             cache: EmbeddingCache | None = None, recipe: Recipe | dict[str, Any] | None = None,
+             batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None,
+             data: str | os.PathLike | None = None, say: Callable[[str], None] | None = None,
+             ) -> tuple[list[Path], dict[str, float | None], dict[str, float | None]]:
+    """Plot `sentences`' embeddings into folder `out` (`plot_all`; token frequencies from
+    `corpus`, default the sentences) before and after `head` (its pooling and max length; a
+    given `pooling` must be the head's) or a flow fit on them by `recipe` (a `Recipe`, or
+    changes to the pooling's recommended one). With `data` (SentEval's layout), also every
+    method's alignment and uniformity on its STS-B dev and test pairs (`method_points`), which
+    `say` reports. Returns the plots and the isotropy measures before and after."""
     PLOTS_FOLDER.check_destination(out)  # before any work, and again when writing
     stsb = None if data is None else list(read_stsb_splits(Path(data) / "STSBenchmark",
                                                            STSB_SPLITS).values())
@@ -139,12 +118,10 @@ def diagnose(
 
 def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: FlowHead,
                   flow_label: str = "flow") -> dict[str, dict[str, float | None]]:
-    """The alignment and uniformity (`pair_measures`) of `pairs`, whose sentences
-    (`sentences_of(pairs)`) `y` embeds, after each method of `METHODS` fit on embeddings `x`
-    (whitening-k and abtt keeping `default_k` and removing `default_d` of the width), the flow
-    being `head`, by label (whitening-k as whitening-K, abtt as abtt-D, the flow as
-    `flow_label`)."""
-    k, d = default_k(x.shape[1]), default_d(x.shape[1])
+    """The `pair_measures` of `pairs`, whose sentences `y` embeds, after each method of
+    `METHODS` fit on embeddings `x` (the flow being `head`), by label: whitening-k as
+    whitening-K, abtt as abtt-D (`linear_options`), the flow as `flow_label`."""
+    k, d = linear_options("whitening-k", x.shape[1])["k"], linear_options("abtt", x.shape[1])["d"]
     labels = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}", "flow": flow_label}
     sentences = sentences_of(pairs)
     points = {}
@@ -211,7 +188,6 @@ def _spectrum(plt, before, after, title, after_label):
              title=f"Singular spectrum of centred embeddings\n{title}")
     axis.legend()
     return figure
-
 
 
 def _cosines(plt, before, after, title, after_label):

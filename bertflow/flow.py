@@ -8,9 +8,7 @@ from dataclasses import dataclass
 import torch
 from nflows.distributions import StandardNormal
 from nflows.flows import Flow
-from nflows.transforms import (
-    ActNorm as _NflowsActNorm,
-)
+from nflows.transforms import ActNorm as _NflowsActNorm
 from nflows.transforms import (
     AdditiveCouplingTransform,
     AffineCouplingTransform,
@@ -25,34 +23,15 @@ from torch import Tensor, nn
 from .config import FLOW_CEILINGS, MAX_FLOW_PARAMETERS, DictConfig
 from .errors import BertflowError
 
-__all__ = [
-    "ActNorm",
-    "AdditiveCoupling",
-    "AffineCoupling",
-    "Conditioner",
-    "FlowConfig",
-    "Glow",
-    "InvertibleLinear",
-    "StandardScaler",
-    "bits_per_dim",
-    "live_scale",
-    "log_likelihood",
-    "robust_std",
-    "standard_normal_log_prob",
-    # old names
-    "Standardize",
-    "spread",
-]
+__all__ = ["ActNorm", "AdditiveCoupling", "AffineCoupling", "Conditioner", "FlowConfig", "Glow",
+           "InvertibleLinear", "StandardScaler", "bits_per_dim", "live_scale", "log_likelihood",
+           "robust_std"]
 
 
 class ActNorm(_NflowsActNorm):
-    r"""Per-feature affine map $y = e^{s} \odot x + b$, initialised from the first batch.
-
-    The first forward pass in training mode sets $s, b$ so that the batch comes out with zero
-    mean and unit variance; the `initialized` buffer is saved with the weights, so a reloaded
-    layer never initialises again. A dead feature (see `robust_std`) is centred but not scaled:
-    blowing a constant up only amplifies rounding noise.
-    """
+    r"""Per-feature affine map $y = e^{s} \odot x + b$, set by the first training batch to give
+    it zero mean and unit variance (the saved `initialized` buffer stops a reloaded layer from
+    doing it again); a dead feature (`robust_std`) is centred, not scaled."""
 
     def _initialize(self, inputs: Tensor) -> None:
         with torch.no_grad():
@@ -63,8 +42,8 @@ class ActNorm(_NflowsActNorm):
 
 
 def robust_std(x: Tensor) -> Tensor:
-    """Per-feature standard deviation of the rows of `x`, robust to dead features: theirs is
-    set to 1 (`live_scale`), so that dividing by it never blows a constant up."""
+    """Per-feature standard deviation of the rows of `x`, dead features' set to 1
+    (`live_scale`), so that dividing by it never blows a constant up."""
     return live_scale(x.std(dim=0))
 
 
@@ -80,12 +59,9 @@ def live_scale(std: Tensor) -> Tensor:
 
 
 class InvertibleLinear(Transform):
-    r"""$y = W x$ with $W = L (U + \mathrm{diag}(e^{v}))$, the LU form of Glow's 1×1 convolution.
-
-    $L$ is unit lower-triangular and $U$ strictly upper-triangular, so
-    $\log|\det W| = \sum_i v_i$ costs $O(D)$ and the inverse is two triangular solves
-    (`torch.linalg.solve_triangular`). A fresh layer is the identity.
-    """
+    r"""$y = W x$ with $W = L (U + \mathrm{diag}(e^{v}))$, the LU form of Glow's 1×1 convolution:
+    $L$ unit lower- and $U$ strictly upper-triangular, so $\log|\det W| = \sum_i v_i$ and the
+    inverse is two triangular solves. A fresh layer is the identity."""
 
     def __init__(self, features: int):
         super().__init__()
@@ -120,13 +96,9 @@ class Conditioner(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, hidden: int):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(in_features, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, out_features),
-        )
+        self.net = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, out_features))
         nn.init.zeros_(self.net[-1].weight)
         nn.init.zeros_(self.net[-1].bias)
 
@@ -139,10 +111,8 @@ class AdditiveCoupling(AdditiveCouplingTransform):
 
 
 class AffineCoupling(AffineCouplingTransform):
-    r"""$y_B = x_B \odot e^{\tanh s(x_A)} + t(x_A)$, $y_A = x_A$ (RealNVP).
-
-    The bounded log-scale keeps training stable and makes a zero conditioner the identity.
-    """
+    r"""$y_B = x_B \odot e^{\tanh s(x_A)} + t(x_A)$, $y_A = x_A$ (RealNVP): the bounded
+    log-scale keeps training stable and makes a zero conditioner the identity."""
 
     def _scale_and_shift(self, transform_params: Tensor) -> tuple[Tensor, Tensor]:
         n = self.num_transform_features
@@ -151,7 +121,7 @@ class AffineCoupling(AffineCouplingTransform):
 
 class StandardScaler(Transform):
     r"""$y = (x - \mu) / \sigma$ per feature with fixed statistics (the standard score);
-    $\log|\det| = -\sum_i \log \sigma_i$. The first step of a standardising `FlowHead`."""
+    $\log|\det| = -\sum_i \log \sigma_i$: the scaler a flow head may apply before its Glow."""
 
     def __init__(self, mean: Tensor, std: Tensor):
         super().__init__()
@@ -160,14 +130,12 @@ class StandardScaler(Transform):
 
     @classmethod
     def from_data(cls, x: Tensor) -> StandardScaler:
-        """Statistics of `x` (rows, features): the mean, and `robust_std` as the scale, so that
-        a dead (constant) feature is centred but not blown up."""
+        """The mean and `robust_std` of `x` (rows, features)."""
         return cls(x.mean(0), robust_std(x))
 
     @classmethod
     def from_moments(cls, mean: Tensor, std: Tensor) -> StandardScaler:
-        """The same from per-feature means and standard deviations computed elsewhere (e.g.
-        streamed over a file)."""
+        """The same from per-feature means and standard deviations (e.g. streamed)."""
         return cls(mean, live_scale(std))
 
     def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -179,24 +147,21 @@ class StandardScaler(Transform):
         return inputs * self.std + self.mean, log_det
 
 
+_CHOICES = {"coupling": ("additive", "affine"), "linear": ("lu", "reverse"),
+            "factor_out": ("first", "second")}
+
+
 @dataclass(frozen=True)
 class FlowConfig(DictConfig):
     """Architecture of a Glow; the defaults are those of the BERT-flow release.
 
-    `linear` is the mixing layer of each step: ``"reverse"``, the fixed reversal of the
-    features that the release uses (its `permutation: true`), or ``"lu"``, a learned
-    `InvertibleLinear`. With reversal a level needs depth ≥ 2, or the half it factors out
-    would leave it untouched by any coupling.
-
-    `factor_out` is the half of a level's output sent to the base after every level but the
-    last: ``"second"``, as the release (and Glow) do, or ``"first"``, what earlier bertflow did
-    and what a saved head without this key means. With reversal mixing and depth 3, each
-    feature of the second half has passed through 2 couplings of the level, of the first half
-    through 1.
-
-    `levels`, `depth` and `hidden` are at most `config.FLOW_CEILINGS`; `check` refuses a config
-    that cannot be built on a given width (before any data is embedded, where it is known).
-    """
+    `linear` is each step's mixing: ``"reverse"``, the release's fixed reversal (a level then
+    needs depth ≥ 2, or the half it factors out is never coupled), or ``"lu"``, a learned
+    `InvertibleLinear`. `factor_out` is the half of a level's output sent to the base after
+    every level but the last: ``"second"``, as the release and Glow do (with reversal and
+    depth 3 it has passed through 2 couplings, the first half through 1), or ``"first"``.
+    `levels`, `depth` and `hidden` are at most `config.FLOW_CEILINGS`; `check` refuses a
+    config that cannot be built on a given width."""
 
     KIND = "flow config"
 
@@ -216,13 +181,9 @@ class FlowConfig(DictConfig):
                 raise BertflowError(f"{name} must be at most {ceiling}, got {value}")
         if self.linear == "reverse" and self.depth < 2:
             raise BertflowError("reversal mixing needs depth ≥ 2 (or use linear='lu')")
-        if self.coupling not in ("additive", "affine"):
-            raise BertflowError(f"coupling must be 'additive' or 'affine', not {self.coupling!r}")
-        if self.linear not in ("lu", "reverse"):
-            raise BertflowError(f"linear must be 'lu' or 'reverse', not {self.linear!r}")
-        if self.factor_out not in ("first", "second"):
-            raise BertflowError(
-                f"factor_out must be 'first' or 'second', not {self.factor_out!r}")
+        for name, (a, b) in _CHOICES.items():
+            if getattr(self, name) not in (a, b):
+                raise BertflowError(f"{name} must be {a!r} or {b!r}, not {getattr(self, name)!r}")
 
     def check(self, features: int) -> None:
         """Refuse this flow on `features`-d vectors where it cannot be built: levels that
@@ -239,9 +200,9 @@ class FlowConfig(DictConfig):
                 "width")
 
     def parameters(self, features: int) -> int:
-        """How many parameters the `Glow` of this config has on `features`-d vectors,
-        computed without building it (to within one conditioner output per step of an odd
-        width with learned mixing, whose couplings alternate between the two halves)."""
+        """How many parameters the `Glow` of this config has on `features`-d vectors, without
+        building it (to within one conditioner output per step of an odd width with LU
+        mixing)."""
         width = 2 if self.coupling == "affine" else 1  # conditioner outputs per feature
         total = 0
         for level in range(self.levels):
@@ -254,20 +215,13 @@ class FlowConfig(DictConfig):
         return total
 
 
-
 class Glow(Flow):
-    r"""A Glow for $D$-dim vectors: `levels` × (`depth` × [ActNorm, mixing, coupling]), with
-    half of the features factored out to the base $N(0, I)$ after every level but the last,
-    as in the multi-scale architecture of RealNVP and Glow: the second half, as in the release,
-    by a fixed swap of the halves at the end of the level (nflows' split factors out the first
-    chunk), or the first half (`FlowConfig.factor_out`). Mixing is a fixed reversal of the
-    features or a learned `InvertibleLinear` (see `FlowConfig`).
-
-    $\log p(x) = \log N(f(x); 0, I) + \log|\det \partial f / \partial x|$.
-    The features a coupling updates alternate from one step to the next: with LU mixing the
-    masks alternate between even and odd features; with reversal mixing the mask is the second
-    half and the reversal between steps makes it the other half of the features each time.
-    """
+    r"""A Glow for $D$-dim vectors: `levels` × (`depth` × [ActNorm, mixing, coupling]), half
+    of the features factored out to the base $N(0, I)$ after every level but the last, as in
+    RealNVP's and Glow's multi-scale architecture (`FlowConfig.factor_out`; the second half by
+    a swap of the halves, since nflows' split factors out the first). A coupling updates the
+    other half of the features at each step: by alternating even and odd masks with LU mixing,
+    through the reversal between steps with reversal mixing."""
 
     def __init__(self, features: int, config: FlowConfig | None = None):
         config = config or FlowConfig()
@@ -295,19 +249,13 @@ class Glow(Flow):
 
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
         z = torch.randn(num_samples, self.features, generator=generator)
-        return self.inverse(z.to(_device(self)))[0]
-
-
-def standard_normal_log_prob(z: Tensor) -> Tensor:
-    """$\\log N(z; 0, I)$ per row."""
-    return -0.5 * (z**2).sum(-1) - 0.5 * z.shape[-1] * math.log(2 * math.pi)
+        return self.inverse(z.to(next(self.parameters()).device))[0]
 
 
 def log_likelihood(z: Tensor, log_det: Tensor) -> Tensor:
-    r"""$\log p(x) = \log N(z; 0, I) + \log|\det \partial z / \partial x|$ per row, from what a
-    flow gives for $x$: its latent $z$ and log-determinant (the change of variables). The
-    negative log-likelihood (NLL) that training minimises is its negative."""
-    return standard_normal_log_prob(z) + log_det
+    r"""$\log p(x) = \log N(z; 0, I) + \log|\det \partial z / \partial x|$ per row, from a
+    flow's latent $z$ and log-determinant for $x$; training minimises its negative (NLL)."""
+    return -0.5 * (z**2).sum(-1) - 0.5 * z.shape[-1] * math.log(2 * math.pi) + log_det
 
 
 def bits_per_dim(nll: float, dim: int) -> float:
@@ -326,21 +274,11 @@ def _level(features: int, config: FlowConfig, swap: bool = False) -> CompositeTr
             # the reversal already swaps the halves from one step to the next
             mixing = ReversePermutation(features)
             mask = (torch.arange(features) >= features // 2).long()
-        steps += [
-            ActNorm(features),
-            mixing,
-            coupling(mask, lambda i, o: Conditioner(i, o, config.hidden)),
-        ]
+        steps += [ActNorm(features), mixing,
+                  coupling(mask, lambda i, o: Conditioner(i, o, config.hidden))]
     if swap:  # the last ⌈D/2⌉ features first, so that the split factors them out
         half = features // 2
         order = torch.cat([torch.arange(half, features), torch.arange(half)])
         steps.append(Permutation(order))
     return CompositeTransform(steps)
 
-
-def _device(module: nn.Module) -> torch.device:
-    return next(module.parameters()).device
-
-
-Standardize = StandardScaler  # its old name
-spread = robust_std  # its old name

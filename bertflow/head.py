@@ -284,7 +284,7 @@ class FlowHead(nn.Module):
         `EmbeddingFile`, which is read a block at a time and never held whole (the
         standardisation statistics are streamed too). `before` says what comes before the
         Glow: ``"standardize"``, a `StandardScaler` of the data's statistics; ``"whiten"``,
-        the data's full whitening (`linear.whitening`), the flow starting from the whitened
+        the data's full whitening (`linear.fit_map`), the flow starting from the whitened
         embeddings; ``"none"``, nothing (`standardize=False`, the older spelling, means
         ``"none"``). `encoder`, `pooling` and `max_length`
         (what made `x`) and `corpus` (what it was made from) are recorded in the head.
@@ -328,7 +328,7 @@ class FlowHead(nn.Module):
         """A baseline as a head, fit in closed form on embeddings `x` (an array or `Rows`, read
         a block at a time): ``whitening``, ``whitening-k`` (keeping `k` components, default
         `linear.default_k` of the width; whitening given `k` is whitening-k) or ``abtt``
-        (removing `d` directions, default `linear.default_d`); see `linear.fit_weight`.
+        (removing `d` directions, default `linear.default_d`); see `linear.fit_map`.
         `origin` (`encoder`, `pooling`, `max_length`) and `corpus` are recorded as by `fit`."""
         data, stats = _training_rows(x)
         linear = fit_map(data, method, k=k, d=d, what="the training embeddings")

@@ -11,17 +11,9 @@ from scipy.special import logsumexp
 
 from .errors import BertflowError
 
-__all__ = [
-    "alignment",
-    "condition_number",
-    "effective_rank",
-    "isotropy_measures",
-    "mean_pair_cosine",
-    "pair_cosines",
-    "partition_isotropy",
-    "singular_values",
-    "uniformity",
-]
+__all__ = ["alignment", "condition_number", "effective_rank", "isotropy_measures",
+           "mean_pair_cosine", "pair_cosines", "partition_isotropy", "singular_values",
+           "uniformity"]
 
 
 def pair_cosines(x: np.ndarray | torch.Tensor, pairs: int = 10000, seed: int = 0) -> np.ndarray:
@@ -69,10 +61,8 @@ def condition_number(x: np.ndarray) -> float:
 
 def partition_isotropy(x: np.ndarray) -> float:
     r"""$I(W) = \min_c Z(c) / \max_c Z(c)$ with $Z(c) = \sum_i \exp(c^\top w_i)$ (Mu &
-    Viswanath, 2018), $c$ ranging over the eigenvectors of $W^\top W$ with both signs
-    ($Z(c) \ne Z(-c)$), on L2-normalised rows so that methods with different output scales
-    compare, as cosine does. 1 is perfectly isotropic; on unit vectors every vector pointing
-    one way, $u$, gives $Z(u) = n e$ and $Z(-u) = n / e$, so $I = 1/e^2$."""
+    Viswanath, 2018), $c$ over the eigenvectors of $W^\top W$ with both signs, on unit rows so
+    that methods of other output scales compare: 1 is isotropic, $1/e^2$ one direction."""
     w = np.asarray(x, dtype=np.float64)
     w = w / np.maximum(np.linalg.norm(w, axis=1, keepdims=True), 1e-12)
     _, _, directions = np.linalg.svd(w, full_matrices=False)
@@ -82,9 +72,8 @@ def partition_isotropy(x: np.ndarray) -> float:
 
 
 def isotropy_measures(x: np.ndarray) -> dict[str, float | None]:
-    """The four measures of the embeddings alone reported beside every score (alignment and
-    uniformity, which need the gold pairs, come from `evaluate.pair_measures`); an infinite
-    value becomes None."""
+    """The four measures of the embeddings alone reported beside every score (for alignment
+    and uniformity see `evaluate.pair_measures`); an infinite value becomes None."""
     values = {
         "mean_cosine": mean_pair_cosine(x),
         "effective_rank": effective_rank(x),
@@ -96,10 +85,9 @@ def isotropy_measures(x: np.ndarray) -> dict[str, float | None]:
 
 def alignment(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
               alpha: float = 2) -> float:
-    r"""$\ell_\text{align} = \mathbb{E}_{(x, y)} \lVert f(x) - f(y) \rVert^\alpha$ over the
-    positive pairs $(x_i, y_i)$, rows of `x` and `y`, with $f$ the L2 normalisation (Wang &
-    Isola, 2020): 0 when every pair coincides, 4 (for $\alpha = 2$) when every pair is
-    antipodal; lower is better. NaN without pairs."""
+    r"""$\ell_\text{align} = \mathbb{E} \lVert f(x_i) - f(y_i) \rVert^\alpha$ over the
+    positive pairs, rows of `x` and `y`, $f$ the L2 normalisation (Wang & Isola, 2020): from
+    0 (pairs coincide) to 4 (antipodal, $\alpha = 2$); lower is better. NaN without pairs."""
     x, y = _tensor(x), _tensor(y)
     if x.shape != y.shape:
         raise BertflowError(f"alignment needs pairs of rows of one shape, got "
@@ -112,10 +100,9 @@ def alignment(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
 def uniformity(x: np.ndarray | torch.Tensor, t: float = 2, pairs: int = 10000,
                seed: int = 0) -> float:
     r"""$\ell_\text{uniform} = \log \mathbb{E}_{u \ne v} \exp(-t \lVert f(u) - f(v) \rVert^2)$
-    over pairs of distinct rows, with $f$ the L2 normalisation (Wang & Isola, 2020): 0 when
-    every row points one way, $-2t$ in the limit of unit vectors spread uniformly over a
-    sphere of high dimension; lower is better. Every pair when there are at most `pairs` of
-    them, else `pairs` random ones drawn with `seed`. NaN for fewer than two rows."""
+    over pairs of distinct rows, $f$ the L2 normalisation (Wang & Isola, 2020): 0 when every
+    row points one way, $-2t$ for a uniform high-dimensional sphere; lower is better. Every
+    pair, or `pairs` random ones drawn with `seed` where there are more. NaN below two rows."""
     x = _tensor(x)
     n = x.shape[0]
     if n < 2:

@@ -1,9 +1,6 @@
-"""The Lee corpus and its human similarity judgements, as shipped in gensim's wheel.
-
-Lee, Pincombe & Welsh (2005): 50 short news documents with every pair rated for similarity
-by about ten people (the mean rating, 0-1, is in `similarities0-1.txt`), and 300 documents of
-background text from the same source, which serve as an unlabeled corpus.
-"""
+"""The Lee corpus (Lee, Pincombe & Welsh, 2005), as gensim's wheel ships it: 50 short news
+documents with every pair's mean human similarity rating (0-1), and 300 background documents
+from the same source, an unlabeled corpus."""
 
 from __future__ import annotations
 
@@ -26,9 +23,8 @@ def _file(name: str) -> Path:
     try:
         root = importlib.resources.files("gensim")
     except ModuleNotFoundError:
-        raise BertflowError(
-            "the Lee corpus ships with gensim: pip install 'bertflow[demo]'"
-        ) from None
+        raise BertflowError("the Lee corpus ships with gensim: pip install 'bertflow[demo]'") \
+            from None
     path = Path(str(root)) / "test" / "test_data" / name
     if not path.is_file():
         raise BertflowError(f"gensim has no {name} at {path}")
@@ -52,8 +48,8 @@ def rated_sentences() -> list[str]:
 
 
 def document_vectors(sentence_vectors: np.ndarray) -> np.ndarray:
-    """The 50 rated documents' vectors, each the mean of its sentences' vectors (the rows of
-    `sentence_vectors`, one per sentence of `rated_sentences`)."""
+    """The 50 rated documents' vectors, each the mean of its sentences' (`sentence_vectors`,
+    a row per sentence of `rated_sentences`)."""
     owner = np.repeat(np.arange(50), [len(sentences(d)) for d in documents()])
     if len(sentence_vectors) != len(owner):
         raise BertflowError(f"expected {len(owner)} sentence vectors, got "

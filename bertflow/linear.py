@@ -1,7 +1,6 @@
 """Closed-form linear maps fit on embeddings, $z = (x - \\mu) W$: BERT-whitening (Su et al.,
-2021), whitening to the top k components, and all-but-the-top (Mu & Viswanath, 2018). They
-are the baselines of the STS tables and, exported as heads, what whitening users fit once and
-apply online."""
+2021), whitening to the top k components, and all-but-the-top (Mu & Viswanath, 2018), the
+baselines of the STS tables and heads of their own."""
 
 from __future__ import annotations
 
@@ -18,19 +17,18 @@ from .errors import BertflowError
 from .files import check_finite
 from .rows import Rows, as_rows
 
-__all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "abtt_weight", "all_but_the_top",
-           "covariance", "default_d", "default_k", "fit_map", "fit_weight", "linear_method",
-           "principal_directions", "whitening", "whitening_weight"]
+__all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "abtt_weight", "covariance",
+           "default_d", "default_k", "fit_map", "linear_method", "linear_options",
+           "principal_directions", "whitening_weight"]
 
 _BLOCK = 8192
 NO_VARIANCE = 1e-7  # a principal direction whose variance is below this share of the largest's
 
 
 class LinearMap(nn.Module):
-    r"""$z = (x - \mu)\, W$ with $W$ of shape (dim, out). When $W$ is square and invertible
-    (full whitening) the map is a bijection with $\log|\det \partial z/\partial x| =
-    \log|\det W|$, so a whitening head has a density (the Gaussian it was fit to); the others
-    project and have none."""
+    r"""$z = (x - \mu)\, W$ with $W$ of shape (dim, out): for full whitening a bijection with
+    $\log|\det \partial z/\partial x| = \log|\det W|$ (a density: the Gaussian it was fit
+    to); the others project and have none."""
 
     def __init__(self, mean: Tensor, weight: Tensor, method: str):
         super().__init__()
@@ -40,10 +38,11 @@ class LinearMap(nn.Module):
             raise BertflowError(f"a linear map needs a (dim,) mean and a (dim, out) weight, "
                                 f"got {tuple(mean.shape)} and {tuple(weight.shape)}")
         self.method = method
-        # row-major float32 copies, as a loaded head holds them: both then compute the same bits
-        self.register_buffer("mean", _buffer(mean))
-        self.register_buffer("weight", _buffer(weight))
-        # log|det W|, constant: computed once here and after loading, not on every forward
+        # row-major float32 copies, as a loaded head holds them: both compute the same bits
+        for name, tensor in (("mean", mean), ("weight", weight)):
+            self.register_buffer(name, tensor.detach().to(
+                torch.float32, memory_format=torch.contiguous_format, copy=True))
+        # log|det W|, constant: computed here and after loading, not on every forward
         self.register_buffer("log_det", self._slogdet(), persistent=False)
         self.register_load_state_dict_post_hook(LinearMap._loaded)
 
@@ -91,11 +90,10 @@ class LinearMap(nn.Module):
         return f"{self.method}, {self.features} → {self.out_features}"
 
 
-def covariance(x: np.ndarray | Rows, what: str = "the embeddings") -> tuple[np.ndarray,
-                                                                           np.ndarray]:
-    """Mean and (unbiased) covariance of a (rows, dim) array or `Rows` such as an
-    `EmbeddingFile`, read a block at a time and accumulated in float64, so that a file larger
-    than memory works; a NaN or an infinity is an error naming its row."""
+def covariance(x: np.ndarray | Rows,
+               what: str = "the embeddings") -> tuple[np.ndarray, np.ndarray]:
+    """Mean and (unbiased) covariance of a (rows, dim) array or `Rows`, read a block at a time
+    and accumulated in float64; a NaN or an infinity is an error naming its row."""
     rows = as_rows(x)
     n, dim = rows.shape
     if n < 2:
@@ -115,10 +113,10 @@ def covariance(x: np.ndarray | Rows, what: str = "the embeddings") -> tuple[np.n
     return mean, scatter / (n - 1)
 
 
-def principal_directions(cov: np.ndarray, count: int | None = None) -> tuple[np.ndarray,
-                                                                            np.ndarray]:
-    """Eigenvalues (≥ 0, largest first) and eigenvectors (columns) of a covariance, the top
-    `count` of them (default: all)."""
+def principal_directions(cov: np.ndarray,
+                         count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The top `count` (default: all) eigenvalues (≥ 0, largest first) and eigenvectors
+    (columns) of a covariance."""
     values, vectors = np.linalg.eigh(cov)
     order = np.argsort(values)[::-1][:count]
     return np.maximum(values[order], 0.0), vectors[:, order]
@@ -126,14 +124,12 @@ def principal_directions(cov: np.ndarray, count: int | None = None) -> tuple[np.
 
 def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = None,
                      what: str = "the embeddings") -> np.ndarray:
-    r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$ (float64): whitened
-    embeddings have identity covariance; with `k`, only the top `k` components are kept.
+    r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$ (float64), keeping the top
+    `k` components (default: all); fewer `rows` (what `cov` comes from) than `k` + 1 are refused.
 
-    A direction without variance (an eigenvalue below `NO_VARIANCE` of the largest: a constant
-    feature, or features that depend linearly on others, as a LayerNorm's outputs do) is
-    centred and scaled as the largest, not blown up, so that full whitening stays invertible;
-    whitening-k refuses to keep one. With `rows`, the number of rows `cov` comes from, fewer
-    than the components kept plus one are refused."""
+    A direction without variance (below `NO_VARIANCE` of the largest: a constant feature, or
+    linearly dependent ones, as a LayerNorm gives) is scaled as the largest, not blown up, so
+    that full whitening stays invertible; whitening-k refuses to keep one."""
     dim = cov.shape[0]
     kept = dim if k is None else k
     if not 1 <= kept <= dim:
@@ -155,8 +151,7 @@ def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = N
 
 
 def abtt_weight(cov: np.ndarray, d: int = 1) -> np.ndarray:
-    r"""$W = I - U_d U_d^\top$ (float64): remove the projections on the top `d` principal
-    directions."""
+    r"""$W = I - U_d U_d^\top$ (float64): remove the top `d` principal directions."""
     dim = cov.shape[0]
     if not 0 <= d < dim:
         raise BertflowError(f"all-but-the-top d={d} must be in [0, dimension {dim})")
@@ -177,9 +172,8 @@ def default_d(dim: int) -> int:
 
 
 def linear_method(method: str, k: int | None = None, d: int | None = None) -> str:
-    """The method that `method` with the options `k` and `d` is: whitening keeping `k`
-    components is whitening-k. `k` applies to whitening and whitening-k only, `d` to abtt
-    only; given to another method, either is refused."""
+    """`method` given `k` and `d`: whitening keeping `k` components is whitening-k; `k` with
+    another method than whitening(-k), or `d` with another than abtt, is refused."""
     if k is not None and method not in ("whitening", "whitening-k"):
         raise BertflowError(f"k (components kept) applies to whitening and whitening-k, "
                             f"not to {method}")
@@ -188,46 +182,30 @@ def linear_method(method: str, k: int | None = None, d: int | None = None) -> st
     return "whitening-k" if method == "whitening" and k is not None else method
 
 
-def fit_weight(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
-               d: int | None = None, what: str = "the embeddings"
-               ) -> tuple[str, np.ndarray, np.ndarray]:
-    """The method (`linear_method`), mean and weight (float64) of a linear map fit on
-    embeddings `x` (an array or `Rows`, read a block at a time): whitening, whitening-k
-    keeping `k` components (default `default_k` of the width) or abtt removing `d`
-    directions (default `default_d`)."""
+def linear_options(method: str, dim: int, k: int | None = None,
+                   d: int | None = None) -> dict[str, int]:
+    """The `k` of whitening-k (default `default_k`) or the `d` of abtt (default `default_d`)
+    on `dim`-d embeddings, by name; nothing for another method (see `linear_method`)."""
+    method = linear_method(method, k, d)
+    if method == "whitening-k":
+        return {"k": default_k(dim) if k is None else k}
+    return {"d": default_d(dim) if d is None else d} if method == "abtt" else {}
+
+
+def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
+            d: int | None = None, what: str = "the embeddings") -> LinearMap:
+    """A `LinearMap` fit on embeddings `x` (an array or `Rows`, read a block at a time):
+    whitening, whitening-k or abtt, with `linear_options`."""
     method = linear_method(method, k, d)
     if method not in LINEAR_METHODS:
         raise BertflowError(f"unknown linear method {method!r}; choose one of "
                             f"{', '.join(LINEAR_METHODS)}")
     rows, dim = as_rows(x).shape
+    options = linear_options(method, dim, k, d)
     mean, cov = covariance(x, what)
     if method == "abtt":
-        return method, mean, abtt_weight(cov, default_d(dim) if d is None else d)
-    if method == "whitening-k" and k is None:
-        k = default_k(dim)
-    return method, mean, whitening_weight(cov, k, rows, what)
-
-
-def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
-            d: int | None = None, what: str = "the embeddings") -> LinearMap:
-    """The `LinearMap` of `fit_weight`."""
-    method, mean, weight = fit_weight(x, method, k=k, d=d, what=what)
+        weight = abtt_weight(cov, options["d"])
+    else:
+        weight = whitening_weight(cov, options.get("k"), rows, what)
     return LinearMap(torch.from_numpy(mean), torch.from_numpy(weight), method)
 
-
-def whitening(mean: np.ndarray, cov: np.ndarray, k: int | None = None) -> LinearMap:
-    """The whitening (or, with `k`, whitening-k) map of embeddings with this mean and
-    covariance (see `whitening_weight`)."""
-    return LinearMap(torch.from_numpy(mean), torch.from_numpy(whitening_weight(cov, k)),
-                     "whitening" if k is None else "whitening-k")
-
-
-def all_but_the_top(mean: np.ndarray, cov: np.ndarray, d: int = 1) -> LinearMap:
-    """The all-but-the-top map of embeddings with this mean and covariance (see
-    `abtt_weight`)."""
-    return LinearMap(torch.from_numpy(mean), torch.from_numpy(abtt_weight(cov, d)), "abtt")
-
-
-def _buffer(tensor: Tensor) -> Tensor:
-    """A float32, row-major copy."""
-    return tensor.detach().to(torch.float32, memory_format=torch.contiguous_format, copy=True)

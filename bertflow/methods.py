@@ -1,12 +1,12 @@
-"""Post-processing methods compared in one harness: raw pooling, standardisation alone,
-BERT-whitening, all-but-the-top, and the flow. Each is fit on unlabeled embeddings and then
-maps embeddings to the vectors that cosine similarity is taken on; `make_method` builds one by
-its name in `METHODS`."""
+"""Post-processing methods compared in one harness: raw pooling, the scaler alone, the linear
+baselines (whitening, whitening-k, all-but-the-top) and the flow. Each is fit on unlabeled
+embeddings and maps embeddings to the vectors cosine similarity is taken on; the baselines and
+the flow are heads (`FlowHead.fit_linear`, `FlowHead.fit`). `make_method` builds one by name."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,56 +15,46 @@ from .constants import METHODS
 from .errors import BertflowError
 from .flow import FlowConfig, StandardScaler
 from .head import FlowHead
-from .linear import default_d, default_k, fit_weight, linear_method
+from .linear import linear_method
 from .train import TrainConfig
 
-__all__ = [
-    "METHODS",
-    "AllButTheTop",
-    "Fitted",
-    "FlowMethod",
-    "Method",
-    "Raw",
-    "ScalerOnly",
-    "Whitening",
-    "default_d",
-    "default_k",
-    "make_method",
-    # old names
-    "Flow",
-    "Standardization",
-]
+__all__ = ["METHODS", "Fitted", "FlowMethod", "LinearMethod", "Method", "Raw", "ScalerOnly",
+           "make_method"]
 
-class Method(Protocol):
+
+class Method:
+    """Fit on embeddings, then maps embeddings to the vectors cosine is taken on; `describe`
+    gives its options. By default `fit` does nothing and `transform` goes through `head`."""
+
     name: str
+    head: FlowHead | None = None
 
-    def fit(self, x: np.ndarray) -> Method: ...
-
-    def transform(self, x: np.ndarray) -> np.ndarray: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-
-@dataclass
-class Raw:
-    """The pooled embeddings as they are."""
-
-    name: str = "raw"
-
-    def fit(self, x: np.ndarray) -> Raw:
+    def fit(self, x: np.ndarray) -> Method:
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, dtype=np.float32)
+        if self.head is None:
+            raise BertflowError(f"fit the {self.name} before transforming")
+        return self.head.transform(x)
 
     def describe(self) -> dict[str, Any]:
         return {}
 
 
 @dataclass
-class ScalerOnly:
-    r"""$\tilde x = (x - \mu) / \sigma$ per feature (dead features only centred): the head's
-    first step, its `StandardScaler`, without the flow (the method named ``standardize``)."""
+class Raw(Method):
+    """The pooled embeddings as they are."""
+
+    name: str = "raw"
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32)
+
+
+@dataclass
+class ScalerOnly(Method):
+    r"""$\tilde x = (x - \mu) / \sigma$ per feature: a flow head's `StandardScaler` without
+    the flow (the method ``standardize``)."""
 
     name: str = "standardize"
     scaler: StandardScaler | None = None
@@ -75,82 +65,49 @@ class ScalerOnly:
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         if self.scaler is None:
-            raise BertflowError("fit the standardisation before transforming")
+            raise BertflowError("fit the scaler before transforming")
         with torch.no_grad():
             return self.scaler(torch.from_numpy(np.array(x, dtype=np.float32)))[0].numpy()
 
-    def describe(self) -> dict[str, Any]:
-        return {}
+
+@dataclass
+class Fitted(Method):
+    """A head already fit."""
+
+    head: FlowHead
+    name: str = "flow"
 
 
 @dataclass
-class Whitening:
-    r"""BERT-whitening (Su et al., 2021): $\tilde x = (x - \mu)\, U \Lambda^{-1/2}$ with
-    $\Sigma = U \Lambda U^\top$, so that the output covariance is the identity; given `k`, or
-    named ``whitening-k``, only the top `k` components are kept (by default `default_k` of
-    the width). See `linear.whitening_weight`."""
+class LinearMethod(Method):
+    """A linear baseline as a head fit in closed form (`FlowHead.fit_linear`): ``whitening``,
+    ``whitening-k`` keeping `k` components or ``abtt`` removing `d` directions (defaults in
+    `linear.linear_options`); whitening given `k` is whitening-k."""
 
-    k: int | None = None
     name: str = "whitening"
-    mean: np.ndarray | None = None
-    kernel: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        self.name = linear_method(self.name, self.k)
-        if self.k is not None and self.k < 1:
-            raise BertflowError(f"whitening needs k ≥ 1, got {self.k}")
-
-    def fit(self, x: np.ndarray) -> Whitening:
-        _, self.mean, self.kernel = fit_weight(x, self.name, k=self.k)
-        return self
-
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        return _apply(x, self.mean, self.kernel)
-
-    def describe(self) -> dict[str, Any]:
-        return {"k": self.k} if self.name == "whitening-k" else {}
-
-
-@dataclass
-class AllButTheTop:
-    r"""All-but-the-top (Mu & Viswanath, 2018): centre, then remove the projections on the top
-    `d` principal directions (by default `default_d` of the width):
-    $\tilde x = (x - \mu)(I - \sum_{i \le d} u_i u_i^\top)$."""
-
+    k: int | None = None
     d: int | None = None
-    name: str = "abtt"
-    mean: np.ndarray | None = None
-    kernel: np.ndarray | None = None
+    head: FlowHead | None = None
 
     def __post_init__(self) -> None:
-        if self.d is not None and self.d < 0:
-            raise BertflowError(f"all-but-the-top needs d ≥ 0, got {self.d}")
+        self.name = linear_method(self.name, self.k, self.d)
 
-    def fit(self, x: np.ndarray) -> AllButTheTop:
-        _, self.mean, self.kernel = fit_weight(x, "abtt", d=self.d)
+    def fit(self, x: np.ndarray) -> LinearMethod:
+        self.head = FlowHead.fit_linear(x, self.name, k=self.k, d=self.d)
         return self
 
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        return _apply(x, self.mean, self.kernel)
-
     def describe(self) -> dict[str, Any]:
-        return {"d": self.d}
-
-
-def _apply(x: np.ndarray, mean: np.ndarray | None, kernel: np.ndarray | None) -> np.ndarray:
-    """$(x - \mu) W$ in float64, as float32."""
-    if mean is None or kernel is None:
-        raise BertflowError("fit the method before transforming")
-    return ((np.asarray(x, dtype=np.float64) - mean) @ kernel).astype(np.float32)
+        return {"whitening-k": {"k": self.k}, "abtt": {"d": self.d}}.get(self.name, {})
 
 
 @dataclass
-class FlowMethod:
-    """The BERT-flow head, fit by maximum likelihood (see `FlowHead.fit`), as a method."""
+class FlowMethod(Method):
+    """The flow head fit by maximum likelihood (`FlowHead.fit`); `before` the Glow is one of
+    `constants.BEFORE`."""
 
     flow: FlowConfig = field(default_factory=FlowConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    before: str = "standardize"  # what comes before the Glow: one of constants.BEFORE
+    before: str = "standardize"
     name: str = "flow"
     head: FlowHead | None = None
     progress: bool = False
@@ -160,40 +117,16 @@ class FlowMethod:
                                  progress=self.progress)
         return self
 
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        if self.head is None:
-            raise BertflowError("fit the flow before transforming")
-        return self.head.transform(x)
-
     def describe(self) -> dict[str, Any]:
         return {"flow": self.flow.to_dict(), "train": self.train.to_dict(),
                 "before": self.before}
 
 
-@dataclass
-class Fitted:
-    """A flow head that is already fit: `fit` leaves it as it is."""
-
-    head: FlowHead
-    name: str = "flow"
-
-    def fit(self, x: np.ndarray) -> Fitted:
-        return self
-
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        return self.head.transform(x)
-
-    def describe(self) -> dict[str, Any]:
-        return {}
-
-
 def make_method(name: str, *, k: int | None = None, d: int | None = None,
                 flow: FlowConfig | None = None, train: TrainConfig | None = None,
                 before: str = "standardize", progress: bool = False) -> Method:
-    """A fresh method by name: one of `METHODS`; `k` for whitening and whitening-k (whitening
-    keeping `k` components is whitening-k; by default whitening-k keeps `default_k` of the
-    width), `d` for abtt (default `default_d`), each refused with another method
-    (`linear.linear_method`); `flow`, `train` and `before` for the flow, as
+    """A fresh method of `METHODS` by name: `k` and `d` for the linear baselines (refused with
+    another method, `linear.linear_method`); `flow`, `train` and `before` for the flow, as
     `Recipe.fit_options` gives them."""
     if name not in METHODS:
         raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
@@ -202,12 +135,6 @@ def make_method(name: str, *, k: int | None = None, d: int | None = None,
         return Raw()
     if name == "standardize":
         return ScalerOnly()
-    if name in ("whitening", "whitening-k"):
-        return Whitening(k, name)
-    if name == "abtt":
-        return AllButTheTop(d)
-    return FlowMethod(flow or FlowConfig(), train or TrainConfig(), before, progress=progress)
-
-
-Standardization = ScalerOnly  # its old name
-Flow = FlowMethod  # its old name
+    if name == "flow":
+        return FlowMethod(flow or FlowConfig(), train or TrainConfig(), before, progress=progress)
+    return LinearMethod(name, k, d)

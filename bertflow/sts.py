@@ -16,27 +16,10 @@ from .constants import TASKS
 from .errors import BertflowError
 from .files import split_lines
 
-__all__ = [
-    "POSITIVE_GOLD",
-    "STS_SUBSETS",
-    "TASKS",
-    "Pairs",
-    "Task",
-    "cosine",
-    "load_task",
-    "load_tasks",
-    "pair_spearman",
-    "pair_vectors",
-    "positive_pairs",
-    "read_sick",
-    "read_sts_subset",
-    "read_stsb",
-    "read_stsb_splits",
-    "score",
-    "sentences_of",
-    "spearman",
-    "undefined",
-]
+__all__ = ["POSITIVE_GOLD", "STS_SUBSETS", "TASKS", "Pairs", "Task", "cosine", "load_task",
+           "load_tasks", "pair_spearman", "pair_vectors", "positive_pairs", "read_sick",
+           "read_sts_subset", "read_stsb", "read_stsb_splits", "score", "sentences_of", "spearman",
+           "undefined"]
 
 STS_SUBSETS = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -47,11 +30,8 @@ STS_SUBSETS = {
 }
 POSITIVE_GOLD = 4.0  # a pair scored at least this (of 5) is a paraphrase: SimCSE's positives
 _FOLDERS = {**{t: f"{t}-en-test" for t in STS_SUBSETS}, "STS-B": "STSBenchmark", "SICK-R": "SICK"}
-_SICK_FILES = {
-    "train": "SICK_train.txt",
-    "trial": "SICK_trial.txt",
-    "test": "SICK_test_annotated.txt",
-}
+_SICK_FILES = {"train": "SICK_train.txt", "trial": "SICK_trial.txt",
+               "test": "SICK_test_annotated.txt"}
 
 
 @dataclass(frozen=True)
@@ -73,9 +53,8 @@ class Pairs:
 
 @dataclass(frozen=True)
 class Task:
-    """A benchmark: the scored subsets, and its own sentences without scores (the corpus of
-    the paper's "target" setting: STS-B train+dev+test, SICK all splits, an STS year's
-    subsets together)."""
+    """A benchmark: its scored subsets, and its own sentences without scores (the "target"
+    corpus: STS-B train+dev+test, SICK all splits, an STS year's subsets together)."""
 
     name: str
     test: tuple[Pairs, ...]
@@ -87,8 +66,7 @@ class Task:
 
 
 def sentences_of(pairs: Iterable[Pairs]) -> list[str]:
-    """Every distinct sentence of these pairs, in first-seen order (each `Pairs` its first
-    sentences, then its second ones)."""
+    """Every distinct sentence of these pairs, in first-seen order."""
     return list(dict.fromkeys(s for each in pairs for s in each.sentences()))
 
 
@@ -96,24 +74,13 @@ def read_stsb(folder: str | os.PathLike, split: str) -> Pairs:
     """STS-B as SentEval ships it: `sts-{split}.csv`, tab-separated, the score in column 5 and
     the sentences in columns 6 and 7 (some lines carry extra source columns after them)."""
     path = Path(folder) / f"sts-{split}.csv"
-    first, second, gold = [], [], []
-    for number, fields in _tab_lines(path):
-        try:
-            score, a, b = float(fields[4]), fields[5], fields[6]
-        except (IndexError, ValueError):
-            raise BertflowError(f"{path} line {number} is malformed: expected a score "
-                                "in column 5 and sentences in columns 6 and 7") from None
-        _check_gold(score, fields[4], path, number)
-        first.append(a)
-        second.append(b)
-        gold.append(score)
-    return _pairs(f"STS-B {split}", path, first, second, gold)
+    return _read_pairs(f"STS-B {split}", path, _tab_lines(path), (4, 5, 6),
+                       ": expected a score in column 5 and sentences in columns 6 and 7")
 
 
 def read_stsb_splits(folder: str | os.PathLike,
                      splits: Sequence[str] = ("train", "dev", "test")) -> dict[str, Pairs]:
-    """STS-B's `splits` by name (see `read_stsb`); `sentences_of(...values())` gives the
-    sentences of them all, the task's unlabeled corpus."""
+    """STS-B's `splits` by name (see `read_stsb`)."""
     return {split: read_stsb(folder, split) for split in splits}
 
 
@@ -124,30 +91,19 @@ def read_sick(folder: str | os.PathLike, split: str) -> Pairs:
         raise BertflowError(f"SICK has no split {split!r}; choose one of {', '.join(_SICK_FILES)}")
     path = Path(folder) / _SICK_FILES[split]
     lines = _tab_lines(path)
-    _, header = lines[0]
+    header = lines[0][1]
     try:
-        a_col, b_col = header.index("sentence_A"), header.index("sentence_B")
-        score_col = header.index("relatedness_score")
+        columns = tuple(header.index(c) for c in ("relatedness_score", "sentence_A",
+                                                  "sentence_B"))
     except ValueError:
         raise BertflowError(f"{path} line 1 is not a SICK header "
                             "(sentence_A, sentence_B, relatedness_score)") from None
-    first, second, gold = [], [], []
-    for number, fields in lines[1:]:
-        try:
-            score, a, b = float(fields[score_col]), fields[a_col], fields[b_col]
-        except (IndexError, ValueError):
-            raise BertflowError(f"{path} line {number} is malformed") from None
-        _check_gold(score, fields[score_col], path, number)
-        first.append(a)
-        second.append(b)
-        gold.append(score)
-    return _pairs(f"SICK-R {split}", path, first, second, gold)
+    return _read_pairs(f"SICK-R {split}", path, lines[1:], columns)
 
 
 def read_sts_subset(folder: str | os.PathLike, subset: str) -> Pairs:
-    """One SemEval STS subset in SentEval's layout: `STS.input.<subset>.txt` (sentence1 TAB
-    sentence2) and `STS.gs.<subset>.txt` (the 0-5 gold score on the same line; an empty gold
-    line means the pair has no score and is skipped)."""
+    """One SemEval STS subset in SentEval's layout: `STS.input.<subset>.txt` (two sentences,
+    tab-separated) and `STS.gs.<subset>.txt` (their 0-5 score; a pair without one is skipped)."""
     folder = Path(folder)
     inputs = folder / f"STS.input.{subset}.txt"
     scores = folder / f"STS.gs.{subset}.txt"
@@ -173,6 +129,21 @@ def read_sts_subset(folder: str | os.PathLike, subset: str) -> Pairs:
     return _pairs(f"{folder.name} {subset}", scores, first, second, gold)
 
 
+def _read_pairs(name: str, path: Path, lines: list[tuple[int, list[str]]],
+                columns: tuple[int, int, int], expected: str = "") -> Pairs:
+    """The pairs of tab-separated `lines`, the score and the two sentences in `columns`."""
+    first, second, gold = [], [], []
+    for number, fields in lines:
+        try:
+            score, a, b = float(fields[columns[0]]), fields[columns[1]], fields[columns[2]]
+        except (IndexError, ValueError):
+            raise BertflowError(f"{path} line {number} is malformed{expected}") from None
+        gold.append(_check_gold(score, fields[columns[0]], path, number))
+        first.append(a)
+        second.append(b)
+    return _pairs(name, path, first, second, gold)
+
+
 def load_task(data: str | os.PathLike, name: str) -> Task | None:
     """Task `name` from data folder `data`, or None when its folder is absent."""
     if name not in TASKS:
@@ -192,9 +163,8 @@ def load_task(data: str | os.PathLike, name: str) -> Task | None:
     return Task(name, test, tuple(sentences_of(splits)))
 
 
-def load_tasks(
-    data: str | os.PathLike, names: Sequence[str] = TASKS
-) -> tuple[dict[str, Task], list[str]]:
+def load_tasks(data: str | os.PathLike,
+               names: Sequence[str] = TASKS) -> tuple[dict[str, Task], list[str]]:
     """The tasks found in `data`, and the names of those missing from it."""
     if not Path(data).is_dir():
         raise BertflowError(f"no data folder at {data}")
@@ -205,8 +175,7 @@ def load_tasks(
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise cosine similarity."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
     return (a * b).sum(1) / np.maximum(norms, 1e-12)
 
@@ -219,9 +188,8 @@ def spearman(predicted: np.ndarray, gold: np.ndarray) -> float:
 
 
 def undefined(predicted: np.ndarray, gold: np.ndarray) -> str | None:
-    r"""Why Spearman's correlation of `predicted` and `gold` is undefined, or None when it is
-    defined. $\rho = \mathrm{cov}(r_p, r_g) / (\sigma_{r_p} \sigma_{r_g})$ divides by the
-    spread of each side's ranks, which is 0 when that side is constant (or has one value)."""
+    """Why Spearman's correlation of `predicted` and `gold` is undefined (a side not finite,
+    or constant: its ranks do not spread), or None when it is defined."""
     predicted, gold = np.asarray(predicted, dtype=np.float64), np.asarray(gold, np.float64)
     if not np.isfinite(gold).all():
         return "non-finite gold scores"
@@ -235,23 +203,17 @@ def undefined(predicted: np.ndarray, gold: np.ndarray) -> str | None:
 
 
 def pair_spearman(pairs: Pairs, sentences: Sequence[str], vectors: np.ndarray) -> float | None:
-    """Spearman × 100 between gold scores and the cosine of each pair's vectors, where
-    `vectors[i]` embeds `sentences[i]` and every sentence of `pairs` is among them; None where
-    it is undefined (constant gold scores or similarities)."""
+    """Spearman × 100 between gold scores and the cosine of each pair's vectors
+    (`vectors[i]` embeds `sentences[i]`); None where it is undefined."""
     return score((pairs,), sentences, vectors)["all"]
 
 
-def score(
-    subsets: Sequence[Pairs], sentences: Sequence[str], vectors: np.ndarray
-) -> dict[str, Any]:
-    """Spearman × 100 of cosine against gold, aggregated two ways over the subsets:
-    ``all`` pools every pair (SimCSE and later work); ``wmean`` averages the per-subset
-    correlations weighted by subset size (the BERT-flow and BERT-whitening papers).
-
-    An aggregation whose correlation is undefined (constant gold scores or constant predicted
-    similarities, pooled for ``all``, in any one subset for ``wmean``) is None, and
-    ``undefined`` maps it to the reason; the result holds no NaN.
-    """
+def score(subsets: Sequence[Pairs], sentences: Sequence[str],
+          vectors: np.ndarray) -> dict[str, Any]:
+    """Spearman × 100 of cosine against gold, aggregated two ways over the subsets: ``all``
+    pools every pair (SimCSE and later work); ``wmean`` averages the per-subset correlations
+    weighted by size (the BERT-flow and BERT-whitening papers). An undefined aggregation (in
+    any one subset, for ``wmean``) is None, its reason under ``undefined``: no NaN."""
     row = {s: i for i, s in enumerate(sentences)}
     predicted, golds, per_subset, sizes, reasons = [], [], [], [], []
     for pairs in subsets:
@@ -275,7 +237,7 @@ def score(
 def pair_vectors(pairs: Pairs, sentences: Sequence[str] | dict[str, int],
                  vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The vectors of the first and of the second sentence of each pair, where `vectors[i]`
-    embeds `sentences[i]` (or sentence `s` is row `sentences[s]`, given as a dict)."""
+    embeds `sentences[i]` (or, given a dict, row `sentences[s]` embeds `s`)."""
     row = sentences if isinstance(sentences, dict) else {s: i for i, s in enumerate(sentences)}
     try:
         return vectors[[row[s] for s in pairs.first]], vectors[[row[s] for s in pairs.second]]
@@ -284,12 +246,9 @@ def pair_vectors(pairs: Pairs, sentences: Sequence[str] | dict[str, int],
 
 
 def positive_pairs(subsets: Iterable[Pairs], threshold: float = POSITIVE_GOLD) -> Pairs:
-    """The pairs of `subsets` whose gold score is at least `threshold`, as one `Pairs`: the
-    positives of Wang & Isola's alignment, gold ≥ 4 as SimCSE takes them on STS-B (0-5; the
-    same threshold on SICK's 1-5 scale). It may be empty."""
-    first: list[str] = []
-    second: list[str] = []
-    gold, names = [np.zeros(0)], []
+    """The pairs of `subsets` whose gold score is at least `threshold`, as one (maybe empty)
+    `Pairs`: the positives of Wang & Isola's alignment, as SimCSE takes them."""
+    first, second, gold, names = [], [], [np.zeros(0)], []
     for pairs in subsets:
         keep = np.flatnonzero(pairs.gold >= threshold)
         first += [pairs.first[i] for i in keep]

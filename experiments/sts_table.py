@@ -23,7 +23,8 @@ from bertflow import POOLINGS, load_encoder
 from bertflow.cache import EmbeddingCache
 from bertflow.evaluate import evaluate, fit_sources, format_table
 from bertflow.files import read_sentences, write_json
-from bertflow.methods import default_d, default_k, make_method
+from bertflow.linear import default_d, default_k
+from bertflow.methods import make_method
 from bertflow.recipes import recommended
 from bertflow.sts import load_tasks
 

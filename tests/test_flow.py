@@ -243,12 +243,6 @@ def test_robust_std_marks_dead_features_even_when_most_are_dead():
     assert std[0] == x[:, 0].std() and torch.equal(std[1:], torch.ones(5))
 
 
-def test_old_names_are_the_new_ones():
-    from bertflow import flow
-
-    assert flow.Standardize is StandardScaler and flow.spread is robust_std
-
-
 def test_log_likelihood_is_the_base_density_plus_the_log_det():
     from bertflow.flow import bits_per_dim, log_likelihood
 

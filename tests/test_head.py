@@ -371,9 +371,9 @@ def test_a_head_whitened_before_its_flow_round_trips_and_has_a_density(tmp_path)
 
 
 def test_a_flow_after_a_projection_is_refused(head):
-    from bertflow.linear import whitening
+    from bertflow.linear import LinearMap
 
-    projection = whitening(np.zeros(12), np.eye(12), k=4)
+    projection = LinearMap(torch.zeros(12), torch.eye(12)[:, :4], "whitening-k")
     with pytest.raises(BertflowError, match="after full whitening, not whitening-k"):
         FlowHead(head.glow, linear=projection)
 
