@@ -12,21 +12,10 @@ from typing import Any
 __version__ = "0.1.0"
 
 _WHERE = {
-    "POOLINGS": "constants",
-    "BertflowError": "errors",
-    "Encoder": "encoder",
-    "EncoderId": "encoder",
-    "default_encoder_path": "encoder",
-    "encode": "encoder",
-    "load_encoder": "encoder",
-    "pool": "encoder",
-    "FlowConfig": "flow",
-    "Glow": "flow",
-    "FlowHead": "head",
-    "mean_pair_cosine": "isotropy",
-    "History": "train",
-    "TrainConfig": "train",
-    "fit": "train",
+    "POOLINGS": "constants", "BertflowError": "errors", "FlowConfig": "flow", "Glow": "flow",
+    "Encoder": "encoder", "EncoderId": "encoder", "default_encoder_path": "encoder",
+    "encode": "encoder", "load_encoder": "encoder", "pool": "encoder", "FlowHead": "head",
+    "mean_pair_cosine": "isotropy", "History": "train", "TrainConfig": "train", "fit": "train",
 }
 _MODULES = ("lee", "sts")
 

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from . import distributed
 from .cache import EmbeddingCache, training_embeddings
+from .card import nll_text
 from .constants import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_ENCODER_NAME,
@@ -32,7 +33,8 @@ from .embeddings import EmbeddingFile
 from .encoder import Encoder
 from .errors import BertflowError, first_line
 from .files import Checked, check_outputs
-from .head import FlowHead, check_destination, nll_text
+from .folders import HEAD_FOLDER
+from .head import FlowHead
 from .recipes import Recipe, resolve
 from .train import Checkpoint, TrainState, log_hparams, open_checkpoint
 
@@ -123,7 +125,7 @@ def _checked(job: FitJob) -> tuple[FitJob, Callable[[int], None] | None]:
     other than the embeddings file's, and a flow that cannot be built on the embeddings' width
     (here for a `.npy`; for a corpus, by the check returned, once the encoder is loaded). The
     job comes back with its recipe resolved."""
-    check_destination(job.out)
+    HEAD_FOLDER.check_destination(job.out)
     check_outputs({"--checkpoint": job.checkpoint, "--logdir": job.logdir, "--out": job.out},
                   _fit_inputs(job), grows={"--logdir": ["--out"]})  # logs: a new subfolder
     if job.checkpoint is not None and job.checkpoint.is_symlink():
