@@ -50,8 +50,10 @@ class SavedHead:
             if not isinstance(weights, dict) or weights.get("file") != WEIGHTS:
                 raise ValueError(f"weights are not {WEIGHTS}")
             method, dim = config["method"], int(config["dim"])
-            if method == "flow":
+            if method == "flow":  # every field of the flow, factor_out included, is recorded
                 flow, out_dim = FlowConfig.from_dict(config["flow"]), dim
+                if set(config["flow"]) != set(flow.to_dict()):
+                    raise ValueError("the flow config is incomplete")
             elif method in LINEAR_METHODS:
                 flow, out_dim = None, int(config["linear"]["out_dim"])
             else:

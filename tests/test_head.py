@@ -140,6 +140,7 @@ def test_malformed_configs_are_refused(head, tmp_path):
     for field, value in [("weights", "model.safetensors"), ("weights", {"file": 3}),
                          ("weights", {"file": "../../x", "sha256": "0"}), ("training", [1]),
                          ("flow", {"levels": "many"}), ("flow", {"hidden": 32.5}),
+                         ("flow", {k: v for k, v in config["flow"].items() if k != "factor_out"}),
                          ("dim", None), ("encoder", "bert"), ("max_length", "abc"),
                          ("pooling", "max")]:
         rewrite(folder, "config.json", json.dumps({**config, field: value}))
