@@ -133,6 +133,7 @@ def _encode(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
+    from .card import summary
     from .runs import FitJob, fit_head
 
     job = FitJob(args.input, args.out, args.method, args.k, args.d,
@@ -146,7 +147,7 @@ def _fit(args: argparse.Namespace) -> None:
     if fitted is None:  # another process of a torchrun job
         return
     if args.method != "flow":
-        print(f"wrote {args.out}: {fitted.head.summary()}")
+        print(f"wrote {args.out}: {summary(fitted.head)}")
         return
     info = fitted.head.training_info
     print(f"wrote {args.out}: best epoch {info['best_epoch']} of {info['epochs_run']}, "
@@ -249,20 +250,22 @@ def _diagnose(args: argparse.Namespace) -> None:
 
 
 def _info(args: argparse.Namespace) -> None:
-    from .head import FlowHead, ready_heads
+    from .card import details, tagline
+    from .folders import ready_heads
+    from .head import FlowHead
 
     if args.head is None:
         heads = ready_heads()
         print("ready heads (load with FlowHead.load(NAME) or --head NAME):" if heads else
               "no ready heads are installed")
         for name in heads:
-            print(f"  {name}: {FlowHead.load(name).tagline()}")
+            print(f"  {name}: {tagline(FlowHead.load(name))}")
         return
     head = FlowHead.load(args.head)
     if args.json:
         print(json.dumps(head.config(), indent=2))
         return
-    rows = [("head", str(args.head)), *head.details()]
+    rows = [("head", str(args.head)), *details(head)]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
@@ -300,9 +303,10 @@ def _export(args: argparse.Namespace) -> None:
 def _index(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
     from .files import read_sentences
-    from .retrieval import Index, check_index_destination
+    from .folders import INDEX_FOLDER
+    from .retrieval import Index
 
-    check_index_destination(args.out)
+    INDEX_FOLDER.check_destination(args.out)
     _check_paths(args)
     head = _load_head(args)
     items = read_sentences(args.corpus)

@@ -82,10 +82,7 @@ def flow_options(args: argparse.Namespace) -> dict[str, Any]:
              if getattr(args, k, None) is not None}
     flow = {k: v for k, v in given.items() if k in _FLOW_FIELDS}
     train = {k: v for k, v in given.items() if k not in _FLOW_FIELDS}
-    if args.no_standardize and args.before not in (None, "none"):
-        raise BertflowError(f"--no-standardize and --before {args.before} contradict each other")
-    return {"flow": flow, "train": train,
-            "before": "none" if args.no_standardize else args.before}
+    return {"flow": flow, "train": train, "before": args.before}
 
 
 _FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
@@ -93,8 +90,8 @@ _FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
 # and what a command that encodes nothing uses anyway.
 _WITHOUT_ENCODING = {"device": ("auto", "cpu"), "dtype": ("float32",),
                      "encode_batch_size": (DEFAULT_BATCH_SIZE,), "cache": (None,)}
-_FLOW_AND_TRAINING = ("before", "no_standardize", *_FLOW_FIELDS, "seed", "epochs", "batch_size",
-                      "lr", "val_fraction", "patience")
+_FLOW_AND_TRAINING = ("before", *_FLOW_FIELDS, "seed", "epochs", "batch_size", "lr",
+                      "val_fraction", "patience")
 
 
 def check_flow_options(args: argparse.Namespace) -> None:
@@ -432,7 +429,6 @@ def _flow_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g.add_argument("--before", choices=BEFORE, default=None,
                    help="what comes before the flow: per-feature standardisation, full "
                         "whitening, or nothing")
-    g.add_argument("--no-standardize", action="store_true", help="the same as --before none")
     g.add_argument("--levels", type=_ceiling("levels"), default=None,
                    help="levels of the multi-scale Glow (half the features leave after each)")
     g.add_argument("--depth", type=_ceiling("depth"), default=None,

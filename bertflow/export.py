@@ -1,12 +1,11 @@
 """The flow head as a standalone graph: embeddings (batch, dim) → transformed embeddings.
 
-`export_onnx` writes one self-contained ONNX file (weights inside, the head's config.json in its
-metadata under ``bertflow_head``) that onnxruntime runs without torch, nflows or bertflow;
-`export_program` writes a `torch.export` program (.pt2, the head's config.json in the archive's
-extra file ``bertflow_head.json``) that `torch.export.load` runs without bertflow or nflows. Both
-have a dynamic batch dimension. An existing file at the destination is replaced only when it
-is such an export (`check_destination`), found by its ``bertflow_head`` record; checked before
-the export and again, where it has changed meanwhile, just before it is replaced.
+`export_onnx` writes one self-contained ONNX file (the head's config in its metadata under
+``bertflow_head``) that onnxruntime runs without torch or bertflow; `export_program` a
+`torch.export` program (.pt2, the config in its extra file ``bertflow_head.json``) that
+`torch.export.load` runs without bertflow. Both have a dynamic batch dimension. A file at the
+destination is replaced only when it is such an export (`check_destination`), checked before the
+export and again, where it has changed meanwhile, just before it is replaced.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ from torch import Tensor, nn
 
 from .errors import BertflowError, first_line
 from .files import Checked, atomic_file, refuse_link
-from .head import FORMAT, FlowHead
+from .head import FlowHead
+from .head_format import FORMAT
 
 __all__ = ["INPUT_NAME", "OUTPUT_NAME", "check_destination", "export_onnx", "export_program"]
 
@@ -43,18 +43,16 @@ class _Transform(nn.Module):
 
 
 def _program(head: FlowHead) -> torch.export.ExportedProgram:
-    """The head's forward as a graph with a dynamic batch dimension; both formats start here."""
-    example = torch.zeros(2, head.dim)
-    batch = torch.export.Dim("batch", min=1)
+    """The head's latents as a graph with a dynamic batch dimension; both formats start here."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return torch.export.export(_Transform(head).eval(), (example,),
-                                   dynamic_shapes=({0: batch},))
+        return torch.export.export(_Transform(head).eval(), (torch.zeros(2, head.dim),),
+                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
 
 
 def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
     """Write the head as a `torch.export` program: `torch.export.load(path).module()(x)`."""
-    out = _checked(path, "torch-export")
+    out = Checked(path, lambda p: check_destination(p, "torch-export"))
     program = _program(head)
     buffer = io.BytesIO()  # torch's writer aborts the process on a failed write: none to file
     torch.export.save(program, buffer, extra_files={f"{MARKER}.json": json.dumps(head.config())})
@@ -66,7 +64,7 @@ def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
 def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = None) -> Path:
     """Write the head as one ONNX file: input ``embeddings`` (batch, dim) float32, output
     ``z`` (batch, dim) float32; the head's config in the model metadata."""
-    out = _checked(path, "onnx")  # which checks that onnx is installed
+    out = Checked(path, lambda p: check_destination(p, "onnx"))  # onnx is installed
     import onnx
 
     logger = logging.getLogger("torch.onnx")
@@ -89,12 +87,6 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
         onnx.helper.set_model_props(model, {MARKER: json.dumps(head.config())})
         onnx.save(model, str(tmp))
     return out.path
-
-
-def _checked(path: str | os.PathLike, fmt: str) -> Checked:
-    """`path`, checked now (`check_destination`) and again just before the export replaces it,
-    where it has changed meanwhile."""
-    return Checked(path, lambda p: check_destination(p, fmt))
 
 
 def check_destination(path: str | os.PathLike, fmt: str) -> Path:
@@ -124,8 +116,7 @@ def check_destination(path: str | os.PathLike, fmt: str) -> Path:
 
 
 def _onnx_head(path: Path) -> str:
-    """The ``bertflow_head`` metadata of the ONNX model at `path` (its weights are inside
-    bertflow's exports: they are read, not run)."""
+    """The ``bertflow_head`` metadata of the ONNX model at `path` (read, not run)."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -141,8 +132,7 @@ def _program_head(path: Path) -> str:
 
 
 def _is_head_config(read: Callable[[Path], str], path: Path) -> bool:
-    """Whether `read(path)` gives a head's config.json, as bertflow's exports record it; any
-    failure to read it says no."""
+    """Whether `read(path)` gives a head's config; any failure to read it says no."""
     try:
         config = json.loads(read(path))
     except Exception:  # noqa: BLE001 - a file of any kind: a corrupt archive or protobuf

@@ -1,14 +1,9 @@
 """The flow head inside a sentence-transformers pipeline: encoder → pooling → head → Normalize.
 
-`build_pipeline(head)` returns a `SentenceTransformer` whose embeddings are the head's
-transformed embeddings. Its three bertflow modules save to and load from plain folders (the
-encoder with `save_pretrained`, the head in its own config.json + safetensors format), so
-
-    SentenceTransformer(path, trust_remote_code=True)   # sentence-transformers' own loader
-    bertflow.load_pipeline(path)                        # the same, without the flag
-
-both rebuild it. sentence-transformers 6 asks for `trust_remote_code=True` for any module class
-outside its own package; `load_pipeline` resolves the bertflow classes itself, and nothing else.
+`build_pipeline(head)` returns a `SentenceTransformer` whose embeddings are the head's. Its
+bertflow modules save to plain folders (the encoder with `save_pretrained`, the head in its own
+format), which `SentenceTransformer(path, trust_remote_code=True)` loads, and `load_pipeline`
+without that flag: it resolves the bertflow classes itself, and imports nothing else.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from . import __version__
+from .card import model_card
 from .encoder import (
     DEFAULT_POOLING,
     POOLINGS,
@@ -36,7 +31,7 @@ from .encoder import (
 from .errors import BertflowError, first_line
 from .files import read_json
 from .folders import PIPELINE_FOLDER
-from .head import FlowHead, corpus_digest, nll_text
+from .head import FlowHead
 
 try:
     from sentence_transformers import SentenceTransformer
@@ -48,15 +43,13 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 __all__ = ["EncoderModule", "HeadModule", "PoolingModule", "build_pipeline", "load_pipeline",
-           "model_card", "save_pipeline"]
+           "save_pipeline"]
 
 
 class EncoderModule(InputModule):
-    """A frozen Hugging Face encoder as a sentence-transformers input module.
-
-    Tokenizes exactly as `bertflow.Encoder` does and hands every layer's hidden states, the
-    input word embeddings and the special-token mask on to `PoolingModule`.
-    """
+    """A frozen Hugging Face encoder as a sentence-transformers input module: it tokenizes as
+    `bertflow.Encoder` does and hands the hidden states, the input word embeddings and the
+    special-token mask on to `PoolingModule`."""
 
     config_file_name = "bertflow_encoder.json"
     config_keys = ["name", "max_length"]
@@ -131,12 +124,8 @@ class PoolingModule(Module):
 
     def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         features["sentence_embedding"] = pool(
-            features.get("all_layer_embeddings"),
-            features.get("word_embeddings"),
-            features["attention_mask"],
-            features["special_tokens_mask"],
-            self.pooling,
-        )
+            features.get("all_layer_embeddings"), features.get("word_embeddings"),
+            features["attention_mask"], features["special_tokens_mask"], self.pooling)
         return features
 
     def on_model_ready(self, model: Any) -> None:
@@ -153,11 +142,9 @@ class PoolingModule(Module):
 
 
 class HeadModule(Module):
-    """A `FlowHead` as a pipeline module: sentence_embedding → its latent z.
-
-    Saved in the head's own format; on assembly it checks the encoder (by weight fingerprint),
-    the pooling and the dimension in front of it, and refuses a head fit on others.
-    """
+    """A `FlowHead` as a pipeline module: sentence_embedding → its latent z. Saved in the
+    head's own format; on assembly it refuses an encoder (by weight fingerprint), pooling,
+    dimension or maximum length other than the head's."""
 
     def __init__(self, head: FlowHead):
         super().__init__()
@@ -170,13 +157,10 @@ class HeadModule(Module):
 
     def on_model_ready(self, model: Any) -> None:
         encoder = next((m for m in model if isinstance(m, EncoderModule)), None)
-        pooling = next((m for m in model if isinstance(m, PoolingModule)), None)
-        self.head.check(
-            dim=encoder.encoder.width(pooling.pooling if pooling else self.head.pooling
-                                      or DEFAULT_POOLING) if encoder else None,
-            encoder=encoder.encoder.id if encoder else None,
-            pooling=pooling.pooling if pooling else None,
-        )
+        pooling = next((m.pooling for m in model if isinstance(m, PoolingModule)), None)
+        width = pooling or self.head.pooling or DEFAULT_POOLING
+        self.head.check(dim=encoder.encoder.width(width) if encoder else None,
+                        encoder=encoder.encoder.id if encoder else None, pooling=pooling)
         wanted = self.head.max_length
         if encoder is not None and wanted is not None and encoder.max_length != wanted:
             raise BertflowError(f"the head was fit on embeddings of at most {wanted} tokens; "
@@ -193,11 +177,9 @@ class HeadModule(Module):
         return cls(FlowHead.load(Path(model_name_or_path) / subfolder))
 
 
-def build_pipeline(
-    head: FlowHead | str | os.PathLike,
-    encoder: Encoder | str | os.PathLike | None = None,
-    normalize: bool = False,
-) -> SentenceTransformer:
+def build_pipeline(head: FlowHead | str | os.PathLike,
+                   encoder: Encoder | str | os.PathLike | None = None,
+                   normalize: bool = False) -> SentenceTransformer:
     """A SentenceTransformer: `encoder` (default: the package's default encoder) → the head's
     pooling → the head → optionally L2 normalisation. Refuses a head fit on another encoder,
     pooling or dimension."""
@@ -207,134 +189,26 @@ def build_pipeline(
         raise BertflowError("this head does not record its pooling; cannot build a pipeline")
     encoder = resolve_encoder(encoder, head.encoder)
     modules = [EncoderModule(encoder, head.max_length or 128), PoolingModule(head.pooling),
-               HeadModule(head)]
-    if normalize:
-        modules.append(Normalize())
+               HeadModule(head), *([Normalize()] if normalize else [])]
     return SentenceTransformer(modules=modules, device="cpu")  # HeadModule checks the head
 
 
-PIPELINE = PIPELINE_FOLDER.kind
-
-
 def save_pipeline(model: SentenceTransformer, path: str | os.PathLike) -> Path:
-    """Save a pipeline to folder `path` atomically (a new folder, then one rename), with a
-    manifest of its files and, as its README.md, bertflow's `model_card` instead of
-    sentence-transformers' generic one. An existing `path` is replaced only if it is a pipeline
-    saved so and holds nothing else: never another sentence-transformers model."""
-    card = model_card(model, Path(path).name)
+    """Save a pipeline of `build_pipeline` to folder `path` atomically, with a manifest of its
+    files and, as its README.md, bertflow's `card.model_card`. An existing `path` is replaced
+    only if it is a pipeline saved so and holds nothing else."""
+    encoder = next((m for m in model if isinstance(m, EncoderModule)), None)
+    head = next((m.head for m in model if isinstance(m, HeadModule)), None)
+    if encoder is None or head is None:
+        raise BertflowError("not a bertflow pipeline: it has no EncoderModule or HeadModule")
+    card = model_card(head, encoder.encoder, encoder.max_length,
+                      any(isinstance(m, Normalize) for m in model), Path(path).name)
 
     def fill(tmp: Path) -> None:
         model.save(str(tmp), create_model_card=False)
         (tmp / "README.md").write_text(card, encoding="utf-8")
 
     return PIPELINE_FOLDER.write(path, fill)
-
-
-_POOLING_TEXT = {
-    "cls": "the last layer's state of the first ([CLS]) token",
-    "mean": "the mean of the last layer's token states",
-    "first_last": "the mean over tokens of the average of the first and the last Transformer "
-                  "layers' states",
-    "last2": "the mean over tokens of the average of the last two layers' states",
-    "static": "the mean of the input word embeddings (no context), special tokens excluded",
-}
-
-
-def model_card(model: SentenceTransformer, name: str = "PATH") -> str:
-    """The README.md of a saved pipeline: what it computes (encoder, pooling, head,
-    normalisation), how the head was fit, and how to load the folder `name` safely."""
-    encoder = next((m for m in model if isinstance(m, EncoderModule)), None)
-    pooling = next((m.pooling for m in model if isinstance(m, PoolingModule)), None)
-    head = next((m.head for m in model if isinstance(m, HeadModule)), None)
-    title = ", ".join([encoder.name if encoder else "an encoder",
-                       f"{pooling} pooling" if pooling else "its pooling",
-                       "BERT-flow head" if head is not None else "no head"])
-    lines = [
-        "---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
-        "tags:", "- bertflow", "- sentence-transformers", "- sentence-similarity",
-        "- normalizing-flow", "---", "",
-        f"# bertflow pipeline: {title}", "",
-        "Sentence embeddings made isotropic by a normalizing flow (BERT-flow), exported by "
-        f"bertflow {__version__} as a sentence-transformers pipeline of these modules:", "",
-        *_module_lines(encoder, pooling, head, any(isinstance(m, Normalize) for m in model)),
-        "", f"The output has {model.get_embedding_dimension()} dimensions; compare vectors by "
-        "cosine similarity (`model.similarity`).", "",
-    ]
-    if head is not None:
-        lines += ["## How the head was fit", "", *_training_rows(head.training_info), ""]
-    return "\n".join(lines + _loading_lines(name))
-
-
-def _module_lines(encoder: EncoderModule | None, pooling: str | None, head: FlowHead | None,
-                  normalized: bool) -> list[str]:
-    """The model card's numbered list of the pipeline's modules."""
-    lines = []
-    if encoder is not None:
-        identity = encoder.encoder.id
-        lines.append(f"1. **Encoder**: `{identity.name}` (weights fingerprint "
-                     f"`{identity.fingerprint}`), frozen: {encoder.encoder.num_layers} layers, "
-                     f"{encoder.encoder.dim}-d hidden states, input cut at "
-                     f"{encoder.max_length} tokens.")
-    if pooling is not None:
-        lines.append(f"2. **Pooling**: `{pooling}`, {_POOLING_TEXT[pooling]}.")
-    if head is not None and head.glow is None:
-        lines.append(f"3. **Head**: {head.summary()}, fit in closed form on the pooled "
-                     f"embeddings ({head.dim}-d in, {head.out_dim}-d out).")
-    elif head is not None:
-        flow = ", ".join(f"{k}={v}" for k, v in head.glow.config.to_dict().items())
-        scaled = ("a standardisation per dimension, then " if head.standardize
-                  else "a full whitening, then " if head.linear is not None else "")
-        lines.append(f"3. **Head**: a BERT-flow head, {scaled}a Glow normalizing flow "
-                     f"({flow}) that maps the {head.dim}-d pooled embeddings to latents "
-                     "distributed as a standard normal.")
-    if normalized:
-        lines.append("4. **Normalize**: each vector scaled to unit length.")
-    return lines
-
-
-def _loading_lines(name: str) -> list[str]:
-    """The model card's section on loading the folder `name`."""
-    return [
-        "## How to load it", "",
-        "```python",
-        "from bertflow.pipeline import load_pipeline", "",
-        f'model = load_pipeline("{name}")',
-        'embeddings = model.encode(["A man is playing a guitar.", "Someone plays music."])',
-        "print(model.similarity(embeddings, embeddings))",
-        "```", "",
-        "`load_pipeline` checks every file against `manifest.json`, builds only bertflow's and "
-        "sentence-transformers' own module classes (no code from the folder runs, nothing is "
-        "unpickled) and refuses a head fit on another encoder, pooling, dimension or maximum "
-        "length. sentence-transformers' own loader, "
-        f'`SentenceTransformer("{name}", trust_remote_code=True)`, builds the same model, but '
-        "that flag lets a folder name any Python class to import: prefer `load_pipeline` for "
-        "a folder you did not make. Either needs `pip install bertflow[st]`.", "",
-    ]
-
-
-def _training_rows(training: dict[str, Any]) -> list[str]:
-    """A table of a head's training record, or a line saying there is none."""
-    if not training:
-        return ["The head carries no training record."]
-    corpus = training.get("corpus") if isinstance(training.get("corpus"), dict) else {}
-    digest = corpus_digest(corpus)
-    source = corpus.get("file") or corpus.get("name") or "embeddings given directly"
-    unit = "sentences" if corpus.get("file") or corpus.get("name") else "embeddings"
-    size = f", {corpus['size']:,} {unit}" if isinstance(corpus.get("size"), int) else ""
-    config = training.get("config") if isinstance(training.get("config"), dict) else {}
-    rows = [
-        ("training corpus", f"{source}{size}" + (f" (sha256 `{digest[:16]}`)" if digest else "")),
-        ("objective", "maximum likelihood of the corpus's pooled embeddings (no labels); the "
-                      "encoder is not trained" if "method" not in training else
-                      f"{training['method']} in closed form, from the mean and covariance of "
-                      "the corpus's pooled embeddings (no labels)"),
-        ("seed", training.get("seed")),
-        ("epochs", f"{training.get('epochs_run')} run, best {training.get('best_epoch')}"
-         if "epochs_run" in training else None),
-        ("validation NLL", nll_text(training)),
-        ("training options", ", ".join(f"{k}={v}" for k, v in config.items()) or None),
-    ]
-    return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows if v is not None)]
 
 
 def load_pipeline(path: str | os.PathLike, device: str = "cpu") -> SentenceTransformer:

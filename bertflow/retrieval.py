@@ -3,8 +3,8 @@
 An `Index` holds a corpus's sentences and a FAISS index of their vectors after the head (and an
 optional reduction to `dims` components), L2-normalised so that inner product is cosine. It
 remembers the encoder, pooling and head that made it, and embeds queries the same way.
-Saved as a folder: `index.faiss` (FAISS's own format), `items.json`, `config.json` and, when
-there is one, the head in `head/`. Nothing is unpickled on load.
+Saved as a folder: `index.faiss` (FAISS's own format), `items.json`, `config.json`, the head
+in `head/` when there is one, and the manifest. Nothing is unpickled on load.
 """
 
 from __future__ import annotations
@@ -19,35 +19,19 @@ import numpy as np
 
 from . import distributed
 from .cache import EmbeddingCache
+from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING
 from .corpus import Corpus
-from .encoder import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_POOLING,
-    Encoder,
-    EncoderId,
-    check_max_length,
-    check_pooling,
-    resolve_encoder,
-)
+from .encoder import Encoder, EncoderId, check_max_length, check_pooling, resolve_encoder
 from .errors import BertflowError, first_line
 from .files import check_finite, read_json, sha256_file, write_json
-from .folders import INDEX_FOLDER, verify_checksums
+from .folders import INDEX_FOLDER
 from .head import FlowHead
 from .sts import Pairs
 
-__all__ = [
-    "KINDS",
-    "Hit",
-    "Index",
-    "RetrievalScores",
-    "check_index_destination",
-    "relevant_pairs",
-    "retrieval_scores",
-]
+__all__ = ["KINDS", "Hit", "Index", "RetrievalScores", "relevant_pairs", "retrieval_scores"]
 
 KINDS = ("flat", "hnsw")
 FORMAT = INDEX_FOLDER.kind
-FORMAT_VERSION = INDEX_FOLDER.version  # 2: a manifest.json covers every file; 1 still loads
 _INDEX, _ITEMS, _CONFIG, _HEAD = "index.faiss", "items.json", "config.json", "head"
 
 
@@ -90,24 +74,13 @@ class Index:
         return self.config["pooling"]
 
     @classmethod
-    def from_embeddings(
-        cls,
-        x: np.ndarray,
-        items: Sequence[str],
-        *,
-        head: FlowHead | None = None,
-        encoder: EncoderId | None = None,
-        pooling: str = DEFAULT_POOLING,
-        max_length: int = 128,
-        kind: str = "flat",
-        dims: int | None = None,
-        hnsw_m: int = 32,
-    ) -> Index:
-        """Index pooled embeddings `x` (rows, dim) of `items`, after `head` when given.
-
-        `dims` keeps that many principal components of the (transformed) corpus vectors
-        before normalising: smaller vectors, less memory.
-        """
+    def from_embeddings(cls, x: np.ndarray, items: Sequence[str], *,
+                        head: FlowHead | None = None, encoder: EncoderId | None = None,
+                        pooling: str = DEFAULT_POOLING, max_length: int = 128,
+                        kind: str = "flat", dims: int | None = None, hnsw_m: int = 32) -> Index:
+        """Index pooled embeddings `x` (rows, dim) of `items`, after `head` when given; `dims`
+        keeps that many principal components of the (transformed) vectors before normalising:
+        smaller vectors, less memory."""
         faiss = _faiss()
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
@@ -135,7 +108,7 @@ class Index:
             index.add(z)
         except RuntimeError as e:
             raise BertflowError(f"FAISS could not build the index ({first_line(e)})") from None
-        config = {"format": FORMAT, "format_version": FORMAT_VERSION,
+        config = {"format": FORMAT, "format_version": INDEX_FOLDER.version,
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
                   "max_length": max_length, "kind": kind, "dim": dim, "dims": out,
                   "count": len(items), "head": head is not None}
@@ -147,10 +120,9 @@ class Index:
               batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
               progress: bool | None = None, **options: Any) -> Index | None:
         """Embed `sentences` with `encoder` and the head's pooling (or `pooling`), then index.
-
         With a `cache`, the embeddings are read from it or written to it; under torchrun they
-        are encoded across the processes, and the index is built by rank 0 alone (the others
-        get None)."""
+        are encoded across the processes, and rank 0 alone builds the index (the others get
+        None)."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         if head is not None:
             pooling = pooling or head.pooling
@@ -202,7 +174,7 @@ class Index:
                 for row_s, row_i in zip(scores, ids, strict=True)]
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the index folder atomically; the config records the sha256 of each file."""
+        """Write the index folder atomically (see `folders.FolderFormat.write`)."""
         faiss = _faiss()
 
         def fill(tmp: Path) -> None:
@@ -212,23 +184,29 @@ class Index:
                 (tmp / _HEAD).mkdir()
                 self.head.write(tmp / _HEAD)
             files = {name: sha256_file(tmp / name) for name in (_INDEX, _ITEMS)}
-            write_json(tmp / _CONFIG, {**self.config, "format_version": FORMAT_VERSION,
-                                       "sha256": files})
+            write_json(tmp / _CONFIG, {**self.config, "sha256": files})
 
         return INDEX_FOLDER.write(path, fill)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Index:
-        """Rebuild an index folder, checking every file against the config and the head
-        against the encoder, pooling and dimension the index was built with."""
+        """Rebuild an index folder, checking every file against the manifest, the config
+        against the FAISS index, and the head against the encoder, pooling and dimension the
+        index was built with."""
         faiss = _faiss()
         path = Path(path)
         if not (path / _INDEX).is_file():
             raise BertflowError(f"no index at {path} (no {_INDEX})")
-        config, _ = INDEX_FOLDER.read(path)
-        saved = _SavedIndex.parse(path, config)
-        dim, count = saved.dim, saved.count
-        verify_checksums(path, {name: saved.checksums.get(name) for name in (_INDEX, _ITEMS)})
+        config = INDEX_FOLDER.read(path)
+        try:
+            dim, dims, count = (int(config[k]) for k in ("dim", "dims", "count"))
+            encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
+            check_pooling(config["pooling"])
+            check_max_length(config["max_length"])
+            if config["kind"] not in KINDS or not 1 <= dims <= dim or count < 1:
+                raise ValueError("bad kind, dims or count")
+        except (KeyError, TypeError, ValueError, BertflowError) as e:
+            raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
         items = read_json(path / _ITEMS).get("items")
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
             raise BertflowError(f"{path / _ITEMS} does not hold a list of items")
@@ -243,52 +221,16 @@ class Index:
             raise BertflowError(f"{path} is inconsistent: {len(items)} items, {index.ntotal} "
                                 f"vectors of {index.d} dimensions; its config says {count} of "
                                 f"{dim}, inner product")
-        head = saved.load_head(path, config["pooling"])
-        config.pop("sha256")  # belongs to the files on disk; `save` writes it afresh
-        return cls(index, items, config, head)
-
-
-class _SavedIndex(NamedTuple):
-    """What an index's `config.json` says of it, checked field by field."""
-
-    encoder: EncoderId | None
-    dim: int
-    count: int
-    head: bool
-    checksums: dict[str, str]
-
-    @classmethod
-    def parse(cls, path: Path, config: dict[str, Any]) -> _SavedIndex:
-        try:
-            dim, dims, count = (int(config[k]) for k in ("dim", "dims", "count"))
-            encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
-            check_pooling(config["pooling"])
-            check_max_length(config["max_length"])
-            has_head, checksums = bool(config["head"]), dict(config["sha256"])
-            if config["kind"] not in KINDS or not 1 <= dims <= dim or count < 1:
-                raise ValueError("bad kind, dims or count")
-        except (KeyError, TypeError, ValueError, BertflowError) as e:
-            raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
-        return cls(encoder, dim, count, has_head, checksums)
-
-    def load_head(self, path: Path, pooling: str) -> FlowHead | None:
-        """The head in the folder's `head/`, if the config says it has one, checked against
-        the encoder, pooling and dimension of the index."""
-        if self.head != (path / _HEAD).is_dir():
+        if bool(config["head"]) != (path / _HEAD).is_dir():
             raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
-        if not self.head:
-            return None
-        head = FlowHead.load(path / _HEAD)
-        head.check(encoder=self.encoder, pooling=pooling)
-        if head.out_dim != self.dim:
-            raise BertflowError(f"{path}: its head gives {head.out_dim}-d vectors, its "
-                                f"index holds {self.dim}-d ones")
-        return head
-
-
-def check_index_destination(path: str | os.PathLike) -> Path:
-    """`path` if an index may be written there: absent, empty, or an index and nothing else."""
-    return INDEX_FOLDER.check_destination(path)
+        head = FlowHead.load(path / _HEAD) if config["head"] else None
+        if head is not None:
+            head.check(encoder=encoder, pooling=config["pooling"])
+            if head.out_dim != dim:
+                raise BertflowError(f"{path}: its head gives {head.out_dim}-d vectors, its "
+                                    f"index holds {dim}-d ones")
+        config.pop("sha256", None)  # belongs to the files on disk; `save` writes it afresh
+        return cls(index, items, config, head)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from . import distributed
 from .cache import EmbeddingCache, training_embeddings
+from .card import nll_text
 from .checkpoint import Checkpoint, open_checkpoint
 from .constants import (
     DEFAULT_BATCH_SIZE,
@@ -27,7 +28,8 @@ from .embeddings import EmbeddingFile, open_embeddings
 from .encoder import Encoder, load_encoder
 from .errors import BertflowError, first_line
 from .files import Checked, check_outputs, refuse_link
-from .head import FlowHead, check_destination, nll_text
+from .folders import HEAD_FOLDER
+from .head import FlowHead
 from .logs import RunLogs, log_hparams
 from .recipes import Recipe, resolve
 from .train import TrainState
@@ -83,7 +85,7 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     shows bars where they help (None), always (True) or never (False). Under torchrun every
     process calls it and only the first gets the result (the others None)."""
     say = say if distributed.is_main() else None
-    check_destination(job.out)
+    HEAD_FOLDER.check_destination(job.out)
     encodes = job.source.suffix != ".npy" or job.dev_sts is not None
     check_outputs({"--checkpoint": job.checkpoint, "--logdir": job.logdir, "--out": job.out},
                   {"the input": job.source,

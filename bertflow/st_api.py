@@ -12,15 +12,8 @@ from torch import Tensor
 
 from .errors import BertflowError
 
-__all__ = [
-    "SIMILARITY_FN_NAME",
-    "as_sentences",
-    "check_options",
-    "convert",
-    "output_options",
-    "similarity",
-    "similarity_pairwise",
-]
+__all__ = ["SIMILARITY_FN_NAME", "as_sentences", "check_options", "convert", "output_options",
+           "similarity", "similarity_pairwise"]
 
 SIMILARITY_FN_NAME = "cosine"
 # options of SentenceTransformer.encode that would change the embeddings, with the value
@@ -69,26 +62,17 @@ def output_options(options: dict[str, Any]) -> dict[str, bool]:
     return {name: options.pop(name) for name in names if name in options}
 
 
-def convert(
-    x: np.ndarray,
-    single: bool,
-    convert_to_numpy: bool = True,
-    convert_to_tensor: bool = False,
-    normalize_embeddings: bool = False,
-) -> np.ndarray | Tensor | list[Tensor]:
+def convert(x: np.ndarray, single: bool, convert_to_numpy: bool = True,
+            convert_to_tensor: bool = False,
+            normalize_embeddings: bool = False) -> np.ndarray | Tensor | list[Tensor]:
     """Embeddings (rows, dim) in the form sentence-transformers' `encode` returns: unit length
     rows if `normalize_embeddings`; a tensor if `convert_to_tensor` (it wins over
     `convert_to_numpy`), an array if `convert_to_numpy`, else a list of 1-D tensors; one row
     alone where one string was given. Tensors are float32 and on the CPU."""
     if normalize_embeddings:
         x = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12).astype(x.dtype)
-    out: np.ndarray | Tensor | list[Tensor]
-    if convert_to_tensor:
-        out = torch.from_numpy(x)
-    elif convert_to_numpy:
-        out = x
-    else:
-        out = list(torch.from_numpy(x))
+    out = torch.from_numpy(x) if convert_to_tensor else x if convert_to_numpy \
+        else list(torch.from_numpy(x))
     return out[0] if single else out
 
 
@@ -117,9 +101,7 @@ def _tensor(x: Any) -> Tensor:
     if isinstance(x, (list, tuple)) and x and all(isinstance(v, Tensor) for v in x):
         x = torch.stack(list(x))
     t = x if isinstance(x, Tensor) else torch.as_tensor(np.asarray(x))
-    if not t.is_floating_point() or torch.finfo(t.dtype).bits < 32:
-        t = t.float()
-    return t
+    return t if t.is_floating_point() and torch.finfo(t.dtype).bits >= 32 else t.float()
 
 
 def _rows(x: Any) -> Tensor:

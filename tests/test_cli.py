@@ -476,11 +476,6 @@ def test_fit_and_eval_follow_the_recipe_of_the_pooling_unless_told(
     assert fits and fits[0]["before"] == "whiten" and fits[0]["flow"].levels == 2
 
 
-def test_contradicting_before_options_are_refused(tmp_path, capsys, corpus_file):
-    assert_refused(capsys, ["fit", corpus_file, "--out", tmp_path / "h", "--no-standardize",
-                            "--before", "whiten"], "contradict each other", tmp_path / "h")
-
-
 def _stsb(folder):
     data = folder / "STSBenchmark"
     data.mkdir(parents=True)
@@ -579,8 +574,8 @@ def no_encoder(monkeypatch):
      "--max-length 64 differs from the 128 that {emb} was encoded with"),
     (["fit", "{emb}", "--method", "whitening", "--lr", "0.5", "--epochs", "9"],
      "--epochs, --lr apply to --method flow only"),
-    (["fit", "{emb}", "--method", "abtt", "--no-standardize", "--seed", "3"],
-     "--no-standardize, --seed apply to --method flow only"),
+    (["fit", "{emb}", "--method", "abtt", "--before", "none", "--seed", "3"],
+     "--before, --seed apply to --method flow only"),
     (["transform", "--head", "{head}", "--embeddings", "{emb}", "--dtype", "bfloat16"],
      "--dtype bfloat16 cannot apply: --embeddings {emb} are transformed as they are"),
     (["transform", "--head", "{head}", "--embeddings", "{emb}", "--device", "cuda"],

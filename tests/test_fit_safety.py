@@ -375,17 +375,16 @@ def test_encode_batch_size_zero_is_refused_even_when_the_corpus_is_cached(
     assert exit_info.value.code == 2 and not (tmp_path / "b").exists()
 
 
-def test_config_from_dict_refuses_unknown_keys_and_reads_an_old_head():
+def test_config_from_dict_refuses_unknown_keys_and_reads_the_shipped_head():
     with pytest.raises(BertflowError, match="unknown training config keys: lerning_rate"):
         TrainConfig.from_dict({"epochs": 2, "lerning_rate": 0.1})
     with pytest.raises(BertflowError, match="unknown flow config keys: width"):
         FlowConfig.from_dict({"levels": 2, "width": 3})
-    config = json.loads((REPO / "tests" / "heads" / "minilm-first_last-wiki-0.1" /
+    config = json.loads((REPO / "checkpoints" / "minilm-first_last-wiki" /
                          "config.json").read_text())
-    train = TrainConfig.from_dict(config["training"]["config"])  # later fields: defaults
-    assert config["training"]["config"].items() <= train.to_dict().items()
-    legacy = {**config["flow"], "factor_out": "first"}  # saved before factor_out existed
-    assert FlowConfig.from_dict(legacy).to_dict() == legacy
+    assert TrainConfig.from_dict(config["training"]["config"]).to_dict() == \
+        config["training"]["config"]
+    assert FlowConfig.from_dict(config["flow"]).to_dict() == config["flow"]
 
 
 def test_a_flow_too_large_for_the_width_is_refused_before_encoding(

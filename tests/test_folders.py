@@ -13,7 +13,7 @@ import pytest
 
 from bertflow import BertflowError, FlowHead
 from bertflow.cli import main
-from bertflow.folders import check_destination, verify_folder, write_folder
+from bertflow.folders import HEAD_FOLDER, FolderFormat
 
 from .conftest import REPO, fit_tiny_head
 
@@ -137,19 +137,17 @@ def test_editing_a_heads_config_is_refused(tmp_path, head):
         FlowHead.load(folder)
 
 
-def test_the_shipped_head_and_old_format_heads_still_load(tmp_path, head):
-    for folder in (REPO / "checkpoints" / "minilm-first_last-wiki",
-                   REPO / "tests" / "heads" / "minilm-first_last-wiki-0.1"):
-        shipped = FlowHead.load(folder)
-        assert shipped.dim == 384 and shipped.pooling == "first_last"
+def test_the_shipped_head_loads_and_a_head_without_a_manifest_is_not_bertflows(tmp_path,
+                                                                               head):
+    shipped = FlowHead.load(REPO / "checkpoints" / "minilm-first_last-wiki")
+    assert shipped.dim == 384 and shipped.pooling == "first_last"
     folder = head.save(tmp_path / "old")
     (folder / "manifest.json").unlink()
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "format_version": 1}))
-    old = FlowHead.load(folder)
-    np.testing.assert_array_equal(old.sample(4), head.sample(4))
-    head.save(folder)  # an old head of its two files is replaced by a new one
-    assert verify_folder(folder, "bertflow-head") is not None
+    with pytest.raises(BertflowError, match="no manifest.json"):
+        FlowHead.load(folder)
+    with pytest.raises(BertflowError, match="a non-empty folder but not a flow head"):
+        head.save(folder)
+    assert HEAD_FOLDER.verify(folder) is None
 
 
 def test_a_config_claiming_a_huge_dimension_is_refused_before_building(tmp_path, head):
@@ -171,7 +169,7 @@ def test_a_config_claiming_a_huge_dimension_is_refused_before_building(tmp_path,
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "does not fit its config: it holds 16-d inputs, not 100000000-d" in done.stdout
+    assert "model.safetensors does not fit its config: it holds " in done.stdout
 
 
 def test_heads_that_would_give_nan_are_refused(tmp_path, head, capsys):
@@ -329,23 +327,11 @@ def test_a_save_that_loses_the_race_for_an_absent_folder_still_lands(tmp_path, h
     assert (tmp_path / "other" / "mine.txt").read_text() == "mine"
 
 
-def test_write_folder_checks_its_destination_first(tmp_path):
-    (tmp_path / "plain").mkdir()
-    (tmp_path / "plain" / "a.txt").write_text("a")
-    with pytest.raises(BertflowError, match="not a x-thing folder"):
-        write_folder(tmp_path / "plain", "x-thing", lambda t: (t / "b").write_text("b"))
-    made = write_folder(tmp_path / "new", "x-thing", lambda t: (t / "b").write_text("b"))
-    assert verify_folder(made, "x-thing") == {"b": __import__("hashlib").sha256(b"b").hexdigest()}
-    assert check_destination(made, "x-thing") == made
-    with pytest.raises(BertflowError, match="is a x-thing folder, not a y-thing folder"):
-        verify_folder(made, "y-thing")
+def test_a_folder_format_writes_checks_and_reads_its_folders(tmp_path):
+    from bertflow.folders import write_manifest
 
-
-def test_a_folder_format_reads_its_config_version_and_manifest(tmp_path):
-    from bertflow.folders import FolderFormat
-
-    kind = FolderFormat("x-thing", "a thing", "thing", version=2, config="config.json",
-                        files=("config.json", "data"))
+    kind = FolderFormat("x-thing", "a thing", "thing", version=2, config="config.json")
+    other = FolderFormat("y-thing", "a y-thing", "y-thing")
 
     def fill(version):
         def write(folder):
@@ -354,35 +340,40 @@ def test_a_folder_format_reads_its_config_version_and_manifest(tmp_path):
             (folder / "data").write_text("d")
         return write
 
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "a.txt").write_text("a")
+    with pytest.raises(BertflowError, match="a non-empty folder but not a thing"):
+        kind.write(tmp_path / "plain", fill(2))
     made = kind.write(tmp_path / "t", fill(2))
-    config, listing = kind.read(made)
-    assert config["format_version"] == 2 and set(listing) == {"config.json", "data"}
+    assert kind.read(made)["format_version"] == 2
+    assert set(kind.verify(made)) == {"config.json", "data"}
+    with pytest.raises(BertflowError, match="is a x-thing folder, not a y-thing"):
+        other.verify(made)
+    with pytest.raises(BertflowError, match="is a x-thing folder, not a y-thing; not replacing"):
+        other.check_destination(made)
     kind.write(made, fill(3))  # replaced: it is a thing and holds nothing else
     with pytest.raises(BertflowError, match="has thing format version 3; this bertflow reads "
-                                            "versions 1 to 2"):
+                                            "version 2"):
         kind.read(made)
     kind.write(made, fill(2))
+    (made / "data").write_text("altered")
+    with pytest.raises(BertflowError, match="data does not match the checksum in manifest"):
+        kind.read(made)
+    for files, message in [({"../data": "0"}, "lists a file outside the folder: ../data"),
+                           ({"gone": "0"}, "is missing gone, which its manifest lists")]:
+        (made / "manifest.json").write_text(json.dumps({"format": "bertflow-manifest",
+                                                        "kind": "x-thing", "files": files}))
+        with pytest.raises(BertflowError, match=message):
+            kind.read(made)
+    (made / "config.json").write_text(json.dumps({"format": "y-thing", "format_version": 2}))
+    write_manifest(made, "x-thing")
+    with pytest.raises(BertflowError, match="is not a bertflow thing config"):
+        kind.read(made)
     (made / "manifest.json").unlink()
     with pytest.raises(BertflowError, match="no manifest.json: the thing is incomplete"):
         kind.read(made)
-    assert kind.check_destination(made) == made  # recognised by its config's format
-    (made / "config.json").write_text(json.dumps({"format": "y-thing", "format_version": 1}))
-    with pytest.raises(BertflowError, match="is not a bertflow thing config"):
-        kind.read(made)
-
-
-def test_checksums_a_config_lists_are_checked_like_the_manifests(tmp_path):
-    from bertflow.folders import verify_checksums
-
-    (tmp_path / "a").write_text("a")
-    digest = __import__("hashlib").sha256(b"a").hexdigest()
-    assert verify_checksums(tmp_path, {"a": digest}) == {"a": digest}
-    with pytest.raises(BertflowError, match="is missing b, which its config lists"):
-        verify_checksums(tmp_path, {"b": digest})
-    with pytest.raises(BertflowError, match="a does not match the checksum in its config"):
-        verify_checksums(tmp_path, {"a": "0" * 64})
-    with pytest.raises(BertflowError, match="lists a file outside the folder"):
-        verify_checksums(tmp_path, {"../a": digest})
+    with pytest.raises(BertflowError, match="a non-empty folder but not a thing"):
+        kind.check_destination(made)  # without its manifest, it is not bertflow's
 
 
 # Every command that writes files, run in one process (the embedding cache inside the folder it

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertflow import BertflowError, EncoderId, FlowConfig, FlowHead, Glow, TrainConfig
+from bertflow import BertflowError, EncoderId, FlowConfig, FlowHead, TrainConfig
+from bertflow.card import details
 from bertflow.folders import write_manifest
 
 from .conftest import REPO, SENTENCES
@@ -56,28 +57,6 @@ def test_config_describes_the_head(head, tmp_path):
     assert sorted(p.name for p in (tmp_path / "head").iterdir()) == [
         "config.json", "manifest.json", "model.safetensors"
     ]
-
-
-def test_a_head_saved_before_factor_out_existed_loads_and_transforms_as_before():
-    """The head shipped before `factor_out` existed (kept under tests/heads) has no such key:
-    it loads as the old flow and gives the outputs it gave then (pinned from the code before
-    the key was added)."""
-    folder = REPO / "tests" / "heads" / "minilm-first_last-wiki-0.1"
-    assert "factor_out" not in json.loads((folder / "config.json").read_text())["flow"]
-    shipped = FlowHead.load(folder)
-    assert shipped.glow.config.factor_out == "first"
-    assert shipped.standardize is not None
-    x = np.random.default_rng(0).standard_normal((16, 384)) * shipped.standardize.std.numpy()
-    x = (x + shipped.standardize.mean.numpy()).astype(np.float32)
-    z, log_p = shipped.transform(x), shipped.log_prob(x)
-    np.testing.assert_allclose(z[0, :4], [0.07908301, -0.96805876, -1.5268874, -1.183466],
-                               atol=1e-5)
-    np.testing.assert_allclose(z[5, 190:194], [-0.58160496, 0.47250184, -0.11473919,
-                                               -0.567161], atol=1e-5)
-    np.testing.assert_allclose(z[15, -3:], [0.4082555, 1.6925893, 0.3707754], atol=1e-5)
-    np.testing.assert_allclose(log_p[:4], [162.05939, 154.98749, 186.25647, 139.55731],
-                               rtol=1e-6)
-    assert abs(float(np.abs(z).sum()) - 5348.9814) < 0.05
 
 
 def test_reloaded_actnorm_does_not_reinitialise(head, tmp_path):
@@ -149,15 +128,19 @@ def test_malformed_configs_are_refused(head, tmp_path):
     rewrite(folder, "config.json", "{not json")
     with pytest.raises(BertflowError, match="not valid JSON"):
         FlowHead.load(folder)
-    rewrite(folder, "config.json", json.dumps({**config, "format_version": 99}))
-    with pytest.raises(BertflowError, match="format version 99"):
-        FlowHead.load(folder)
+    for version in (1, 99):
+        rewrite(folder, "config.json", json.dumps({**config, "format_version": version}))
+        with pytest.raises(BertflowError, match=f"head format version {version}; this "
+                                                "bertflow reads version 2"):
+            FlowHead.load(folder)
     rewrite(folder, "config.json", json.dumps({**config, "dim": 13}))
-    with pytest.raises(BertflowError, match="does not fit its config: it holds 12-d inputs"):
+    with pytest.raises(BertflowError, match=r"does not fit its config: size mismatch .*"
+                                            r"torch.Size\(\[12\]\) from checkpoint.*\[13\]"):
         FlowHead.load(folder)
     for field, value in [("weights", "model.safetensors"), ("weights", {"file": 3}),
                          ("weights", {"file": "../../x", "sha256": "0"}), ("training", [1]),
                          ("flow", {"levels": "many"}), ("flow", {"hidden": 32.5}),
+                         ("flow", {k: v for k, v in config["flow"].items() if k != "factor_out"}),
                          ("dim", None), ("encoder", "bert"), ("max_length", "abc"),
                          ("pooling", "max")]:
         rewrite(folder, "config.json", json.dumps({**config, field: value}))
@@ -188,7 +171,7 @@ def test_failed_save_leaves_the_previous_head_intact(head, tmp_path, monkeypatch
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("bertflow.head.write_json", boom)
+    monkeypatch.setattr("bertflow.head_format.write_json", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         head.save(folder)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
@@ -301,45 +284,36 @@ def test_a_file_is_fit_a_block_at_a_time_to_the_in_memory_head(tmp_path, monkeyp
     assert streamed.standardize.std[4] == 1.0
 
 
-def test_training_info_is_given_under_its_own_name_or_its_old_one():
-    glow = Glow(4, FlowConfig(levels=1, depth=2))
-    assert FlowHead(glow, training_info={"seed": 3}).training_info == {"seed": 3}
-    assert FlowHead(glow, training={"seed": 4}).training_info == {"seed": 4}  # its old name
-
-
 def test_a_head_describes_itself_in_rows():
-    from bertflow.head import corpus_digest, nll_text
+    from bertflow.card import details, nll_text, tagline
 
     x = np.random.default_rng(0).normal(size=(60, 8)).astype(np.float32)
     head = FlowHead.fit(x, pooling="cls", flow=FlowConfig(levels=1, depth=2),
                         train=TrainConfig(epochs=1), corpus={"file": "c.txt", "sha256": "ab" * 32})
-    rows = dict(head.details())
+    rows = dict(details(head))
     assert list(rows)[:3] == ["dim", "encoder", "pooling"] and rows["dim"] == "8"
-    assert rows["corpus"] == f"60 rows, sha256 {'ab' * 8}" and rows["standardize"] == "yes"
-    assert rows["epochs"] == "best 1 of 1" and rows["val NLL"] == nll_text(head.training_info)
-    assert head.tagline() == "?, cls pooling, 8-d, fit on 60 sentences"
+    assert rows["corpus"] == f"c.txt: 60 rows, sha256 {'ab' * 8}"
+    assert rows["before"] == "standardisation" and rows["epochs"] == "best 1 of 1"
+    assert rows["val NLL"] == nll_text(head.training_info)
+    assert tagline(head) == "?, cls pooling, 8-d, fit on 60 sentences"
     assert nll_text({"val_nll": 1.5, "val_bits_per_dim": 0.25}) == "1.500 nats (0.2500 bits/dim)"
     assert nll_text({"val_nll": None}) is None
-    assert corpus_digest({"npy_sha256": "cd"}) == "cd" and corpus_digest({}) is None
-    linear = dict(FlowHead.fit_linear(x, "whitening-k", k=3).details())
+    linear = dict(details(FlowHead.fit_linear(x, "whitening-k", k=3)))
     assert linear["dim"] == "8 → 3" and linear["val NLL"] == "unknown"
+    assert linear["corpus"].startswith("60 rows, sha256 ") and "?" not in linear["corpus"]
 
 
-def test_what_comes_before_the_flow_is_one_argument_with_the_older_flag_folded_in():
-    """`before` picks standardisation, whitening or nothing; `standardize=False` (the older
-    spelling) means nothing; an unknown `before`, or both spellings at once, is refused."""
+def test_what_comes_before_the_flow_is_one_argument():
+    """`before` picks standardisation, whitening or nothing; anything else is refused."""
     x = np.random.default_rng(0).normal(size=(200, 8)).astype(np.float32) * 4 + 1
     options = {"flow": FlowConfig(levels=1, depth=2), "train": TrainConfig(epochs=1, lr=1e-12)}
     bare = FlowHead.fit(x, before="none", **options)
-    assert bare.standardize is None and bare.linear is None
-    older = FlowHead.fit(x, standardize=False, **options)
-    assert older.standardize is None and older.linear is None
-    np.testing.assert_array_equal(older.transform(x), bare.transform(x))
-    assert FlowHead.fit(x, standardize=True, **options).standardize is not None
+    assert bare.standardize is None and bare.linear is None and bare.before is None
+    assert FlowHead.fit(x, **options).standardize is not None
     with pytest.raises(BertflowError, match="one of standardize, whiten, none, not 'white'"):
         FlowHead.fit(x, before="white", **options)
-    with pytest.raises(BertflowError, match="once"):
-        FlowHead.fit(x, before="whiten", standardize=False, **options)
+    with pytest.raises(TypeError):
+        FlowHead.fit(x, standardize=False, **options)
 
 
 def test_a_head_whitened_before_its_flow_round_trips_and_has_a_density(tmp_path):
@@ -362,11 +336,11 @@ def test_a_head_whitened_before_its_flow_round_trips_and_has_a_density(tmp_path)
     np.testing.assert_allclose(back, x[:5], atol=1e-3)
     np.testing.assert_array_equal(loaded.log_prob(x[:5]), head.log_prob(x[:5]))
     assert np.isfinite(loaded.log_prob(x[:5])).all()
-    assert ("standardize", "no, whitened") in loaded.details()
+    assert dict(details(loaded))["before"] == "whitening"
     (folder / "config.json").write_text(json.dumps(
         {**json.loads((folder / "config.json").read_text()), "linear": None}))
     write_manifest(folder, "bertflow-head")
-    with pytest.raises(BertflowError, match="another whitening"):
+    with pytest.raises(BertflowError, match="does not fit its config: Unexpected key.*linear"):
         FlowHead.load(folder)
 
 
@@ -429,3 +403,16 @@ def test_whitening_before_a_flow_centres_directions_without_variance_and_needs_r
     monkeypatch.setattr("bertflow.head.fit", lambda *a, **k: pytest.fail("it trained"))
     with pytest.raises(BertflowError, match="to 8 components needs at least 9 rows, got 8"):
         FlowHead.fit(x[:8], before="whiten")
+
+
+def test_weights_of_another_dtype_are_refused(head, tmp_path):
+    from safetensors.torch import load_file, save
+
+    folder = head.save(tmp_path / "head")
+    tensors = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").write_bytes(save(
+        {k: v.double() if v.is_floating_point() else v for k, v in tensors.items()}))
+    write_manifest(folder, "bertflow-head")
+    with pytest.raises(BertflowError, match="does not fit its config: it holds tensors of type "
+                                            "torch.float64"):
+        FlowHead.load(folder)

@@ -84,7 +84,7 @@ def test_linear_heads_transform_as_the_methods_and_survive_a_round_trip(x, tmp_p
     np.testing.assert_allclose(z, make_method(method, **options).fit(x).transform(x), atol=1e-3)
     head.save(tmp_path / "h")
     loaded = FlowHead.load(tmp_path / "h")
-    assert loaded.method == method and loaded.summary() == head.summary()
+    assert loaded.method == method and loaded.config() == head.config()
     np.testing.assert_array_equal(loaded.transform(x), z)
     assert loaded.training_info["corpus"]["size"] == 500
 

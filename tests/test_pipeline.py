@@ -173,8 +173,8 @@ def test_the_export_writes_bertflows_model_card(tmp_path, heads, tiny_encoder):
     card = (folder / "README.md").read_text(encoding="utf-8")
     name = tiny_encoder.id.name
     for text in (f"`{name}`", tiny_encoder.id.fingerprint, "`last2`", "BERT-flow head",
-                 "Glow", "wiki-sample.txt, 208 sentences", "abababababababab",
-                 f"{head.training_info['epochs_run']} run", "unit length",
+                 "Glow", "wiki-sample.txt: 208 rows, sha256 abababababababab",
+                 f"of {head.training_info['epochs_run']} |", "lr=", "unit length",
                  "from bertflow.pipeline import load_pipeline", 'load_pipeline("st")',
                  "trust_remote_code=True"):
         assert text in card, text
@@ -185,5 +185,5 @@ def test_the_export_writes_bertflows_model_card(tmp_path, heads, tiny_encoder):
     # a head fit on embeddings alone says so, and a pipeline without Normalize does not claim it
     folder = save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "plain")
     card = (folder / "README.md").read_text(encoding="utf-8")
-    assert "embeddings given directly" in card and "`cls`" in card
+    assert " rows, sha256 " in card and "`cls`" in card
     assert "unit length" not in card
