@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from .commands import build_parser as _parser
-from .commands import check_options, flow_options
 from .constants import DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .errors import BertflowError, PeerError, one_line
+from .options import check_options, flow_options
 
 __all__ = ["build_parser", "main"]
 

@@ -1,19 +1,16 @@
 """The `bertflow` command line's arguments: one parser per command, every option with its
-type, default and help, and the checks of options that need no file. Imports nothing heavy,
-so that `bertflow --help` is instant and a slip is refused at once."""
+type, default and help, (their checks are in `options`). Imports nothing heavy, so that `bertflow
+--help` is instant."""
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
-from .config import FLOW_CEILINGS
 from .constants import (
     BEFORE,
     DEFAULT_BATCH_SIZE,
@@ -26,10 +23,17 @@ from .constants import (
     POOLINGS,
     TASKS,
 )
-from .errors import BertflowError
+from .options import (
+    ceiling,
+    fraction,
+    max_length_type,
+    natural,
+    positive,
+    positive_float,
+    seed_type,
+)
 
-__all__ = ["EXPORT_FORMATS", "build_parser", "check_flow_options", "check_no_encoding",
-           "check_options", "flow_options"]
+__all__ = ["EXPORT_FORMATS", "build_parser"]
 
 EXPORT_FORMATS = ("sentence-transformers", "onnx", "torch-export")
 
@@ -71,98 +75,6 @@ def build_parser(run: Mapping[str, Callable[[argparse.Namespace], None]]) -> _Pa
         add(p)
         p.set_defaults(run=run[name])
     return parser
-
-
-def flow_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The flow, training and --before options given, as changes to the recommended recipe of
-    the pooling (`Recipe.updated`)."""
-    given = {k: getattr(args, k) for k in ("levels", "depth", "coupling", "hidden", "linear",
-                                           "seed", "epochs", "batch_size", "lr",
-                                           "val_fraction", "patience")
-             if getattr(args, k, None) is not None}
-    flow = {k: v for k, v in given.items() if k in _FLOW_FIELDS}
-    train = {k: v for k, v in given.items() if k not in _FLOW_FIELDS}
-    return {"flow": flow, "train": train, "before": args.before}
-
-
-_FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
-# The encoder's options and the values they may have where nothing is encoded: their defaults,
-# and what a command that encodes nothing uses anyway.
-_WITHOUT_ENCODING = {"device": ("auto", "cpu"), "dtype": ("float32",),
-                     "encode_batch_size": (DEFAULT_BATCH_SIZE,), "cache": (None,)}
-_FLOW_AND_TRAINING = ("before", *_FLOW_FIELDS, "seed", "epochs", "batch_size", "lr",
-                      "val_fraction", "patience")
-
-
-def check_flow_options(args: argparse.Namespace) -> None:
-    """Refuse flow and training options where no flow is fit: with --head, or with a method
-    other than the flow."""
-    given = [f"--{name.replace('_', '-')}" for name in _FLOW_AND_TRAINING
-             if getattr(args, name, None) not in (None, False)]
-    if given and getattr(args, "head", None) is not None:
-        raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
-                            f"{args.head}, which is fit already")
-    if given and (getattr(args, "method", None) or "flow") != "flow":
-        raise BertflowError(f"{', '.join(given)} apply to --method flow only")
-
-
-def check_no_encoding(args: argparse.Namespace, why: str,
-                      options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
-    """Refuse the encoder's options among `options` (--device, --dtype, --encode-batch-size,
-    --cache) where nothing is encoded, as `why` says, unless they are their defaults or ask
-    for what happens anyway: the CPU (where a flow trains) and float32."""
-    given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
-             if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
-    if given:
-        raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
-
-
-def check_options(args: argparse.Namespace) -> None:
-    """Refuse options that cannot apply together, before anything is read or imported."""
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
-    if launched and args.command not in ("encode", "fit", "index"):
-        raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
-                            "only encode, fit and index split their work")
-    check_flow_options(args)
-    if getattr(args, "head", None) is not None and args.command == "eval":
-        if args.fit_on is not None:
-            raise BertflowError("--fit-on does not apply to --head: the head is already fit")
-        if args.k is not None or args.d is not None:
-            raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
-                                f"not to --head {args.head}, which is fit already")
-    method = getattr(args, "method", None) or "flow"
-    if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
-            getattr(args, "d", None) is not None and method != "abtt"):
-        raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
-                            "--method abtt")
-    if args.command == "transform" and args.embeddings is not None:
-        check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
-    if args.command == "export" and args.format != "sentence-transformers" and (
-            args.encoder is not None or args.normalize):
-        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
-    if args.command == "fit":
-        _check_fit_options(args, launched)
-
-
-def _check_fit_options(args: argparse.Namespace, launched: bool) -> None:
-    """Refuse encoder options where `fit` encodes nothing, and checkpoint, resume and log
-    options that cannot work."""
-    if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
-        unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
-        check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
-                          unused if args.dev_sts or launched else ("device", *unused))
-    if args.method != "flow":
-        flow_only = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--resume",
-                     args.resume), ("--logdir", args.logdir), ("--dev-sts", args.dev_sts)) if given]
-        if flow_only:
-            raise BertflowError(f"{', '.join(flow_only)} apply to --method flow only")
-        return
-    if args.checkpoint is not None and args.checkpoint.is_dir():
-        raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
-    if args.resume and args.checkpoint is None:
-        raise BertflowError("--resume needs --checkpoint FILE")
-    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
-        raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
 
 
 _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str, str]] = {}
@@ -248,7 +160,7 @@ def _transform(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="how --embeddings without a sidecar were pooled (checked against the "
                    "head)")
-    p.add_argument("--encode-batch-size", dest="encode_batch_size", type=_positive,
+    p.add_argument("--encode-batch-size", dest="encode_batch_size", type=positive,
                    default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
     _device_options(p)
     _quiet(p)
@@ -325,7 +237,7 @@ def _index(p: argparse.ArgumentParser) -> None:
                      max_length_help=_HEADS_MAX_LENGTH)
     p.add_argument("--kind", choices=("flat", "hnsw"), default="flat",
                    help="exact inner product or an HNSW graph")
-    p.add_argument("--dims", type=_positive, default=None,
+    p.add_argument("--dims", type=positive, default=None,
                    help="keep this many principal components (smaller index; default: all)")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     _quiet(p)
@@ -339,7 +251,7 @@ def _search(p: argparse.ArgumentParser) -> None:
     queries = p.add_mutually_exclusive_group(required=True)
     queries.add_argument("--query", action="append", help="a query; repeat for several")
     queries.add_argument("--queries", type=Path, help="text file, one query per line")
-    p.add_argument("--top", type=_positive, default=10, help="hits per query")
+    p.add_argument("--top", type=positive, default=10, help="hits per query")
     p.add_argument("--k", action=_Refused, nargs="?", help=argparse.SUPPRESS,
                    const="hits per query are --top; --k is the components of whitening-k")
     p.add_argument("--encoder", default=None, help="encoder (default: the index's)")
@@ -382,10 +294,10 @@ def _quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
 
 def _baseline_options(p: argparse.ArgumentParser) -> None:
     # the defaults are bertflow.linear.default_k and default_d
-    p.add_argument("--k", type=_positive, default=None,
+    p.add_argument("--k", type=positive, default=None,
                    help="components kept by whitening-k (default: a third of the dimension); "
                         "--method whitening --k K is whitening-k keeping K")
-    p.add_argument("--d", type=_natural, default=None,
+    p.add_argument("--d", type=natural, default=None,
                    help="directions removed by abtt (default: a hundredth of the dimension)")
 
 
@@ -407,11 +319,11 @@ def _encoder_options(p: argparse.ArgumentParser, pooling_default: str | None = D
     p.add_argument("--pooling", choices=POOLINGS, default=pooling_default,
                    help="how token states become one vector" + (
                        "" if pooling_default else f" (default: {pooling_help or DEFAULT_POOLING})"))
-    p.add_argument("--max-length", type=_max_length,
+    p.add_argument("--max-length", type=max_length_type,
                    default=None if max_length_help else DEFAULT_MAX_LENGTH,
                    help="tokens per sentence; longer sentences are truncated" + (
                        f" (default: {max_length_help})" if max_length_help else ""))
-    p.add_argument("--encode-batch-size", dest="encode_batch_size", type=_positive,
+    p.add_argument("--encode-batch-size", dest="encode_batch_size", type=positive,
                    default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
     _device_options(p)
 
@@ -429,79 +341,27 @@ def _flow_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g.add_argument("--before", choices=BEFORE, default=None,
                    help="what comes before the flow: per-feature standardisation, full "
                         "whitening, or nothing")
-    g.add_argument("--levels", type=_ceiling("levels"), default=None,
+    g.add_argument("--levels", type=ceiling("levels"), default=None,
                    help="levels of the multi-scale Glow (half the features leave after each)")
-    g.add_argument("--depth", type=_ceiling("depth"), default=None,
+    g.add_argument("--depth", type=ceiling("depth"), default=None,
                    help="steps per level (ActNorm, mixing, coupling)")
     g.add_argument("--coupling", choices=("additive", "affine"), default=None,
                    help="coupling layer")
-    g.add_argument("--hidden", type=_ceiling("hidden"), default=None, help="conditioner width")
+    g.add_argument("--hidden", type=ceiling("hidden"), default=None, help="conditioner width")
     g.add_argument("--linear", choices=("reverse", "lu"), default=None,
                    help="mixing layer: fixed reversal (as released) or learned LU")
     g = p.add_argument_group("training")
-    g.add_argument("--seed", type=_seed, default=None,
+    g.add_argument("--seed", type=seed_type, default=None,
                    help="seeds the split, order and weights (default: 0)")
-    g.add_argument("--epochs", type=_positive, default=None,
+    g.add_argument("--epochs", type=positive, default=None,
                    help="passes over the data (default: the recipe's)")
-    g.add_argument("--batch-size", type=_positive, default=None,
+    g.add_argument("--batch-size", type=positive, default=None,
                    help="embeddings per flow minibatch (default: the recipe's)")
-    g.add_argument("--lr", type=_positive_float, default=None,
+    g.add_argument("--lr", type=positive_float, default=None,
                    help="Adam's learning rate, decayed along a cosine (default: the recipe's)")
-    g.add_argument("--val-fraction", type=_fraction, default=None,
+    g.add_argument("--val-fraction", type=fraction, default=None,
                    help="held-out share of the rows, in [0, 1) (default: the recipe's)")
-    g.add_argument("--patience", type=_natural, default=None,
+    g.add_argument("--patience", type=natural, default=None,
                    help="epochs without a better held-out NLL before stopping; 0 never stops "
                         "(default: the recipe's)")
     return g
-
-
-# Types of the numeric options: a bad value is argparse's one-line usage error (exit 2), given
-# before any work, whatever else the command would do first.
-
-def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
-    """The type of an integer option in [low, high)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low or (high is not None and value >= high):
-            bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
-            raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {value}")
-        return value
-
-    return parse
-
-
-def _number(wanted: str, holds: Callable[[float], bool]) -> Callable[[str], float]:
-    """The type of a finite number option for which `holds` holds (`wanted` says what)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        if not holds(value):
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
-        return value
-
-    return parse
-
-
-def _ceiling(name: str) -> Callable[[str], int]:
-    """The type of a flow architecture option: a positive integer up to its ceiling."""
-    return _integer(1, FLOW_CEILINGS[name] + 1)
-
-
-_positive = _integer(1)
-_natural = _integer(0)
-_max_length = _integer(2)
-_seed = _integer(0, 2**32)
-_positive_float = _number("positive", lambda v: v > 0)
-_fraction = _number("in [0, 1)", lambda v: 0 <= v < 1)
-
-
-

@@ -1,0 +1,157 @@
+"""What the parsed options of a command mean: the checks of options that cannot apply together
+(run before anything is read or imported, so that a slip is refused at once), and the flow
+settings they give; and the types of the numeric options, whose bad value is argparse's one-line
+usage error (exit 2), given before any work."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .config import FLOW_CEILINGS
+from .constants import DEFAULT_BATCH_SIZE
+from .errors import BertflowError
+
+__all__ = ["ceiling", "check_flow_options", "check_no_encoding", "check_options", "flow_options",
+           "fraction", "max_length_type", "natural", "positive", "positive_float", "seed_type"]
+
+
+def flow_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flow, training and --before options given, as changes to the recommended recipe of
+    the pooling (`Recipe.updated`)."""
+    given = {k: getattr(args, k) for k in ("levels", "depth", "coupling", "hidden", "linear",
+                                           "seed", "epochs", "batch_size", "lr",
+                                           "val_fraction", "patience")
+             if getattr(args, k, None) is not None}
+    flow = {k: v for k, v in given.items() if k in _FLOW_FIELDS}
+    train = {k: v for k, v in given.items() if k not in _FLOW_FIELDS}
+    return {"flow": flow, "train": train, "before": args.before}
+
+
+_FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
+# The encoder's options and the values they may have where nothing is encoded: their defaults,
+# and what a command that encodes nothing uses anyway.
+_WITHOUT_ENCODING = {"device": ("auto", "cpu"), "dtype": ("float32",),
+                     "encode_batch_size": (DEFAULT_BATCH_SIZE,), "cache": (None,)}
+_FLOW_AND_TRAINING = ("before", *_FLOW_FIELDS, "seed", "epochs", "batch_size", "lr",
+                      "val_fraction", "patience")
+
+
+def check_flow_options(args: argparse.Namespace) -> None:
+    """Refuse flow and training options where no flow is fit: with --head, or with a method
+    other than the flow."""
+    given = [f"--{name.replace('_', '-')}" for name in _FLOW_AND_TRAINING
+             if getattr(args, name, None) not in (None, False)]
+    if given and getattr(args, "head", None) is not None:
+        raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
+                            f"{args.head}, which is fit already")
+    if given and (getattr(args, "method", None) or "flow") != "flow":
+        raise BertflowError(f"{', '.join(given)} apply to --method flow only")
+
+
+def check_no_encoding(args: argparse.Namespace, why: str,
+                      options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
+    """Refuse the encoder's options among `options` (--device, --dtype, --encode-batch-size,
+    --cache) where nothing is encoded, as `why` says, unless they are their defaults or ask
+    for what happens anyway: the CPU (where a flow trains) and float32."""
+    given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
+             if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
+    if given:
+        raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse options that cannot apply together, before anything is read or imported."""
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
+    if launched and args.command not in ("encode", "fit", "index"):
+        raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
+                            "only encode, fit and index split their work")
+    check_flow_options(args)
+    if getattr(args, "head", None) is not None and args.command == "eval":
+        if args.fit_on is not None:
+            raise BertflowError("--fit-on does not apply to --head: the head is already fit")
+        if args.k is not None or args.d is not None:
+            raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
+                                f"not to --head {args.head}, which is fit already")
+    method = getattr(args, "method", None) or "flow"
+    if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
+            getattr(args, "d", None) is not None and method != "abtt"):
+        raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
+                            "--method abtt")
+    if args.command == "transform" and args.embeddings is not None:
+        check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
+    if args.command == "export" and args.format != "sentence-transformers" and (
+            args.encoder is not None or args.normalize):
+        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
+    if args.command == "fit":
+        _check_fit_options(args, launched)
+
+
+def _check_fit_options(args: argparse.Namespace, launched: bool) -> None:
+    """Refuse encoder options where `fit` encodes nothing, and checkpoint, resume and log
+    options that cannot work."""
+    if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
+        unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
+        check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
+                          unused if args.dev_sts or launched else ("device", *unused))
+    if args.method != "flow":
+        flow_only = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--resume",
+                     args.resume), ("--logdir", args.logdir), ("--dev-sts", args.dev_sts)) if given]
+        if flow_only:
+            raise BertflowError(f"{', '.join(flow_only)} apply to --method flow only")
+        return
+    if args.checkpoint is not None and args.checkpoint.is_dir():
+        raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
+    if args.resume and args.checkpoint is None:
+        raise BertflowError("--resume needs --checkpoint FILE")
+    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
+        raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
+
+
+def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
+    """The type of an integer option in [low, high)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value >= high):
+            bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
+            raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def _number(wanted: str, holds: Callable[[float], bool]) -> Callable[[str], float]:
+    """The type of a finite number option for which `holds` holds (`wanted` says what)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
+        return value
+
+    return parse
+
+
+def ceiling(name: str) -> Callable[[str], int]:
+    """The type of a flow architecture option: a positive integer up to its ceiling."""
+    return _integer(1, FLOW_CEILINGS[name] + 1)
+
+
+positive = _integer(1)
+natural = _integer(0)
+max_length_type = _integer(2)
+seed_type = _integer(0, 2**32)
+positive_float = _number("positive", lambda v: v > 0)
+fraction = _number("in [0, 1)", lambda v: 0 <= v < 1)
