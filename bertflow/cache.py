@@ -15,15 +15,7 @@ import numpy as np
 
 from . import distributed
 from .corpus import Corpus
-from .embeddings import (
-    EmbeddingFile,
-    check_destination,
-    embeddings_meta,
-    open_embeddings,
-    place_embeddings,
-    read_meta,
-    write_embeddings,
-)
+from .embeddings import EmbeddingFile, embeddings_meta, open_embeddings, read_meta
 from .encoder import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POOLING,
@@ -34,6 +26,8 @@ from .encoder import (
     load_encoder,
 )
 from .errors import BertflowError
+from .outputs import check_destination, place_embeddings
+from .writer import write_embeddings
 
 __all__ = ["EmbeddingCache", "default_cache", "encode_to", "training_embeddings"]
 

@@ -97,13 +97,13 @@ def test_an_interrupted_entry_that_cannot_be_continued_is_encoded_afresh(
         tmp_path, counting, monkeypatch):
     """The cache's files are its own: an interrupted entry is continued where it can be (same
     settings, rows that agree with its record), else encoded again; neither wedges the entry."""
-    import bertflow.embeddings
     import bertflow.encoder
+    import bertflow.writer
     from bertflow.corpus import Corpus
-    from bertflow.embeddings import write_embeddings
+    from bertflow.writer import write_embeddings
 
     monkeypatch.setattr(bertflow.encoder, "CHUNK_SIZE", 2)
-    monkeypatch.setattr(bertflow.embeddings, "CHUNK_SIZE", 2)
+    monkeypatch.setattr(bertflow.writer, "CHUNK_SIZE", 2)
     cache = EmbeddingCache(tmp_path / "cache")
     whole = EmbeddingCache(tmp_path / "whole").encode(SENTENCES, counting, "cls",
                                                       batch_size=4)
