@@ -66,12 +66,9 @@ def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
 
 
 class EmbeddingFile:
-    """A 2-D float `.npy` file read by rows (`read`, `take`) into float32 arrays with positioned
-    reads, so that memory stays bounded however large the file; `meta` is its sidecar, or None.
-
-    Opening checks the header, the shape and the size; `verify` reads every row once to check
-    that all are finite and that the sidecar's checksum is this file's.
-    """
+    """A 2-D float `.npy` file read by rows (`read`, `take`) into float32 arrays, in bounded
+    memory; `meta` is its sidecar, or None. Opening checks the header, the shape and the size;
+    `verify` reads every row to check that all are finite and the sidecar's checksum."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -141,7 +138,7 @@ class EmbeddingFile:
         return np.load(self.path, mmap_mode="r", allow_pickle=False)
 
     def _rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows `start` to `stop` in the file's dtype, C-contiguous as the file lays them out."""
+        """Rows `start` to `stop` in the file's dtype, C-contiguous."""
         start, stop = max(0, start), min(stop, len(self))
         if self.fortran:
             return np.ascontiguousarray(self.load()[start:stop])
@@ -162,12 +159,10 @@ class EmbeddingFile:
 def open_embeddings(path: str | os.PathLike, *, pooling: str | None = None,
                     encoder: Encoder | None = None,
                     max_length: int | None = None) -> tuple[EmbeddingFile, dict[str, Any]]:
-    """An embeddings file to fit or transform, verified, and where it came from: its encoder
-    (an `EncoderId`, or None when unknown), pooling, max length and data digest.
-
-    The sidecar says how the file was made, and a `pooling` or `encoder` given besides must
-    agree with it. A file without a sidecar needs `pooling` (the caller's word for how it was
-    made) and is checked against `encoder`'s width when one is given."""
+    """An embeddings file to fit or transform, verified, and where it came from: its encoder (an
+    `EncoderId`, or None when unknown), pooling, max length and data digest. A `pooling` or
+    `encoder` given must agree with the sidecar; without one, `pooling` is needed (the caller's
+    word for how it was made) and the width is checked against `encoder`'s."""
     file = EmbeddingFile(path).verify()
     meta = file.meta
     if meta is None:

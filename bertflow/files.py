@@ -20,25 +20,10 @@ import numpy as np
 
 from .errors import BertflowError, first_line
 
-__all__ = [
-    "Checked",
-    "atomic_directory",
-    "atomic_file",
-    "check_finite",
-    "check_outputs",
-    "disk_errors",
-    "fsync",
-    "identity",
-    "iter_sentences",
-    "meta_path",
-    "read_json",
-    "read_sentences",
-    "refuse_link",
-    "remove_stale_temporaries",
-    "sha256_file",
-    "split_lines",
-    "write_json",
-]
+__all__ = ["Checked", "atomic_directory", "atomic_file", "check_finite", "check_outputs",
+           "disk_errors", "fsync", "identity", "iter_sentences", "meta_path", "read_json",
+           "read_sentences", "refuse_link", "remove_stale_temporaries", "sha256_file",
+           "split_lines", "write_json"]
 
 
 def read_sentences(path: str | os.PathLike) -> list[str]:
@@ -100,8 +85,7 @@ def _raw_lines(f: Any) -> Iterator[bytes]:
 
 
 def check_finite(array: np.ndarray, what: str, chunk: int = 65536, offset: int = 0) -> None:
-    """Raise naming the first row of `array` (numbered from `offset`) that holds a NaN or an
-    infinity."""
+    """Refuse `array`, naming its first row (from `offset`) that holds a NaN or an infinity."""
     for start in range(0, array.shape[0], chunk):
         block = np.asarray(array[start : start + chunk])
         bad = ~np.isfinite(block)
@@ -146,11 +130,9 @@ def sha256_file(path: str | os.PathLike) -> str:
 @contextlib.contextmanager
 def atomic_file(path: Path, suffix: str = ".tmp",
                 recheck: Callable[[Path], object] | None = None) -> Iterator[Path]:
-    """Yield a temporary path beside `path` (an empty file with a new file's mode); if the block
-    succeeds, flush it, rename it onto `path` and flush the folder, so that `path` holds the old
-    file or the whole new one, even after a power loss. `recheck(path)`, called just before the
-    rename, keeps what is at `path` by raising (see `Checked`). A symbolic link at `path` is
-    refused; a full disk is one line naming `path`; temporaries of killed processes go."""
+    """Yield a temporary file beside `path`; if the block succeeds, flush it, rename it onto
+    `path` and flush the folder: `path` holds the old file or the whole new one, even after a
+    power loss. `recheck(path)`, just before the rename, keeps what is there by raising."""
     path = Path(path)
     refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,10 +153,7 @@ def atomic_file(path: Path, suffix: str = ".tmp",
         tmp.unlink(missing_ok=True)
 
 
-Identity = tuple[int, int, int, int] | None
-
-
-def identity(path: str | os.PathLike) -> Identity:
+def identity(path: str | os.PathLike) -> tuple[int, int, int, int] | None:
     """What is at `path` now (not following a link): its device, inode, size and modification
     time, or None where nothing is."""
     try:
@@ -185,11 +164,10 @@ def identity(path: str | os.PathLike) -> Identity:
 
 
 class Checked:
-    """An output that `check(path)` says may be replaced (it raises where not), checked when
-    this is made, before the work, noting what is at `path` and at `also` (files the check
-    reads, such as a sidecar). Called as `atomic_file`'s recheck, it checks again where any of
-    them changed meanwhile, until nothing did. Only a file made in the instant between that
-    last look and the rename is replaced unchecked."""
+    """An output that `check(path)` (raising where not) says may be replaced, checked when made,
+    noting what is at `path` and `also` (files the check reads: a sidecar). As `atomic_file`'s
+    recheck it checks again where any changed meanwhile, until none did: only a file made
+    between that last look and the rename is replaced unchecked."""
 
     def __init__(self, path: str | os.PathLike, check: Callable[[Path], object],
                  also: Collection[str | os.PathLike] = ()):
@@ -199,8 +177,7 @@ class Checked:
         check(self.path)
 
     def __call__(self, renamed: Path | None = None) -> None:
-        """Check `path` again where anything watched changed (`renamed`: the file about to be
-        replaced, `path` or one of `also`)."""
+        """Check `path` again where anything watched changed (`renamed`: what is replaced)."""
         now = self._now()
         while now != self.seen:
             self.check(self.path)
@@ -214,7 +191,7 @@ class Checked:
             raise BertflowError(f"{path} was made or changed by another process while this "
                                 "one wrote it; not replacing it")
 
-    def _now(self) -> list[Identity]:
+    def _now(self) -> list[tuple[int, int, int, int] | None]:
         return [identity(p) for p in self.watched]
 
 
@@ -223,11 +200,10 @@ def atomic_directory(path: str | os.PathLike,
                      recheck: Callable[[Path], object] | None = None) -> Iterator[Path]:
     """Yield an empty temporary folder; on success it replaces `path` in one step.
 
-    On Linux the swap is one `renameat2(RENAME_EXCHANGE)`, so a process killed at any moment
-    leaves the old folder or the new one at `path`, never neither; the new folder's files are
-    flushed before the swap and the parent after it, so the same holds after a power loss.
-    `recheck(path)` decides whether a folder another process made meanwhile may be replaced.
-    A full disk is one line naming `path`; temporaries of killed processes go.
+    On Linux the swap is one `renameat2(RENAME_EXCHANGE)`: a process killed at any moment
+    leaves the old folder or the new one at `path`, even after a power loss (the new folder's
+    files are flushed before the swap). `recheck(path)` decides whether a folder another
+    process made meanwhile may be replaced.
     """
     path = Path(path)
     refuse_link(path)
@@ -251,8 +227,8 @@ def atomic_directory(path: str | os.PathLike,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _replace_directory(new: Path, target: Path,
-                       recheck: Callable[[Path], object] | None) -> None:
+def _replace_directory(new: Path, target: Path, recheck: Callable[[Path], object] | None) -> None:
+    """Put folder `new` at `target`; after an exchange `new` holds the old folder."""
     if not target.exists():
         try:
             os.rename(new, target)
@@ -268,7 +244,6 @@ def _replace_directory(new: Path, target: Path,
         os.rename(target, old / target.name)
         os.rename(new, target)
         shutil.rmtree(old, ignore_errors=True)
-    # after an exchange `new` holds the old folder; the caller removes it
 
 
 def fsync(path: str | os.PathLike) -> None:
@@ -285,7 +260,7 @@ def fsync(path: str | os.PathLike) -> None:
 
 
 def refuse_link(path: Path) -> None:
-    """Refuse to write over a symbolic link (replacing it would not write where it points)."""
+    """Refuse to write over a symbolic link: replacing it would not write where it points."""
     if path.is_symlink():
         raise BertflowError(f"{path} is a symbolic link; give the path it points to")
 
@@ -375,8 +350,7 @@ def _umask() -> int:
     return mask
 
 
-def check_outputs(outputs: Mapping[str, str | os.PathLike | None],
-                  inputs: Mapping[str, Any],
+def check_outputs(outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping[str, Any],
                   grows: Mapping[str, Collection[str]] | None = None) -> None:
     """Refuse, in one line naming both, an output that is one of `inputs` (also through a hard
     or symbolic link), lies inside one, or holds one; and two outputs that overlap so, except
@@ -399,8 +373,7 @@ def check_outputs(outputs: Mapping[str, str | os.PathLike | None],
 
 
 def _with_sidecars(paths: Mapping[str, Any]) -> list[tuple[str, Path]]:
-    """(name, path) of each path given (a list: each under its name), and each `.npy`'s
-    sidecar."""
+    """(name, path) of each path given (a list: each path) and of each `.npy`'s sidecar."""
     named = [(name, Path(path)) for name, value in paths.items() if value is not None
              for path in (value if isinstance(value, (list, tuple)) else [value])]
     return [*named, *((f"{name}'s sidecar", meta_path(path)) for name, path in named

@@ -37,12 +37,11 @@ __all__ = ["check_destination", "lock", "partial_path", "place", "place_embeddin
 
 
 def partial_path(path: Path) -> Path:
-    """Where the rows of `path` go while the streaming writer writes them."""
+    """Where the streaming writer writes the rows of `path`; `record_paths`: its records."""
     return path.with_name(path.name + ".partial")
 
 
 def record_paths(path: Path) -> list[Path]:
-    """The progress records of a run writing `path`, one per process."""
     return sorted(path.parent.glob(f"{path.name}.progress-*.json"))
 
 
@@ -51,12 +50,10 @@ def _lock_path(path: Path) -> Path:
 
 
 def check_destination(path: str | os.PathLike) -> Path:
-    """`path` if a `.npy` output may be written there: free, or a bertflow output's (its sidecar
-    an embeddings or transformed-vectors record, whether or not the data beside it agrees: so a
-    write killed between the two is rerun), where no file a write makes (the `.npy`, sidecar,
-    partial file, progress records) is a symbolic link and the lock path is free or a lock.
-    Anything else, a sidecar alone included, is the user's and is left alone. (That it is none
-    of a command's inputs is `files.check_outputs`' to check.)"""
+    """`path` if a `.npy` output may be written there: free, or a bertflow output (its sidecar an
+    embeddings or transformed-vectors record, whether or not the data agrees: a write killed
+    between the two is rerun), no file a write makes a symbolic link, the lock path free or a
+    lock. Anything else, a sidecar alone included, is the user's and is left alone."""
     path = Path(path)
     if path.suffix != ".npy":
         raise BertflowError(f"--out {path} must end in .npy")
@@ -87,10 +84,9 @@ def check_destination(path: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def lock(path: Path, wait: bool) -> Iterator[None]:
-    """Hold `.NAME.npy.lock` beside `path` exclusively: one writer of `path` at a time (another
-    holder is waited for with `wait`, else refused). The lock is an empty file opened without
-    following a link and never written; anything else at its path is refused as it is, and
-    only the lock this process holds is removed at the end."""
+    """Hold `.NAME.npy.lock` beside `path`: one writer of `path` at a time (another is waited
+    for with `wait`, else refused). The lock is an empty file, opened without following a link;
+    anything else there is refused and kept, and only the lock held is removed at the end."""
     name = _lock_path(path)
     name.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -125,7 +121,7 @@ def lock(path: Path, wait: bool) -> Iterator[None]:
 
 def _check_lock(path: Path, status: os.stat_result | None = None) -> None:
     """Refuse what is at the lock path of `path` (or `status`, of a file opened there) unless
-    it is free or an empty file: a link, a folder, a file with data are left as they are."""
+    it is nothing or an empty file."""
     name = _lock_path(path)
     if status is None:
         try:
@@ -150,12 +146,10 @@ def _same_inode(path: Path, status: os.stat_result) -> bool:
 
 def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, Any],
                       source: dict[str, Any], checked: Checked | None = None) -> dict[str, Any]:
-    """Write vectors a head transformed to `path` with a sidecar that says so (format
-    `bertflow-transformed`, with the head's description and the source's digest), so that
-    they are never taken for embeddings; the sidecar's sha256 is the data's, taken from its
-    temporary file. Two processes writing `path` take turns. With `checked` (`check_destination`
-    of `path`, its sidecar watched), a pair changed since is checked again just before the
-    sidecar's rename; data made at `path` after that is kept, and the new sidecar removed."""
+    """Write vectors a head transformed to `path` with a sidecar that says so (never taken for
+    embeddings) and holds the data's sha256. Writers of `path` take turns. With `checked`
+    (`check_destination` of `path`, its sidecar watched), a pair changed since is checked again
+    before the sidecar's rename; data made at `path` after that is kept, the sidecar removed."""
     path, sidecar = Path(path), meta_path(path)
     z = np.ascontiguousarray(z, dtype=np.float32)
     placed = None  # what this call renamed onto the sidecar
@@ -183,8 +177,8 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
 
 
 def place_embeddings(source: EmbeddingFile, path: str | os.PathLike, *, copy: bool) -> None:
-    """Put the finished embeddings `source` at `path` with their sidecar under the lock
-    (refused while another process writes `path`); what a stopped run left there is let be."""
+    """Put the finished embeddings `source` at `path` with their sidecar, under the lock (refused
+    while another process writes `path`); what a stopped run left there is let be."""
     with lock(Path(path), wait=False):
         place(source, Path(path), copy)
 

@@ -1,14 +1,11 @@
-"""The streaming writer: a corpus encoded chunk by chunk into `.npy` embeddings files,
-resumably, by one process or several (torchrun).
+"""The streaming writer: a corpus encoded chunk by chunk into `.npy` embeddings, resumably, by
+one process or several (torchrun).
 
-While a file is written its rows go into `EMB.npy.partial`, preallocated at its final size, and
-each process records how far it got, with a checksum of those rows, in
-`EMB.npy.progress-R-of-N.json` after every chunk. A run that stops for any reason (an error,
-kill -9, a full disk) is continued by the same request with `resume=True` once the records agree
-with the partial file, and the finished file is bit for bit the one an uninterrupted run writes.
-When every row is in, the sidecar is written with the partial file's sha256 and then the partial
-file is renamed onto `EMB.npy`, so a process killed at any point leaves a run to finish or the
-finished pair.
+Rows go into `EMB.npy.partial`, preallocated, and after every chunk each process records how far
+it got, with a checksum of those rows, in `EMB.npy.progress-R-of-N.json`. A stopped run (an
+error, kill -9, a full disk) is continued once the records agree with the partial file, to the
+very bytes of an uninterrupted run. Then the sidecar is written with the data's sha256 and the
+partial file renamed onto `EMB.npy`: a kill at any point leaves a run to finish or the pair.
 """
 
 from __future__ import annotations
@@ -45,31 +42,20 @@ __all__ = ["write_embeddings"]
 PROGRESS = "bertflow-embeddings-progress"
 
 
-def write_embeddings(
-    targets: Mapping[str, str | os.PathLike],
-    corpus: Corpus,
-    encoder: Encoder,
-    max_length: int = 128,
-    batch_size: int = 32,
-    *,
-    resume: bool = False,
-    restart: bool = False,
-    wait: bool = False,
-    progress: bool | None = None,
-    copies: Mapping[str, EmbeddingFile] | None = None,
-) -> dict[str, dict[str, Any]]:
+def write_embeddings(targets: Mapping[str, str | os.PathLike], corpus: Corpus, encoder: Encoder,
+                     max_length: int = 128, batch_size: int = 32, *, resume: bool = False,
+                     restart: bool = False, wait: bool = False, progress: bool | None = None,
+                     copies: Mapping[str, EmbeddingFile] | None = None) -> dict[str, dict]:
     """Encode `corpus` once with every pooling in `targets` (pooling → `.npy` path) and write
-    each pooling's embeddings to its path, returning the sidecars written.
+    each to its path; the sidecars written.
 
-    A target where a run stopped (its partial file and progress records) is refused unless
-    `resume` continues it (the records must belong to this very request and agree with the
-    partial file's rows) or `restart` discards it; a run that stopped with every row in is
-    finished either way. Both together (the cache's way) continue what can be continued, else
-    start afresh. With `resume`, a complete target is left as it is. `copies` maps a pooling to
-    a finished file of the same request (the cache's), put at its target instead of encoding,
-    after the same checks. `wait` waits for another process writing a target instead of
-    refusing. Under torchrun every rank calls this: rank 0 prepares and finishes the files (its
-    errors are raised on every rank), and each rank encodes its own contiguous share of chunks.
+    A stopped run at a target is refused unless `resume` continues it (its records must be of
+    this request and agree with the partial file) or `restart` discards it; one with every row
+    in is finished either way; both (the cache's way) continue what can be, else start afresh.
+    With `resume`, a complete target is kept. `copies` maps a pooling to a finished file of the
+    same request, put at its target instead. `wait` waits for another writer of a target
+    rather than refusing. Under torchrun every rank calls this: rank 0 prepares and finishes the
+    files (its errors raised on every rank); each rank encodes its share of the chunks.
     """
     rank, world = distributed.rank(), distributed.world_size()
     encoder.check_max_length(max_length)
@@ -154,18 +140,15 @@ _NO_ROWS = hashlib.sha256().hexdigest()
 
 
 def _chained(checksum: str, rows: bytes | memoryview) -> str:
-    """The checksum of a share's rows after one more chunk: sha256 of the checksum before it
-    (`_NO_ROWS` for none) followed by the chunk's bytes."""
+    """A share's checksum after one more chunk: sha256 of the one before, then the rows."""
     digest = hashlib.sha256(bytes.fromhex(checksum))
     digest.update(rows)
     return digest.hexdigest()
 
 
 class _Output:
-    """One `.npy` being written: its partial file and progress records. Each process's record
-    holds its share of the rows, how many are in the partial file (`done`) and their checksum
-    (`rows_sha256`, chained chunk by chunk), checked against the partial file before a run
-    continues it."""
+    """One `.npy` being written: its partial file and progress records, each process's holding
+    its share of the rows, how many are done and their checksum (`rows_sha256`)."""
 
     def __init__(self, path: Path, meta: dict[str, Any], layout: dict[str, int]):
         self.path, self.meta, self.layout = path, meta, layout
@@ -176,10 +159,9 @@ class _Output:
             f"{self.path.name}.progress-{rank}-of-{self.layout['world']}.json")
 
     def prepare(self, resume: bool, restart: bool, copy: EmbeddingFile | None = None) -> None:
-        """Make the partial file and the records for a run (rank 0, under the lock), or keep,
-        once checked, those a stopped run of this request left, to continue it; or, given a
-        `copy` of the finished file, remove them where they would be continued or discarded
-        and put the copy in place."""
+        """Make the partial file and records of a run (rank 0, under the lock), or keep those a
+        stopped run of this request left, once checked; or put the finished `copy` in place,
+        removing them where they would be continued or discarded."""
         if copy is not None and (other := self._other_request(copy.meta)) is not None:
             raise BertflowError(f"{copy.path} holds other embeddings ({other})")
         check_destination(self.path)
@@ -187,9 +169,7 @@ class _Output:
         for litter in self.path.parent.glob(f".{self.path.name}.progress-*.json.*.tmp"):
             litter.unlink()  # left by a kill during a record's atomic write
         records = {record: self._read_record(record) for record in record_paths(self.path)}
-        if records and not self.partial.exists():
-            # no rows to continue: a kill came before the partial file was made, or after it
-            # was moved into place
+        if records and not self.partial.exists():  # killed before it was made, or after it moved
             for record in records:
                 record.unlink()
             records = {}
@@ -236,13 +216,12 @@ class _Output:
             raise
 
     def progress(self, rank: int) -> tuple[int, str]:
-        """How many rows of its share rank `rank` has written, and their checksum."""
+        """The row rank `rank` has written its share up to, and the checksum of those rows."""
         value = read_json(self.record_path(rank))
         return int(value["done"]), str(value["rows_sha256"])
 
     def write(self, f: Any, offset: int, start: int, rows: np.ndarray, checksum: str) -> str:
-        """Write `rows` from row `start` on and flush them to the disk; the checksum of the
-        share's rows with them."""
+        """Write `rows` from row `start` on and flush them; the share's checksum with them."""
         data = memoryview(np.ascontiguousarray(rows, dtype=np.float32)).cast("B")
         position, view = offset + start * self.meta["dim"] * 4, data
         with disk_errors(f"writing {self.partial}"):
@@ -260,9 +239,7 @@ class _Output:
 
     def finish(self) -> None:
         """Check that every share is done, write the sidecar with the partial file's sha256,
-        then move the data into place and drop the records. A process killed at any point
-        leaves the partial file and its records to finish from (beside a sidecar that the old
-        data, if any, fails) or the finished pair."""
+        then move the data into place and drop the records."""
         records = {record: read_json(record) for record in record_paths(self.path)}
         self._check_records(records, resume=True)
         for record, value in records.items():
@@ -287,9 +264,8 @@ class _Output:
         return value
 
     def _check_records(self, records: dict[Path, dict[str, Any]], resume: bool) -> None:
-        """Refuse `records` unless they are every record of a stopped run of this request with
-        these settings, to continue (`resume`) or to finish (every row in), saying what to do
-        instead."""
+        """Refuse `records` unless they are every record of a stopped run of this request and
+        settings, to continue (`resume`) or finish (every row in), saying what to do instead."""
         for record, value in records.items():
             if not _well_formed(value):
                 raise BertflowError(f"{record} is malformed; start afresh with --restart")
@@ -341,8 +317,7 @@ class _Output:
         return None
 
     def _check_rows(self, records: dict[Path, dict[str, Any]]) -> None:
-        """Check the partial file's header against this output's shape, and each record's
-        checksum against the rows of the partial file it says are done (read once)."""
+        """Check the partial file's shape, and each record's checksum against its rows."""
         count, dim, chunk = self.meta["count"], self.meta["dim"], self.layout["chunk_size"]
         with open(self.partial, "rb") as f:
             try:
