@@ -1,6 +1,5 @@
-"""The embedding cache: a folder of embeddings files keyed by what made them, and where
-embeddings come from (`training_embeddings`): a corpus through the cache, or an embeddings
-file whose sidecar is reconciled with what the caller says of it."""
+"""The embedding cache: a folder of embeddings files keyed by what made them; and where the
+embeddings to fit come from (`training_embeddings`)."""
 
 from __future__ import annotations
 
@@ -15,15 +14,7 @@ import numpy as np
 
 from . import distributed
 from .corpus import Corpus
-from .embeddings import (
-    EmbeddingFile,
-    check_destination,
-    embeddings_meta,
-    open_embeddings,
-    place_embeddings,
-    read_meta,
-    write_embeddings,
-)
+from .embeddings import EmbeddingFile, embeddings_meta, open_embeddings, read_meta
 from .encoder import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POOLING,
@@ -34,6 +25,8 @@ from .encoder import (
     load_encoder,
 )
 from .errors import BertflowError
+from .outputs import check_destination, place_embeddings
+from .writer import write_embeddings
 
 __all__ = ["EmbeddingCache", "default_cache", "encode_to", "training_embeddings"]
 
@@ -42,20 +35,15 @@ def default_cache() -> Path:
     """Where the cache is unless a folder is given: `$BERTFLOW_CACHE/embeddings`, else
     `$XDG_CACHE_HOME/bertflow/embeddings`, else `~/.cache/bertflow/embeddings`."""
     root = os.environ.get("BERTFLOW_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bertflow"
-    )
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bertflow")
     return Path(root) / "embeddings"
 
 
 class EmbeddingCache:
     """A folder of embeddings keyed by (encoder weights, precision, pooling, max_length,
-    corpus).
-
-    A cached file is used only when its sidecar matches the request field for field and the
-    file its checksum; anything else is encoded again and replaces it. Entries are written by
-    the streaming writer, so an interrupted encode continues where it stopped (or, where it
-    cannot be continued, with other settings or altered rows, starts afresh), and two processes
-    asking for the same entry encode it once.
+    corpus). An entry is used only when its sidecar matches the request and the file its
+    checksum; anything else is encoded again by the streaming writer, which continues an
+    interrupted entry where it can and lets two processes asking for one entry encode it once.
     """
 
     def __init__(self, root: str | os.PathLike | None = None):
@@ -64,19 +52,15 @@ class EmbeddingCache:
     def embedder(self, encoder: Encoder, pooling: str, max_length: int = 128,
                  batch_size: int = DEFAULT_BATCH_SIZE,
                  progress: bool | None = None) -> Callable[[Sequence[str]], np.ndarray]:
-        """Sentences → their pooled embeddings (rows, dim), read from the cache or encoded
-        into it."""
-
-        def embed(sentences: Sequence[str]) -> np.ndarray:
-            return np.asarray(self.encode(sentences, encoder, pooling, max_length, batch_size,
-                                          progress))
-
-        return embed
+        """Sentences → their pooled embeddings, read from the cache or encoded into it."""
+        return lambda sentences: np.asarray(self.encode(sentences, encoder, pooling, max_length,
+                                                        batch_size, progress))
 
     def path(self, meta: dict[str, Any]) -> Path:
+        """Where the entry with sidecar `meta` is (or would be) kept."""
         key = {k: meta[k] for k in ("pooling", "max_length", "corpus_sha256", "count")}
         key["encoder"] = meta["encoder"]["fingerprint"]
-        if meta.get("precision", "float32") != "float32":
+        if meta["precision"] != "float32":
             key["precision"] = meta["precision"]
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
         return self.root / f"{meta['pooling']}-{digest}.npy"
@@ -89,12 +73,6 @@ class EmbeddingCache:
                                corpus.sha256, len(corpus), encoder.width(pooling),
                                encoder.precision)
 
-    def path_for(self, sentences: Sequence[str], encoder: Encoder, pooling: str,
-                 max_length: int = 128) -> Path:
-        """Where the embeddings of this request are (or would be) kept."""
-        return self.path(self.meta(Corpus.from_sentences(sentences), encoder, pooling,
-                                   max_length))
-
     def get(self, meta: dict[str, Any]) -> EmbeddingFile | None:
         """The cached file for `meta`, checked, or None."""
         path = self.path(meta)
@@ -106,15 +84,9 @@ class EmbeddingCache:
         except BertflowError:
             return None
 
-    def files(
-        self,
-        corpus: Corpus,
-        encoder: Encoder,
-        pooling: str | Sequence[str],
-        max_length: int = 128,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        progress: bool | None = None,
-    ) -> dict[str, EmbeddingFile]:
+    def files(self, corpus: Corpus, encoder: Encoder, pooling: str | Sequence[str],
+              max_length: int = 128, batch_size: int = DEFAULT_BATCH_SIZE,
+              progress: bool | None = None) -> dict[str, EmbeddingFile]:
         """The cached embeddings of `corpus` with each pooling, encoding (in one pass) only
         those that are missing."""
         poolings = [pooling] if isinstance(pooling, str) else list(pooling)
@@ -124,19 +96,12 @@ class EmbeddingCache:
         if missing:
             write_embeddings(missing, corpus, encoder, max_length, batch_size, resume=True,
                              restart=True, wait=True, progress=progress)
-            for p in missing:
-                found[p] = EmbeddingFile(missing[p])
+            found.update({p: EmbeddingFile(path) for p, path in missing.items()})
         return {p: found[p] for p in poolings}
 
-    def encode(
-        self,
-        sentences: Sequence[str],
-        encoder: Encoder,
-        pooling: str | Sequence[str],
-        max_length: int = 128,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        progress: bool | None = None,
-    ) -> np.ndarray | dict[str, np.ndarray]:
+    def encode(self, sentences: Sequence[str], encoder: Encoder, pooling: str | Sequence[str],
+               max_length: int = 128, batch_size: int = DEFAULT_BATCH_SIZE,
+               progress: bool | None = None) -> np.ndarray | dict[str, np.ndarray]:
         """Like `Encoder.encode`, reading what is cached and encoding only what is missing;
         the arrays are memory-mapped."""
         files = self.files(Corpus.from_sentences(sentences), encoder, pooling, max_length,
@@ -145,9 +110,8 @@ class EmbeddingCache:
         return arrays[pooling] if isinstance(pooling, str) else arrays
 
     def adopt(self, path: str | os.PathLike) -> Path | None:
-        """Add a finished embeddings file to the cache as a hard link (no copy), so that a
-        later request for the same embeddings reads it; None where links cannot be made or
-        another process is writing the entry."""
+        """Add a finished embeddings file to the cache as a hard link (no copy); None where
+        links cannot be made or another process is writing the entry."""
         meta = read_meta(path)
         if meta is None:
             raise BertflowError(f"{path} has no sidecar to file it under")
@@ -161,24 +125,14 @@ class EmbeddingCache:
         return target
 
 
-def encode_to(
-    path: str | os.PathLike,
-    corpus: Corpus,
-    encoder: Encoder,
-    pooling: str,
-    max_length: int = 128,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    *,
-    cache: EmbeddingCache | None = None,
-    resume: bool = False,
-    restart: bool = False,
-    progress: bool | None = None,
-) -> bool:
-    """Write the embeddings of `corpus` to `path` (and its sidecar), taking them from `cache`
-    when it has them and filing them there when it does not: whether they were encoded (under
-    torchrun, rank 0 knows; the other ranks say True). Either way `path` is written by
-    `write_embeddings`, under its lock and rules for what a stopped run left there (`resume`,
-    `restart`), and runnable under torchrun."""
+def encode_to(path: str | os.PathLike, corpus: Corpus, encoder: Encoder, pooling: str,
+              max_length: int = 128, batch_size: int = DEFAULT_BATCH_SIZE, *,
+              cache: EmbeddingCache | None = None, resume: bool = False, restart: bool = False,
+              progress: bool | None = None) -> bool:
+    """Write the embeddings of `corpus` to `path` with `write_embeddings` (its lock, and its
+    rules for what a stopped run left there), taking them from `cache` when it has them and
+    filing them there when it does not; whether they were encoded (under torchrun, rank 0
+    knows; the other ranks say True)."""
     check_batch_size(batch_size)
     path = check_destination(path)
     cached = None
@@ -193,27 +147,17 @@ def encode_to(
     return cached is None
 
 
-def training_embeddings(
-    source: str | os.PathLike,
-    *,
-    encoder: str | os.PathLike | None = None,
-    pooling: str | None = None,
-    max_length: int = 128,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    cache: EmbeddingCache | None = None,
-    device: str = "auto",
-    dtype: str = "float32",
-    progress: bool | None = None,
-) -> tuple[EmbeddingFile, dict[str, Any]]:
-    """The embeddings of `source` to fit a head to, read from disk as needed, and where they
-    came from: its encoder (an `EncoderId`, or None when unknown), pooling, max length, the
-    digest of the data (``data``), what a head records of its corpus (``corpus``) and, for a
-    text file, the `Encoder` that embedded it (``loaded``), for reuse.
-
-    A text file is encoded with `encoder` (default: the package's) on `device` in `dtype`, and
-    `pooling` (default first_last), through `cache` (default: `default_cache()`). A `.npy`
-    made by `bertflow encode` says in its sidecar how it was made, and a `pooling` or
-    `encoder` given besides must agree with it (`open_embeddings`)."""
+def training_embeddings(source: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
+                        pooling: str | None = None, max_length: int = 128,
+                        batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
+                        device: str = "auto", dtype: str = "float32",
+                        progress: bool | None = None) -> tuple[EmbeddingFile, dict[str, Any]]:
+    """The embeddings of `source` to fit a head to, and where they came from: encoder (an
+    `EncoderId`, or None when unknown), pooling, max length, the digest of the data (``data``),
+    what a head records of its corpus (``corpus``) and, for a text file, the `Encoder` that
+    embedded it (``loaded``). A text file is encoded with `encoder` (default: the package's) on
+    `device` in `dtype` with `pooling` (default first_last), through `cache` (default: the
+    default one); a `.npy` is read as `open_embeddings` reads it."""
     check_max_length(max_length)  # and against the encoder when one encodes the text
     source = Path(source)
     if source.suffix != ".npy":
@@ -230,6 +174,6 @@ def training_embeddings(
 
 
 def _same(stored: dict[str, Any], meta: dict[str, Any]) -> bool:
-    keys = set(meta) - {"format_version", "encoder"}
-    return all(stored.get(k) == meta[k] for k in keys) and (
+    """Whether sidecar `stored` is of the request `meta` (an encoder by its fingerprint)."""
+    return all(stored.get(k) == v for k, v in meta.items() if k != "encoder") and (
         stored["encoder"]["fingerprint"] == meta["encoder"]["fingerprint"])

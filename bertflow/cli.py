@@ -116,7 +116,7 @@ def _encode(args: argparse.Namespace) -> None:
     from . import distributed
     from .cache import EmbeddingCache, encode_to
     from .corpus import Corpus
-    from .embeddings import check_destination
+    from .outputs import check_destination
 
     check_destination(args.out)
     _check_paths(args)
@@ -157,12 +157,13 @@ def _fit(args: argparse.Namespace) -> None:
 
 
 def _transform(args: argparse.Namespace) -> None:
-    from .embeddings import check_output, open_embeddings, write_transformed
+    from .embeddings import open_embeddings
     from .files import Checked, meta_path, read_sentences, sha256_file
     from .head import FlowHead
+    from .outputs import check_destination, write_transformed
 
     _check_paths(args)
-    out = Checked(args.out, check_output, also=[meta_path(args.out)])
+    out = Checked(args.out, check_destination, also=[meta_path(args.out)])
     # --pooling: how the sentences are encoded, or how the embeddings were (`head.check`)
     head = _load_head(args) if args.sentences is not None else FlowHead.load(args.head)
     if args.sentences is not None:

@@ -1,4 +1,4 @@
-"""The one exception type bertflow raises for bad input."""
+"""The one exception type bertflow raises for bad input, and a failure told in one line."""
 
 __all__ = ["BertflowError", "PeerError", "first_line", "one_line"]
 
@@ -21,15 +21,10 @@ def first_line(error: BaseException) -> str:
 
 
 def one_line(error: Exception) -> str:
-    """What a failure says in one line: bertflow's own message, a file error with its file,
-    or anything else with its kind and a pointer to --debug."""
+    """What a failure says in one line: bertflow's own message, an OS error with its file, or
+    anything else with its kind and a pointer to --debug."""
     if isinstance(error, BertflowError):
         return str(error)
-    from .files import disk_error
-
-    full = disk_error(error, getattr(error, "filename", None) or "a file")
-    if full is not None:
-        return str(full)
     if isinstance(error, OSError):
         name = f": {error.filename}" if error.filename else ""
         return f"{error.strerror or first_line(error)}{name}"

@@ -20,26 +20,10 @@ import numpy as np
 
 from .errors import BertflowError, first_line
 
-__all__ = [
-    "Checked",
-    "atomic_directory",
-    "atomic_file",
-    "check_finite",
-    "check_outputs",
-    "disk_error",
-    "fsync",
-    "identity",
-    "iter_sentences",
-    "meta_path",
-    "read_json",
-    "read_sentences",
-    "refuse_link",
-    "remove_stale_temporaries",
-    "same_file",
-    "sha256_file",
-    "split_lines",
-    "write_json",
-]
+__all__ = ["Checked", "atomic_directory", "atomic_file", "check_finite", "check_outputs",
+           "disk_errors", "fsync", "identity", "iter_sentences", "meta_path", "read_json",
+           "read_sentences", "refuse_link", "remove_stale_temporaries", "sha256_file",
+           "split_lines", "write_json"]
 
 
 def read_sentences(path: str | os.PathLike) -> list[str]:
@@ -51,14 +35,10 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
 
 
 def iter_sentences(path: str | os.PathLike, start: int = 0) -> Iterator[str]:
-    """The sentences of a UTF-8 text file, one per line, read lazily from sentence `start` on.
-
-    A line ends in `\\n`, `\\r\\n` or a lone `\\r` (universal newlines, as in `split_lines`);
-    a leading byte-order mark is dropped; a blank line or a byte that is not UTF-8 is an error
-    naming its line. Lines before `start` are checked too.
-    """
-    path = Path(path)
-    _check_file(path)
+    """The sentences of a UTF-8 text file, read lazily from sentence `start` on (earlier lines
+    are checked too): lines cut as `split_lines` cuts them, a leading byte-order mark dropped;
+    a blank line or a byte that is not UTF-8 is an error naming its line."""
+    path = _check_file(path)
     with open(path, "rb") as f:
         for number, raw in enumerate(_raw_lines(f), start=1):
             try:
@@ -105,8 +85,7 @@ def _raw_lines(f: Any) -> Iterator[bytes]:
 
 
 def check_finite(array: np.ndarray, what: str, chunk: int = 65536, offset: int = 0) -> None:
-    """Raise naming the first row of `array` (numbered from `offset`) that holds a NaN or an
-    infinity."""
+    """Refuse `array`, naming its first row (from `offset`) that holds a NaN or an infinity."""
     for start in range(0, array.shape[0], chunk):
         block = np.asarray(array[start : start + chunk])
         bad = ~np.isfinite(block)
@@ -123,10 +102,9 @@ def meta_path(npy: str | os.PathLike) -> Path:
 
 
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
-    path = Path(path)
-    data = _read_bytes(path)
+    path = _check_file(path)
     try:
-        value = json.loads(data.decode("utf-8"))
+        value = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BertflowError(f"{path} is not valid JSON ({first_line(e)})") from None
     if not isinstance(value, dict):
@@ -152,14 +130,9 @@ def sha256_file(path: str | os.PathLike) -> str:
 @contextlib.contextmanager
 def atomic_file(path: Path, suffix: str = ".tmp",
                 recheck: Callable[[Path], object] | None = None) -> Iterator[Path]:
-    """Yield a temporary path beside `path` (an empty file with the mode a new file gets); if
-    the block succeeds, flush it to the disk, rename it onto `path` and flush the folder, so
-    that `path` holds the old file or the whole new one, even after a power loss.
-
-    `recheck(path)`, where given, is called just before the rename and keeps what is at `path`
-    by raising (a `Checked` checks it again where it changed since it was checked). A symbolic
-    link at `path` is refused rather than replaced; a full disk is one line naming `path`;
-    temporary files left by killed processes of this machine are removed."""
+    """Yield a temporary file beside `path`; if the block succeeds, flush it, rename it onto
+    `path` and flush the folder: `path` holds the old file or the whole new one, even after a
+    power loss. `recheck(path)`, just before the rename, keeps what is there by raising."""
     path = Path(path)
     refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +142,7 @@ def atomic_file(path: Path, suffix: str = ".tmp",
     os.close(fd)
     tmp = Path(name)
     try:
-        with _disk_errors(path):
+        with disk_errors(f"writing {path}"):
             yield tmp
             fsync(tmp)
         if recheck is not None:
@@ -180,12 +153,9 @@ def atomic_file(path: Path, suffix: str = ".tmp",
         tmp.unlink(missing_ok=True)
 
 
-Identity = tuple[int, int, int, int] | None
-
-
-def identity(path: str | os.PathLike) -> Identity:
-    """What is at `path` now, as `Checked` compares it: None where nothing is, else the device,
-    inode, size and modification time of the file (of a symbolic link itself)."""
+def identity(path: str | os.PathLike) -> tuple[int, int, int, int] | None:
+    """What is at `path` now (not following a link): its device, inode, size and modification
+    time, or None where nothing is."""
     try:
         s = os.lstat(path)
     except FileNotFoundError:
@@ -194,13 +164,10 @@ def identity(path: str | os.PathLike) -> Identity:
 
 
 class Checked:
-    """An output file that `check(path)` says may be replaced (it raises where not), checked
-    when this is made, before the work; what is then at `path` and at `also` (files the check
-    reads, such as a sidecar) is noted (`identity`). Called again as `atomic_file`'s recheck,
-    it runs the check again where any of them has changed since (made, replaced or rewritten
-    by another process meanwhile) until what it checked is still there; unchanged, it lets the
-    write go on. What remains is the instant between that last look and the rename: a file
-    made or replaced there is replaced."""
+    """An output that `check(path)` (raising where not) says may be replaced, checked when made,
+    noting what is at `path` and `also` (files the check reads: a sidecar). As `atomic_file`'s
+    recheck it checks again where any changed meanwhile, until none did: only a file made
+    between that last look and the rename is replaced unchecked."""
 
     def __init__(self, path: str | os.PathLike, check: Callable[[Path], object],
                  also: Collection[str | os.PathLike] = ()):
@@ -210,23 +177,21 @@ class Checked:
         check(self.path)
 
     def __call__(self, renamed: Path | None = None) -> None:
-        """Check again where anything watched has changed (`renamed`, the file about to be
-        renamed into place, is `path` or one of `also`: the check is `path`'s)."""
+        """Check `path` again where anything watched changed (`renamed`: what is replaced)."""
         now = self._now()
         while now != self.seen:
             self.check(self.path)
             self.seen, now = now, self._now()
 
     def unchanged(self, path: Path) -> None:
-        """Refuse `path` (one of those watched) unless it is what the check last saw, or
-        nothing: for a file renamed into place after another one that the check reads (data
-        after its sidecar)."""
+        """Refuse `path` (one watched) unless it is what the check last saw, or nothing: for a
+        file renamed into place after another that the check reads (data after its sidecar)."""
         now = identity(path)
         if now is not None and now != self.seen[self.watched.index(Path(path))]:
             raise BertflowError(f"{path} was made or changed by another process while this "
                                 "one wrote it; not replacing it")
 
-    def _now(self) -> list[Identity]:
+    def _now(self) -> list[tuple[int, int, int, int] | None]:
         return [identity(p) for p in self.watched]
 
 
@@ -235,13 +200,10 @@ def atomic_directory(path: str | os.PathLike,
                      recheck: Callable[[Path], object] | None = None) -> Iterator[Path]:
     """Yield an empty temporary folder; on success it replaces `path` in one step.
 
-    On Linux the swap is a single `renameat2(RENAME_EXCHANGE)`, so a process killed at any
-    moment leaves either the old folder or the new one at `path`, never neither; every file of
-    the new folder is flushed to the disk before the swap and the parent folder after it, so
-    the same holds after a power loss. If another process creates `path` meanwhile,
-    `recheck(path)` decides whether it may be replaced (the last writer wins). A full disk is
-    one line naming `path`; temporary folders left by killed processes of this machine are
-    removed.
+    On Linux the swap is one `renameat2(RENAME_EXCHANGE)`: a process killed at any moment
+    leaves the old folder or the new one at `path`, even after a power loss (the new folder's
+    files are flushed before the swap). `recheck(path)` decides whether a folder another
+    process made meanwhile may be replaced.
     """
     path = Path(path)
     refuse_link(path)
@@ -251,7 +213,7 @@ def atomic_directory(path: str | os.PathLike,
     remove_stale_temporaries(path)
     tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent))
     try:
-        with _disk_errors(path):
+        with disk_errors(f"writing {path}"):
             yield tmp
             for folder, _, names in os.walk(tmp):
                 for name in names:
@@ -265,8 +227,8 @@ def atomic_directory(path: str | os.PathLike,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _replace_directory(new: Path, target: Path,
-                       recheck: Callable[[Path], object] | None) -> None:
+def _replace_directory(new: Path, target: Path, recheck: Callable[[Path], object] | None) -> None:
+    """Put folder `new` at `target`; after an exchange `new` holds the old folder."""
     if not target.exists():
         try:
             os.rename(new, target)
@@ -282,7 +244,6 @@ def _replace_directory(new: Path, target: Path,
         os.rename(target, old / target.name)
         os.rename(new, target)
         shutil.rmtree(old, ignore_errors=True)
-    # after an exchange `new` holds the old folder; the caller removes it
 
 
 def fsync(path: str | os.PathLike) -> None:
@@ -298,51 +259,34 @@ def fsync(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether `a` and `b` name one file: the same inode where both exist (a hard or symbolic
-    link included), else the same resolved path."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return Path(a).resolve() == Path(b).resolve()
-
-
 def refuse_link(path: Path) -> None:
-    """Refuse to write over a symbolic link (replacing it would not write where it points)."""
+    """Refuse to write over a symbolic link: replacing it would not write where it points."""
     if path.is_symlink():
         raise BertflowError(f"{path} is a symbolic link; give the path it points to")
 
 
-def disk_error(error: BaseException, path: str | os.PathLike) -> BertflowError | None:
-    """A one-line error for a write to `path` that failed for want of space, or None when
-    `error` is something else. Some writers (FAISS, tokenizers) report it only in words."""
-    code = getattr(error, "errno", None)
-    text = str(error)
-    if code == errno.EFBIG or "File too large" in text or "os error 27" in text:
-        return BertflowError(f"file too large (a file size limit) while writing {path}")
-    if (code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text
-            or "os error 28" in text or "Disk quota" in text
-            or ("fwrite" in text and "written" in text)):
-        return BertflowError(f"no space left on the device while writing {path}")
-    return None
-
-
 @contextlib.contextmanager
-def _disk_errors(path: Path) -> Iterator[None]:
+def disk_errors(doing: str) -> Iterator[None]:
+    """Make a failure for want of space inside the block one line: "... while `doing`". Some
+    writers (FAISS, tokenizers) report it only in words."""
     try:
         yield
     except BertflowError:
         raise
     except Exception as e:
-        error = disk_error(e, path)
-        if error is None:
-            raise
-        raise error from None
+        code, text = getattr(e, "errno", None), str(e)
+        if code == errno.EFBIG or "File too large" in text or "os error 27" in text:
+            raise BertflowError(f"file too large (a file size limit) while {doing}") from None
+        if (code in (errno.ENOSPC, errno.EDQUOT)
+                or any(word in text for word in ("No space left", "os error 28", "Disk quota"))
+                or ("fwrite" in text and "written" in text)):
+            raise BertflowError(f"no space left on the device while {doing}") from None
+        raise
 
 
 def remove_stale_temporaries(path: Path) -> None:
     """Remove the temporary files and folders that writes of `path` by processes of this
-    machine that no longer run (killed, say) left beside it; nothing else is touched."""
+    machine that no longer run left beside it; nothing else."""
     name, host = re.escape(path.name), re.escape(_HOST)
     pattern = re.compile(rf"\.{name}\.(\d+)@{host}\.[a-z0-9_]{{8}}\.")
     try:
@@ -391,16 +335,13 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def _read_bytes(path: Path) -> bytes:
-    _check_file(path)
-    return path.read_bytes()
-
-
-def _check_file(path: Path) -> None:
+def _check_file(path: str | os.PathLike) -> Path:
+    path = Path(path)
     if not path.exists():
         raise BertflowError(f"no such file: {path}")
     if not path.is_file():
         raise BertflowError(f"{path} is not a file")
+    return path
 
 
 def _umask() -> int:
@@ -409,17 +350,14 @@ def _umask() -> int:
     return mask
 
 
-def check_outputs(outputs: Mapping[str, str | os.PathLike | None],
-                  inputs: Mapping[str, Any],
+def check_outputs(outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping[str, Any],
                   grows: Mapping[str, Collection[str]] | None = None) -> None:
-    """Refuse, in one line naming both, an output that is one of `inputs` (the same path, or
-    the same file through a hard or symbolic link), lies inside one that is a folder, or is a
-    folder that holds one; and two outputs that overlap so, except where `grows` lets them:
-    it maps an output folder the command only adds a new entry to (a log folder) to the
-    outputs that may lie inside it. Outputs and inputs are named by their option or role (``--out``,
-    ``the corpus``); an input may be a list of paths (all named alike); a `.npy` stands with
-    its sidecar; None is left out. Checked before any work, so that no command writes over
-    what it reads."""
+    """Refuse, in one line naming both, an output that is one of `inputs` (also through a hard
+    or symbolic link), lies inside one, or holds one; and two outputs that overlap so, except
+    where `grows` maps an output folder the command only adds to (a log folder) to the outputs
+    that may lie inside it. Paths are named by option or role (``--out``, ``the corpus``); an
+    input may be a list of paths; a `.npy` stands with its sidecar; None is left out. Checked
+    before any work, so that no command writes over what it reads."""
     given_outputs, given_inputs = _with_sidecars(outputs), _with_sidecars(inputs)
     for i, (flag, out) in enumerate(given_outputs):
         others = [(name, path, "an input") for name, path in given_inputs]
@@ -435,8 +373,7 @@ def check_outputs(outputs: Mapping[str, str | os.PathLike | None],
 
 
 def _with_sidecars(paths: Mapping[str, Any]) -> list[tuple[str, Path]]:
-    """(name, path) of each path given, several under one name where a list is given, and
-    the sidecar of each `.npy`."""
+    """(name, path) of each path given (a list: each path) and of each `.npy`'s sidecar."""
     named = [(name, Path(path)) for name, value in paths.items() if value is not None
              for path in (value if isinstance(value, (list, tuple)) else [value])]
     return [*named, *((f"{name}'s sidecar", meta_path(path)) for name, path in named
@@ -445,9 +382,10 @@ def _with_sidecars(paths: Mapping[str, Any]) -> list[tuple[str, Path]]:
 
 def _overlap(a: Path, b: Path) -> str | None:
     """How path `a` overlaps path `b`: it "is" `b`, "is inside" it, or "holds" it; else None."""
-    if same_file(a, b):
-        return "is"
     a, b = _resolved(a), _resolved(b)
+    with contextlib.suppress(OSError):
+        if a == b or os.path.samefile(a, b):
+            return "is"
     if b in a.parents:
         return "is inside"
     if a in b.parents:

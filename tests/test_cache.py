@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from bertflow.cache import EmbeddingCache
-from bertflow.corpus import corpus_sha256
+from bertflow.corpus import Corpus, corpus_sha256
 from bertflow.files import meta_path
 
 from .conftest import SENTENCES
@@ -29,6 +29,11 @@ def counting(tiny_encoder):
     return Counting(tiny_encoder)
 
 
+def entry(cache, encoder):
+    """Where `cache` keeps the cls embeddings of SENTENCES."""
+    return cache.path(cache.meta(Corpus.from_sentences(SENTENCES), encoder, "cls", 128))
+
+
 def test_same_request_is_read_back_not_encoded_again(tmp_path, counting):
     cache = EmbeddingCache(tmp_path)
     first = cache.encode(SENTENCES, counting, "cls")
@@ -36,7 +41,7 @@ def test_same_request_is_read_back_not_encoded_again(tmp_path, counting):
     assert counting.calls == [["cls"]]
     assert isinstance(again, np.memmap)
     np.testing.assert_array_equal(first, again)
-    meta = json.loads(meta_path(cache.path_for(SENTENCES, counting, "cls", 128)).read_text())
+    meta = json.loads(meta_path(entry(cache, counting)).read_text())
     assert meta["pooling"] == "cls" and meta["count"] == len(SENTENCES)
     assert meta["dim"] == 16 and meta["max_length"] == 128
     assert meta["corpus_sha256"] == corpus_sha256(SENTENCES)
@@ -69,7 +74,7 @@ def test_only_missing_poolings_are_encoded(tmp_path, counting):
 def test_a_tampered_cache_entry_is_encoded_again(tmp_path, counting):
     cache = EmbeddingCache(tmp_path)
     good = cache.encode(SENTENCES, counting, "cls")
-    path = cache.path_for(SENTENCES, counting, "cls", 128)
+    path = entry(cache, counting)
     meta = json.loads(meta_path(path).read_text())
     meta_path(path).write_text(json.dumps({**meta, "pooling": "mean"}))
     again = cache.encode(SENTENCES, counting, "cls")
@@ -97,17 +102,16 @@ def test_an_interrupted_entry_that_cannot_be_continued_is_encoded_afresh(
         tmp_path, counting, monkeypatch):
     """The cache's files are its own: an interrupted entry is continued where it can be (same
     settings, rows that agree with its record), else encoded again; neither wedges the entry."""
-    import bertflow.embeddings
     import bertflow.encoder
-    from bertflow.corpus import Corpus
-    from bertflow.embeddings import write_embeddings
+    import bertflow.writer
+    from bertflow.writer import write_embeddings
 
     monkeypatch.setattr(bertflow.encoder, "CHUNK_SIZE", 2)
-    monkeypatch.setattr(bertflow.embeddings, "CHUNK_SIZE", 2)
+    monkeypatch.setattr(bertflow.writer, "CHUNK_SIZE", 2)
     cache = EmbeddingCache(tmp_path / "cache")
     whole = EmbeddingCache(tmp_path / "whole").encode(SENTENCES, counting, "cls",
                                                       batch_size=4)
-    path = cache.path_for(SENTENCES, counting, "cls", 128)
+    path = entry(cache, counting)
 
     def interrupt(batch_size):
         real, calls = Counting.encode_chunk, []

@@ -19,8 +19,8 @@ from .conftest import WORDS, make_tiny_encoder
 # Chunks of 16 sentences so that a few hundred make many; a crash can be injected on one rank.
 SCRIPT = """
 import os, sys
-import bertflow.embeddings, bertflow.encoder
-bertflow.encoder.CHUNK_SIZE = bertflow.embeddings.CHUNK_SIZE = 16
+import bertflow.encoder, bertflow.writer
+bertflow.encoder.CHUNK_SIZE = bertflow.writer.CHUNK_SIZE = 16
 crash = os.environ.get("CRASH_RANK_AFTER")
 if crash and os.environ.get("RANK") == crash.split(":")[0]:
     real, calls = bertflow.encoder.Encoder.encode_chunk, []

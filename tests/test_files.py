@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from bertflow import BertflowError
-from bertflow.embeddings import load_embeddings
+from bertflow.embeddings import EmbeddingFile
 from bertflow.files import atomic_directory, meta_path, read_sentences
 
 
@@ -39,10 +39,15 @@ def test_missing_corpus_and_folder(tmp_path):
         read_sentences(tmp_path)
 
 
+def _load(path):
+    with EmbeddingFile(path) as file:
+        return file.verify().load()
+
+
 def test_embeddings_load_memory_mapped(tmp_path):
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     np.save(tmp_path / "e.npy", x)
-    loaded = load_embeddings(tmp_path / "e.npy")
+    loaded = _load(tmp_path / "e.npy")
     assert isinstance(loaded, np.memmap) and loaded.dtype == np.float32
     np.testing.assert_array_equal(loaded, x)
     assert meta_path(tmp_path / "e.npy").name == "e.meta.json"
@@ -61,18 +66,18 @@ def test_embeddings_load_memory_mapped(tmp_path):
 def test_bad_embeddings_are_refused(tmp_path, array, message):
     np.save(tmp_path / "e.npy", array)
     with pytest.raises(BertflowError, match=message):
-        load_embeddings(tmp_path / "e.npy")
+        _load(tmp_path / "e.npy")
 
 
 def test_unreadable_embeddings_are_refused(tmp_path):
     (tmp_path / "e.npy").write_bytes(b"not a numpy file")
     with pytest.raises(BertflowError, match="not a readable .npy"):
-        load_embeddings(tmp_path / "e.npy")
+        _load(tmp_path / "e.npy")
     np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object))
     with pytest.raises(BertflowError, match="not a readable .npy"):
-        load_embeddings(tmp_path / "o.npy")
+        _load(tmp_path / "o.npy")
     with pytest.raises(BertflowError, match="no such file"):
-        load_embeddings(tmp_path / "missing.npy")
+        _load(tmp_path / "missing.npy")
 
 
 def test_atomic_directory_swaps_or_leaves_old(tmp_path):

@@ -168,7 +168,7 @@ def test_transform_on_a_full_disk_is_one_line_naming_the_file(tmp_path, tiny_enc
 
 
 def test_a_transformed_file_is_what_numpy_saves(tmp_path):
-    from bertflow.embeddings import write_transformed
+    from bertflow.outputs import write_transformed
 
     z = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
     write_transformed(tmp_path / "z.npy", z, {}, {})
@@ -266,12 +266,12 @@ def test_two_transforms_of_one_output_take_turns(tmp_path):
     data with that writer's sidecar."""
     import threading
 
-    from bertflow.embeddings import _writing, write_transformed
     from bertflow.files import meta_path, sha256_file
+    from bertflow.outputs import lock, write_transformed
 
     out = tmp_path / "z.npy"
     first, second = (np.full((4, 3), v, np.float32) for v in (1.0, 2.0))
-    with _writing(out, wait=False):
+    with lock(out, wait=False):
         writer = threading.Thread(target=write_transformed, args=(out, second, {}, {}))
         writer.start()
         writer.join(timeout=1.0)
@@ -390,13 +390,13 @@ def test_transform_keeps_a_file_made_at_its_output_while_it_ran(world, tmp_path,
     """Made while the vectors are transformed, the user's file is refused by the second check
     of the pair; made once the new sidecar is in place, it stays alone (the new sidecar, which
     does not describe it, is removed)."""
-    import bertflow.embeddings
     import bertflow.head
+    import bertflow.outputs
 
     out = tmp_path / "out"
     out.mkdir()
     if after:
-        made_by_the_user(monkeypatch, bertflow.embeddings, "write_json", out / made, after=True)
+        made_by_the_user(monkeypatch, bertflow.outputs, "write_json", out / made, after=True)
     else:
         made_by_the_user(monkeypatch, bertflow.head.FlowHead, "transform", out / made)
     refused_keeping_the_users(capsys, ["transform", "--head", world / "head", "--embeddings",
