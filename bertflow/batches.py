@@ -82,7 +82,6 @@ def padded_width(longest: int) -> int:
 def release_free_memory() -> None:
     """Return the C allocator's free pages to the system (glibc's `malloc_trim`), where freed
     tensors of varying shapes otherwise leave memory stranded."""
-
     if _TRIM is not None:
         _TRIM(0)
 

@@ -274,7 +274,6 @@ def _alignment_uniformity(plt, points: Points, title: str):
 
 def _projection(plt, before, after, title, after_label):
     """Unit vectors on their two top right-singular directions (uncentred: a cone shows)."""
-
     figure, axes = plt.subplots(1, 2, figsize=(9, 4.6), layout="constrained")
     rng = np.random.default_rng(0)
     rows = rng.choice(len(before), size=min(2000, len(before)), replace=False)

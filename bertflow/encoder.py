@@ -303,6 +303,5 @@ def encode(sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None
            device: str | torch.device | None = "auto",
            dtype: str | torch.dtype | None = "float32") -> np.ndarray | dict[str, np.ndarray]:
     """Embed sentences with `encoder` (an Encoder, a folder, an id or None for the default)."""
-
     encoder = resolve_encoder(encoder, None, device, dtype)
     return encoder.encode(sentences, pooling, max_length, batch_size, progress)

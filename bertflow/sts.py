@@ -266,6 +266,5 @@ def _tab_lines(path: Path, allow_empty: bool = False) -> list[tuple[int, list[st
     out = [(number, line.split("\t")) for number, line in enumerate(_lines(path), start=1)
            if line.strip() or allow_empty]
     if not out:
-
         raise BertflowError(f"{path} is empty")
     return out
