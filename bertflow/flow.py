@@ -51,8 +51,7 @@ def live_scale(std: Tensor) -> Tensor:
     reference = torch.quantile(std, 0.9)
     if reference == 0:
         reference = std.max()
-    dead = std < 1e-3 * reference
-    return torch.where(dead, torch.ones_like(std), std)
+    return torch.where(std < 1e-3 * reference, torch.ones_like(std), std)
 
 
 class InvertibleLinear(Transform):
@@ -129,12 +128,10 @@ class StandardScaler(Transform):
         return cls(mean, live_scale(std))
 
     def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        log_det = -self.std.log().sum().expand(inputs.shape[0])
-        return (inputs - self.mean) / self.std, log_det
+        return (inputs - self.mean) / self.std, -self.std.log().sum().expand(inputs.shape[0])
 
     def inverse(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        log_det = self.std.log().sum().expand(inputs.shape[0])
-        return inputs * self.std + self.mean, log_det
+        return inputs * self.std + self.mean, self.std.log().sum().expand(inputs.shape[0])
 
 
 _CHOICES = {"coupling": ("additive", "affine"), "linear": ("lu", "reverse"),
@@ -178,11 +175,10 @@ class FlowConfig(DictConfig):
                                 "use fewer levels")
         count = self.parameters(features)
         if count > MAX_FLOW_PARAMETERS:
-            raise BertflowError(
-                f"a flow of {self.levels} levels × {self.depth} steps, hidden width "
-                f"{self.hidden}, on {features} features has {count:,} parameters, more than "
-                f"{MAX_FLOW_PARAMETERS:,}; use fewer levels or steps, or a narrower hidden "
-                "width")
+            raise BertflowError(f"a flow of {self.levels} levels × {self.depth} steps, hidden "
+                                f"width {self.hidden}, on {features} features has {count:,} "
+                                f"parameters, more than {MAX_FLOW_PARAMETERS:,}; use fewer "
+                                "levels or steps, or a narrower hidden width")
 
     def parameters(self, features: int) -> int:
         """The `Glow`'s parameter count on `features`-d vectors, without building it (to within

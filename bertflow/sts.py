@@ -53,8 +53,7 @@ class Pairs:
 
 @dataclass(frozen=True)
 class Task:
-    """A benchmark: its scored subsets, and its own sentences without scores (the "target"
-    corpus: STS-B train+dev+test, SICK all splits, an STS year's subsets together)."""
+    """A benchmark: its scored subsets, and all its sentences without scores (every split)."""
 
     name: str
     test: tuple[Pairs, ...]
@@ -80,13 +79,12 @@ def read_stsb(folder: str | os.PathLike, split: str) -> Pairs:
 
 def read_stsb_splits(folder: str | os.PathLike,
                      splits: Sequence[str] = ("train", "dev", "test")) -> dict[str, Pairs]:
-    """STS-B's `splits` by name (see `read_stsb`)."""
+    """STS-B's `splits` by name."""
     return {split: read_stsb(folder, split) for split in splits}
 
 
 def read_sick(folder: str | os.PathLike, split: str) -> Pairs:
-    """SICK: `SICK_train.txt`, `SICK_trial.txt` or `SICK_test_annotated.txt`, tab-separated
-    under a header naming `sentence_A`, `sentence_B` and `relatedness_score` (1-5)."""
+    """One SICK split, tab-separated under a header naming its columns."""
     if split not in _SICK_FILES:
         raise BertflowError(f"SICK has no split {split!r}; choose one of {', '.join(_SICK_FILES)}")
     path = Path(folder) / _SICK_FILES[split]
@@ -234,8 +232,7 @@ def pair_vectors(pairs: Pairs, sentences: Sequence[str] | dict[str, int],
 
 
 def positive_pairs(subsets: Iterable[Pairs], threshold: float = POSITIVE_GOLD) -> Pairs:
-    """The pairs of `subsets` whose gold score is at least `threshold`, as one (maybe empty)
-    `Pairs`: the positives of Wang & Isola's alignment, as SimCSE takes them."""
+    """The pairs of `subsets` with gold ≥ `threshold` as one `Pairs` (alignment's positives)."""
     first, second, gold, names = [], [], [np.zeros(0)], []
     for pairs in subsets:
         keep = np.flatnonzero(pairs.gold >= threshold)
@@ -261,8 +258,7 @@ def _lines(path: Path) -> list[str]:
 
 
 def _tab_lines(path: Path, allow_empty: bool = False) -> list[tuple[int, list[str]]]:
-    """(line number, tab-separated fields) of each line; blank lines are skipped unless
-    `allow_empty`, which keeps them so that line numbers pair with a gold file."""
+    """(line number, tab-separated fields) of each line not blank, or of every line."""
     out = [(number, line.split("\t")) for number, line in enumerate(_lines(path), start=1)
            if line.strip() or allow_empty]
     if not out:
