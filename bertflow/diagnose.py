@@ -30,8 +30,7 @@ from .methods import Fitted, make_method
 from .recipes import Recipe, resolve
 from .sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
 
-__all__ = ["PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all",
-           "token_frequencies"]
+__all__ = ["PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all", "token_frequencies"]
 
 PLOTS = PLOTS_FOLDER.files  # alignment_uniformity.png only where STS-B was given
 STSB_SPLITS = ("dev", "test")  # the STS-B pairs of the alignment and uniformity plot

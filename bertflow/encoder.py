@@ -235,8 +235,7 @@ class Encoder:
 
     def states(self, batch: dict[str, torch.Tensor], poolings: Collection[str] = POOLINGS,
                ) -> tuple[tuple[torch.Tensor | None, ...] | None, torch.Tensor | None]:
-        r"""What `pool` reads for `poolings` from one batch: the float32 hidden states (None
-        for a layer no pooling reads) and the input word embeddings (None but for `static`)."""
+        """The float32 hidden states and word embeddings `pool` reads for `poolings`, else None."""
         keep = {layer for p in poolings for layer in _LAYERS[check_pooling(p)]}
         hidden = words = None
         if keep:

@@ -1,5 +1,4 @@
-"""How isotropic a set of embeddings is: cosines, spectrum, the partition function, and the
-alignment and uniformity of unit vectors."""
+"""How isotropic embeddings are: cosines, spectrum, partition function, alignment, uniformity."""
 
 from __future__ import annotations
 
