@@ -58,8 +58,7 @@ class Tokens:
             yield rows, self.padded(rows)
 
     def padded(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
-        """The rows' fields right-padded to the longest of them, rounded up by `padded_width`
-        within the model's positions, with their attention mask."""
+        """The rows right-padded to their longest, rounded up by `padded_width`, and masked."""
         lengths = self.lengths[rows]
         longest = int(lengths.max())
         width = max(longest, min(padded_width(longest), self.limit or longest))
@@ -74,16 +73,15 @@ class Tokens:
 
 
 def padded_width(longest: int) -> int:
-    """`longest` rounded up to an eighth of its power of two (at most 12.5% more padding): a few
-    dozen batch shapes instead of one per length keep the CPU allocator from fragmenting, so
-    memory does not creep up over a long corpus. Masked padding leaves the embeddings alone."""
+    """`longest` rounded up to an eighth of its power of two: a few dozen batch shapes instead
+    of one per length keep the CPU allocator from fragmenting, so memory does not creep up."""
     step = max(1, (1 << (longest.bit_length() - 1)) // 8)
     return -(-longest // step) * step
 
 
 def release_free_memory() -> None:
-    """Return the C allocator's free pages to the system (glibc's `malloc_trim`; elsewhere a
-    no-op). Tensors of varying shapes otherwise leave freed memory stranded in the heap."""
+    """Return the C allocator's free pages to the system (glibc's `malloc_trim`), where freed
+    tensors of varying shapes otherwise leave memory stranded."""
     if _TRIM is not None:
         _TRIM(0)
 

@@ -1,9 +1,8 @@
 """The names the library and its command line share (poolings, precisions, methods, tasks) and
 their defaults, in a module that imports nothing heavy, so that `bertflow --help` is instant."""
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_ENCODER_NAME", "DEFAULT_MAX_LENGTH",
-           "DEFAULT_POOLING", "DTYPES", "LINEAR_METHODS", "METHODS", "POOLINGS", "PROGRESS_FROM",
-           "TASKS"]
+__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_ENCODER_NAME", "DEFAULT_MAX_LENGTH", "DEFAULT_POOLING",
+           "DTYPES", "LINEAR_METHODS", "METHODS", "POOLINGS", "PROGRESS_FROM", "TASKS"]
 
 POOLINGS = ("cls", "mean", "first_last", "last2", "static")
 DEFAULT_POOLING = "first_last"

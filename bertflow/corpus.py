@@ -25,8 +25,7 @@ def corpus_sha256(sentences: Iterable[str]) -> str:
 
 class Corpus:
     """Sentences whose `count` and `sha256` are known before they are encoded: a list, or a text
-    file checked and hashed in one streaming pass and read again chunk by chunk, so that a
-    corpus larger than memory is never held whole."""
+    file hashed in one streaming pass and read again chunk by chunk, never held whole."""
 
     def __init__(self, count: int, sha256: str, read: Callable[[int], Iterator[str]], name: str):
         if count < 1:

@@ -13,24 +13,20 @@ __all__ = ["auroc", "novelty", "typicality"]
 
 
 def novelty(head: FlowHead, x: np.ndarray) -> np.ndarray:
-    """−log p(x) per row under the head's density (nats): higher is less like the corpus the
-    head was fit on."""
+    """−log p(x) per row under the head's density (nats): higher is less like its corpus."""
     scores = -np.asarray(head.log_prob(np.asarray(x)), dtype=np.float64)
     check_finite(scores, "the log-densities (the head overflows on these embeddings)")
     return scores
 
 
 def typicality(scores: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """|novelty − the median novelty of in-domain `reference` rows| (nats), from `novelty`
-    scores: how far each row lies from the typical set of the head's domain, in either
-    direction. Flows can give inputs from another domain a higher density than their own
-    (simpler, more central inputs); this score flags them as well as the improbable ones."""
+    """|`scores` − the median of in-domain `reference` scores| (`novelty`, nats): it also flags
+    the inputs from another domain that a flow finds more likely than its own."""
     return np.abs(np.asarray(scores) - np.median(reference))
 
 
 def auroc(negative: np.ndarray, positive: np.ndarray) -> float:
-    """Area under the ROC curve of a score that should be higher for `positive` rows: the
-    probability that a random positive outscores a random negative, ties counting half."""
+    """Area under the ROC curve of a score higher for `positive` rows, ties counting half."""
     negative, positive = np.ravel(negative), np.ravel(positive)
     if not len(negative) or not len(positive):
         raise BertflowError("AUROC needs at least one score on each side")

@@ -1,6 +1,5 @@
-"""Pictures of anisotropy before and after a head (or a flow fit on the sentences): spectrum,
-random-pair cosines, a 2-D view; every method's alignment and uniformity on STS-B; and the
-input word embeddings' degeneration (Gao et al., 2019): norms, top directions and spectrum."""
+"""Plots of anisotropy before and after a head, every method's alignment and uniformity on STS-B,
+and the input word embeddings' degeneration (Gao et al., 2019)."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ from .methods import Fitted, make_method
 from .recipes import Recipe, resolve
 from .sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
 
-__all__ = ["PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all",
-           "token_frequencies"]
+__all__ = ["PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all", "token_frequencies"]
 
 PLOTS = PLOTS_FOLDER.files  # alignment_uniformity.png only where STS-B was given
 STSB_SPLITS = ("dev", "test")  # the STS-B pairs of the alignment and uniformity plot
@@ -45,8 +43,7 @@ def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
              after_label: str = "after the flow", points: Points | None = None,
              points_title: str = "") -> list[Path]:
     """Write the PNGs of `PLOTS` into folder `out`, replaced as a whole (a folder holding
-    anything else is refused), and return their paths; `alignment_uniformity.png` only with
-    `points` (`method_points`), under `points_title`."""
+    anything else is refused); `alignment_uniformity.png` only with `points`."""
     out = PLOTS_FOLDER.check_destination(out)
     plt = _pyplot()
     counts = token_frequencies(encoder, corpus)
@@ -82,12 +79,9 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
              batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None,
              data: str | os.PathLike | None = None, say: Callable[[str], None] | None = None,
              ) -> tuple[list[Path], dict[str, float | None], dict[str, float | None]]:
-    """Plot `sentences`' embeddings into folder `out` (`plot_all`; token frequencies from
-    `corpus`, default the sentences) before and after `head` (its pooling and max length; a
-    given `pooling` must be the head's) or a flow fit on them by `recipe` (a `Recipe`, or
-    changes to the pooling's recommended one). With `data` (SentEval's layout), also every
-    method's alignment and uniformity on its STS-B dev and test pairs (`method_points`), which
-    `say` reports. Returns the plots and the isotropy measures before and after."""
+    """Plot `sentences`' embeddings into `out` before and after `head` or a flow fit on them by
+    `recipe`; with `data` (SentEval's layout), also every method's alignment and uniformity on
+    STS-B dev and test, which `say` reports. Returns the plots and the isotropy measures."""
     PLOTS_FOLDER.check_destination(out)  # before any work, and again when writing
     stsb = None if data is None else list(read_stsb_splits(Path(data) / "STSBenchmark",
                                                            STSB_SPLITS).values())
@@ -108,7 +102,9 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
     points, about = None, ""
     if stsb is not None:
         points = method_points(x, stsb, embed(sentences_of(stsb)), head, flow_label=label)
-        about = _about(stsb)
+        about = (f"STS-B {'+'.join(STSB_SPLITS)}: {len(positive_pairs(stsb))} pairs with gold "
+                 f"≥ 4, {len(sentences_of(stsb))} sentences; methods fit on the diagnosed "
+                 "sentences")
     _report(say, points, about)
     title = f"{encoder.id.name}, {pooling} pooling, {len(sentences)} sentences"
     paths = plot_all(x, z, out, encoder=encoder, corpus=corpus or sentences, title=title,
@@ -118,9 +114,8 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
 
 def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: FlowHead,
                   flow_label: str = "flow") -> dict[str, dict[str, float | None]]:
-    """The `pair_measures` of `pairs`, whose sentences `y` embeds, after each method of
-    `METHODS` fit on embeddings `x` (the flow being `head`), by label: whitening-k as
-    whitening-K, abtt as abtt-D (`linear_options`), the flow as `flow_label`."""
+    """The `pair_measures` of `pairs` (embedded by `y`) after each method of `METHODS` fit on
+    `x` (the flow being `head`), by label: whitening-K, abtt-D, the flow as `flow_label`."""
     k, d = linear_options("whitening-k", x.shape[1])["k"], linear_options("abtt", x.shape[1])["d"]
     labels = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}", "flow": flow_label}
     sentences = sentences_of(pairs)
@@ -133,10 +128,8 @@ def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: Fl
 
 def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:
     """How often each token id occurs in `corpus` under the encoder's tokenizer."""
-    counts: Counter[int] = Counter()
-    for ids in encoder.tokenizer(list(corpus), add_special_tokens=False)["input_ids"]:
-        counts.update(ids)
-    return counts
+    ids = encoder.tokenizer(list(corpus), add_special_tokens=False)["input_ids"]
+    return Counter(token for sentence in ids for token in sentence)
 
 
 def _pyplot():
@@ -151,11 +144,6 @@ def _pyplot():
     return plt
 
 
-def _about(stsb: Sequence[Pairs]) -> str:
-    return (f"STS-B {'+'.join(STSB_SPLITS)}: {len(positive_pairs(stsb))} pairs with gold ≥ 4, "
-            f"{len(sentences_of(stsb))} sentences; methods fit on the diagnosed sentences")
-
-
 def _report(say: Callable[[str], None] | None, points: Points | None, about: str) -> None:
     if say is None:
         return
@@ -165,17 +153,13 @@ def _report(say: Callable[[str], None] | None, points: Points | None, about: str
         return
     say(f"alignment and uniformity ({about}):")
     say(f"  {'':24}{'alignment':>11}{'uniformity':>11}")
-    for label, values in points.items():
-        say(f"  {label:24}{_value(values['alignment']):>11}{_value(values['uniformity']):>11}")
-
-
-def _value(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+    for label, v in points.items():
+        a, u = ("n/a" if v[k] is None else f"{v[k]:.3f}" for k in ("alignment", "uniformity"))
+        say(f"  {label:24}{a:>11}{u:>11}")
 
 
 def _spectrum(plt, before, after, title, after_label):
-    """Singular values over the largest, on a log scale cut at 1e-4: dead directions (a
-    constant feature) are counted in the legend instead of stretching the axis."""
+    """Singular values over the largest, cut at 1e-4: dead directions are counted instead."""
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
     for x, label, colour in ((before, "before", _BEFORE), (after, after_label, _AFTER)):
         s = singular_values(x)
@@ -230,14 +214,11 @@ def _token_norms(plt, encoder: Encoder, weights: np.ndarray, counts: Counter[int
 
 def _token_projection(plt, encoder: Encoder, weights: np.ndarray, directions: np.ndarray,
                       counts: Counter[int], corpus_size: int):
-    """Every row of the input word-embedding matrix on its top two right-singular directions,
-    uncentred as in Gao et al. (2019), coloured by log10 of the token's count in the corpus;
-    tokens the corpus never uses in grey, under the others. `directions`: the matrix's
-    right-singular vectors, as rows."""
+    """The input word embeddings on their top two right-singular `directions` (rows), uncentred
+    as in Gao et al. (2019), coloured by log10 of the token's count in the corpus."""
     points = weights @ directions[:2].T
     count = np.zeros(len(weights))
-    for token, n in counts.items():
-        count[token] = n
+    count[list(counts)] = list(counts.values())
     seen = np.flatnonzero(count > 0)
     seen = seen[np.argsort(count[seen], kind="stable")]  # the most frequent drawn last
     unseen = count == 0
@@ -257,9 +238,7 @@ def _token_projection(plt, encoder: Encoder, weights: np.ndarray, directions: np
 
 
 def _token_spectrum(plt, encoder: Encoder, weights: np.ndarray, singular: np.ndarray):
-    """Singular values of the input word-embedding matrix over the largest, on a log scale:
-    uncentred (`singular`, Gao et al.'s view, whose first value is the common direction) and
-    centred."""
+    """Singular values of the input word embeddings over the largest, uncentred and centred."""
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
     centred = np.linalg.svd(weights - weights.mean(0), compute_uv=False)
     for s, label, colour in ((singular, "uncentred (as Gao et al.)", _BEFORE),
@@ -273,8 +252,7 @@ def _token_spectrum(plt, encoder: Encoder, weights: np.ndarray, singular: np.nda
 
 
 def _alignment_uniformity(plt, points: Points, title: str):
-    """Each method's uniformity (x) against its alignment (y), as in SimCSE's Figure 2 (Gao
-    et al., 2021): lower left is better."""
+    """Each method's uniformity (x) against its alignment (y), as in SimCSE's Figure 2."""
     figure, axis = plt.subplots(figsize=(6, 4.5))
     shown = [(label, v["uniformity"], v["alignment"]) for label, v in points.items()
              if v["uniformity"] is not None and v["alignment"] is not None]
@@ -294,8 +272,7 @@ def _alignment_uniformity(plt, points: Points, title: str):
 
 
 def _projection(plt, before, after, title, after_label):
-    """Unit vectors projected on their two top right-singular directions (not centred), so
-    that a cone shows as a cloud far from the origin."""
+    """Unit vectors on their two top right-singular directions (uncentred: a cone shows)."""
     figure, axes = plt.subplots(1, 2, figsize=(9, 4.6), layout="constrained")
     rng = np.random.default_rng(0)
     rows = rng.choice(len(before), size=min(2000, len(before)), replace=False)

@@ -25,8 +25,7 @@ CHUNK_SIZE = 8192  # sentences tokenised together, then encoded a batch at a tim
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """A torch device from ``auto`` (CUDA when present, else the CPU), ``cpu``, ``cuda`` or
-    ``cuda:N``, refused when it is not there."""
+    """A device from ``auto`` (CUDA when present), ``cpu``, ``cuda`` or ``cuda:N``, if there."""
     name = "auto" if device is None else str(device)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -68,18 +67,11 @@ def check_pooling(pooling: str) -> str:
 def pool(hidden_states: Sequence[torch.Tensor] | None, word_embeddings: torch.Tensor | None,
          attention_mask: torch.Tensor, special_tokens_mask: torch.Tensor,
          pooling: str) -> torch.Tensor:
-    r"""Sentence vectors from one batch of token states.
-
-    With $m$ the attention mask and $h^{(l)}$ the output of layer $l$ ($h^{(0)}$ the embedding
-    output, $h^{(1)}$ the first Transformer layer):
-
-    - ``cls``: $h^{(L)}_0$, the last layer's state of the first token;
-    - ``mean``: $\sum_t m_t h^{(L)}_t / \sum_t m_t$;
-    - ``first_last``: the masked mean of $(h^{(1)} + h^{(L)}) / 2$;
-    - ``last2``: the masked mean of $(h^{(L-1)} + h^{(L)}) / 2$;
-    - ``static``: the mean of the input word embeddings alone (no position or type
-      embedding, no LayerNorm) over the sentence's own tokens, special tokens excluded.
-    """
+    r"""Sentence vectors from one batch, $m$ the attention mask, $h^{(l)}$ layer $l$'s output:
+    ``cls`` $h^{(L)}_0$; ``mean`` $\sum_t m_t h^{(L)}_t / \sum_t m_t$; ``first_last`` and
+    ``last2`` the masked mean of $(h^{(1)} + h^{(L)}) / 2$ and of $(h^{(L-1)} + h^{(L)}) / 2$;
+    ``static`` that of the input word embeddings alone (no position embedding, no LayerNorm),
+    special tokens excluded."""
     check_pooling(pooling)
     mask = attention_mask.bool()
     if pooling == "static":
@@ -104,9 +96,8 @@ def pool(hidden_states: Sequence[torch.Tensor] | None, word_embeddings: torch.Te
 
 
 class Encoder:
-    """A frozen Hugging Face encoder with its tokenizer and identity, on `device` in `dtype`;
-    embeddings are float32 and the identity (of the float32 weights) depends on neither. ``static``
-    has a `width` of its own where word embeddings are narrower (ELECTRA, ALBERT)."""
+    """A frozen Hugging Face encoder and tokenizer on `device` in `dtype`; embeddings are float32
+    and the identity (of the float32 weights) depends on neither."""
 
     def __init__(self, model: Any, tokenizer: Any, name: str,
                  device: str | torch.device | None = "auto",
@@ -146,14 +137,13 @@ class Encoder:
 
     @property
     def max_tokens(self) -> int | None:
-        """The longest input in tokens: the lower of the tokenizer's limit and the model's
-        positions (RoBERTa: 512, not its 514 positions); None where neither is known."""
+        """The lower of the tokenizer's limit and the model's positions; None if neither."""
         limits = (getattr(self.tokenizer, "model_max_length", None),
                   getattr(self.model.config, "max_position_embeddings", None))
         return min((n for n in limits if isinstance(n, int) and 0 < n < 1_000_000), default=None)
 
     def check_max_length(self, max_length: Any) -> int:
-        """`max_length` if at most `max_tokens`: the length a sidecar or head records is applied."""
+        """`max_length`, refused above `max_tokens`."""
         check_max_length(max_length)
         if self.max_tokens is not None and max_length > self.max_tokens:
             raise BertflowError(f"max_length {max_length} is more than encoder {self.id.name} "
@@ -169,10 +159,8 @@ class Encoder:
                convert_to_numpy: bool = True, convert_to_tensor: bool = False,
                normalize_embeddings: bool = False, device: str | torch.device | None = None,
                **kwargs: Any) -> Any:
-        """Embed `sentences` (float32, in input order) with one pooling or several (a dict,
-        from one forward pass), `CHUNK_SIZE` sentences at a time. It also takes
-        sentence-transformers' options (see `st_api`); `show_progress_bar` is `progress`, and
-        `device` moves the encoder first."""
+        """Embed `sentences` (float32) with one pooling or several (a dict, one forward pass);
+        it also takes sentence-transformers' options (`st_api`)."""
         st_api.check_options(kwargs, device)
         poolings = [check_pooling(p) for p in ([pooling] if isinstance(pooling, str) else pooling)]
         if not poolings:
@@ -195,7 +183,7 @@ class Encoder:
         return {p: st_api.convert(x, *options) for p, x in out.items()}
 
     def to(self, device: str | torch.device) -> Encoder:
-        """Move to `device`, refused where it is missing or cannot run this dtype (float16, CPU)."""
+        """Move to `device`, refused where it is missing or cannot run this dtype."""
         target = resolve_device(device)
         resolve_dtype(self.dtype, target)
         if target != self.device:
@@ -213,9 +201,8 @@ class Encoder:
 
     def encode_chunk(self, sentences: Sequence[str], poolings: Sequence[str], max_length: int,
                      batch_size: int, advance: Callable | None = None) -> dict[str, np.ndarray]:
-        """Embed one chunk with each of `poolings` (float32 arrays, input order), calling
-        `advance` with each batch's number of sentences: the step of `encode` and of the
-        streaming writer. Its working memory goes back to the system, so memory stays flat."""
+        """Embed one chunk with each of `poolings`, calling `advance` with each batch's size;
+        its working memory then goes back to the system, so memory stays flat."""
         out = self._encode_chunk(sentences, poolings, max_length, batch_size, advance)
         release_free_memory()
         return out
@@ -242,16 +229,13 @@ class Encoder:
         return {p: vectors.cpu().numpy() for p, vectors in out.items()}
 
     def tokenize(self, sentences: Sequence[str], max_length: int, **kwargs: Any) -> Any:
-        """Token ids and masks, truncated to `max_length` (no more than `max_tokens`); `kwargs`
-        go to the tokenizer (e.g. padding, tensors)."""
+        """Token ids and masks, truncated to `max_length`; `kwargs` go to the tokenizer."""
         return self.tokenizer(list(sentences), truncation=True, return_special_tokens_mask=True,
                               max_length=self.check_max_length(max_length), **kwargs)
 
     def states(self, batch: dict[str, torch.Tensor], poolings: Collection[str] = POOLINGS,
                ) -> tuple[tuple[torch.Tensor | None, ...] | None, torch.Tensor | None]:
-        r"""What `pool` reads for `poolings` from one padded batch on this encoder's device: the
-        hidden states $h^{(0)} \ldots h^{(L)}$ in float32 (None for a layer no pooling reads)
-        and the input word embeddings (None but for `static`)."""
+        """The float32 hidden states and word embeddings `pool` reads for `poolings`, else None."""
         keep = {layer for p in poolings for layer in _LAYERS[check_pooling(p)]}
         hidden = words = None
         if keep:
@@ -277,8 +261,7 @@ class Encoder:
 def load_encoder(name_or_path: str | os.PathLike | None = None,
                  device: str | torch.device | None = "auto",
                  dtype: str | torch.dtype | None = "float32") -> Encoder:
-    """Load an encoder from a local folder or a hub id (None: all-MiniLM-L6-v2), to run on
-    `device` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) in `dtype` (float32, bfloat16, float16)."""
+    """Load an encoder from a folder or a hub id (None: all-MiniLM-L6-v2) onto `device`."""
     resolve_dtype(dtype, resolve_device(device))  # refuse before loading anything
     import huggingface_hub
     import transformers
@@ -300,8 +283,8 @@ def load_encoder(name_or_path: str | os.PathLike | None = None,
 def resolve_encoder(encoder: Encoder | str | os.PathLike | None,
                     recorded: EncoderId | None = None, device: str | torch.device | None = "auto",
                     dtype: str | torch.dtype | None = "float32") -> Encoder:
-    """`encoder` itself, or loaded from the folder or id it names; when None, the one `recorded`
-    (by a head or an index) names, checked to have the same weights still, else the default."""
+    """`encoder`, or loaded from the folder or id it names; when None, the one `recorded` names
+    (checked to have the same weights still), else the default."""
     if isinstance(encoder, Encoder):
         return encoder
     if encoder is not None or recorded is None:
@@ -318,7 +301,6 @@ def encode(sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None
            batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None,
            device: str | torch.device | None = "auto",
            dtype: str | torch.dtype | None = "float32") -> np.ndarray | dict[str, np.ndarray]:
-    """Embed sentences with `encoder` (an Encoder, or a folder or None for the default, loaded
-    on `device` in `dtype`)."""
+    """Embed sentences with `encoder` (an Encoder, a folder, an id or None for the default)."""
     encoder = resolve_encoder(encoder, None, device, dtype)
     return encoder.encode(sentences, pooling, max_length, batch_size, progress)

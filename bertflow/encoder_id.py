@@ -35,8 +35,8 @@ def default_encoder_path() -> Path:
 
 @dataclass(frozen=True)
 class EncoderId:
-    """A readable name and a fingerprint of the encoder's weights, equal when both are; `source`
-    (``package:NAME``, ``folder:/absolute/path`` or ``hub:ID``) is only where it was loaded from."""
+    """An encoder's name and weights' fingerprint; `source` (``package:NAME``,
+    ``folder:/absolute/path`` or ``hub:ID``), where it was loaded from, is not compared."""
 
     name: str
     fingerprint: str
@@ -54,8 +54,7 @@ class EncoderId:
         if not isinstance(value, dict) or not {"name", "fingerprint"} <= value.keys():
             raise BertflowError(f"malformed encoder record {value!r}")
         source = value.get("source")
-        return cls(str(value["name"]), str(value["fingerprint"]),
-                   str(source) if source else None)
+        return cls(str(value["name"]), str(value["fingerprint"]), str(source) if source else None)
 
 
 def fingerprint(model: torch.nn.Module) -> str:
@@ -68,8 +67,7 @@ def fingerprint(model: torch.nn.Module) -> str:
 
 
 def locate(name_or_path: str | os.PathLike | None) -> tuple[str, str, str]:
-    """What to load for a folder, a hub id or None (the default encoder): the folder or id, the
-    encoder's name and the `source` its id records."""
+    """The folder or id to load for a folder, a hub id or None, the name and the `source`."""
     package = (DEFAULT_ENCODER_NAME, f"package:{_DEFAULT_PACKAGE}")
     if name_or_path is None:
         return (str(default_encoder_path()), *package)

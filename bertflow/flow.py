@@ -29,9 +29,8 @@ __all__ = ["ActNorm", "AdditiveCoupling", "AffineCoupling", "Conditioner", "Flow
 
 
 class ActNorm(_NflowsActNorm):
-    r"""Per-feature affine map $y = e^{s} \odot x + b$, set by the first training batch to give
-    it zero mean and unit variance (the saved `initialized` buffer stops a reloaded layer from
-    doing it again); a dead feature (`robust_std`) is centred, not scaled."""
+    r"""$y = e^{s} \odot x + b$, set by the first training batch to give it zero mean and unit
+    variance; a dead feature (`robust_std`) is centred, not scaled."""
 
     def _initialize(self, inputs: Tensor) -> None:
         with torch.no_grad():
@@ -42,26 +41,22 @@ class ActNorm(_NflowsActNorm):
 
 
 def robust_std(x: Tensor) -> Tensor:
-    """Per-feature standard deviation of the rows of `x`, dead features' set to 1
-    (`live_scale`), so that dividing by it never blows a constant up."""
+    """Per-feature standard deviation of the rows of `x`, dead features' set to 1 (`live_scale`)."""
     return live_scale(x.std(dim=0))
 
 
 def live_scale(std: Tensor) -> Tensor:
-    """Per-feature standard deviations with dead features set to 1: a feature is dead when
-    its spread is below 1e-3 of the 90th percentile of all spreads (of the largest, when nine
-    features in ten are dead)."""
+    """`std` with dead features' set to 1: those below 1e-3 of the 90th percentile of all (of
+    the largest, when nine features in ten are dead)."""
     reference = torch.quantile(std, 0.9)
     if reference == 0:
         reference = std.max()
-    dead = std < 1e-3 * reference
-    return torch.where(dead, torch.ones_like(std), std)
+    return torch.where(std < 1e-3 * reference, torch.ones_like(std), std)
 
 
 class InvertibleLinear(Transform):
-    r"""$y = W x$ with $W = L (U + \mathrm{diag}(e^{v}))$, the LU form of Glow's 1×1 convolution:
-    $L$ unit lower- and $U$ strictly upper-triangular, so $\log|\det W| = \sum_i v_i$ and the
-    inverse is two triangular solves. A fresh layer is the identity."""
+    r"""$y = W x$ with $W = L (U + \mathrm{diag}(e^{v}))$, Glow's LU-decomposed 1×1 convolution:
+    $\log|\det W| = \sum_i v_i$; a fresh layer is the identity."""
 
     def __init__(self, features: int):
         super().__init__()
@@ -76,13 +71,9 @@ class InvertibleLinear(Transform):
         upper = torch.triu(self.upper, 1) + torch.diag(self.log_diag.exp())
         return lower, upper
 
-    def weight(self) -> Tensor:
-        lower, upper = self._factors()
-        return lower @ upper
-
     def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        outputs = inputs @ self.weight().T
-        return outputs, self.log_diag.sum().expand(inputs.shape[0])
+        lower, upper = self._factors()
+        return inputs @ (lower @ upper).T, self.log_diag.sum().expand(inputs.shape[0])
 
     def inverse(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         lower, upper = self._factors()
@@ -111,8 +102,7 @@ class AdditiveCoupling(AdditiveCouplingTransform):
 
 
 class AffineCoupling(AffineCouplingTransform):
-    r"""$y_B = x_B \odot e^{\tanh s(x_A)} + t(x_A)$, $y_A = x_A$ (RealNVP): the bounded
-    log-scale keeps training stable and makes a zero conditioner the identity."""
+    r"""$y_B = x_B \odot e^{\tanh s(x_A)} + t(x_A)$, $y_A = x_A$ (RealNVP, bounded log-scale)."""
 
     def _scale_and_shift(self, transform_params: Tensor) -> tuple[Tensor, Tensor]:
         n = self.num_transform_features
@@ -120,8 +110,7 @@ class AffineCoupling(AffineCouplingTransform):
 
 
 class StandardScaler(Transform):
-    r"""$y = (x - \mu) / \sigma$ per feature with fixed statistics (the standard score);
-    $\log|\det| = -\sum_i \log \sigma_i$: the scaler a flow head may apply before its Glow."""
+    r"""$y = (x - \mu) / \sigma$ per feature with fixed statistics."""
 
     def __init__(self, mean: Tensor, std: Tensor):
         super().__init__()
@@ -135,16 +124,14 @@ class StandardScaler(Transform):
 
     @classmethod
     def from_moments(cls, mean: Tensor, std: Tensor) -> StandardScaler:
-        """The same from per-feature means and standard deviations (e.g. streamed)."""
+        """The same from per-feature means and standard deviations."""
         return cls(mean, live_scale(std))
 
     def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        log_det = -self.std.log().sum().expand(inputs.shape[0])
-        return (inputs - self.mean) / self.std, log_det
+        return (inputs - self.mean) / self.std, -self.std.log().sum().expand(inputs.shape[0])
 
     def inverse(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        log_det = self.std.log().sum().expand(inputs.shape[0])
-        return inputs * self.std + self.mean, log_det
+        return inputs * self.std + self.mean, self.std.log().sum().expand(inputs.shape[0])
 
 
 _CHOICES = {"coupling": ("additive", "affine"), "linear": ("lu", "reverse"),
@@ -155,13 +142,9 @@ _CHOICES = {"coupling": ("additive", "affine"), "linear": ("lu", "reverse"),
 class FlowConfig(DictConfig):
     """Architecture of a Glow; the defaults are those of the BERT-flow release.
 
-    `linear` is each step's mixing: ``"reverse"``, the release's fixed reversal (a level then
-    needs depth ≥ 2, or the half it factors out is never coupled), or ``"lu"``, a learned
-    `InvertibleLinear`. `factor_out` is the half of a level's output sent to the base after
-    every level but the last: ``"second"``, as the release and Glow do (with reversal and
-    depth 3 it has passed through 2 couplings, the first half through 1), or ``"first"``.
-    `levels`, `depth` and `hidden` are at most `config.FLOW_CEILINGS`; `check` refuses a
-    config that cannot be built on a given width."""
+    `linear` is each step's mixing: ``"reverse"`` (the release's; needs depth ≥ 2) or ``"lu"``
+    (`InvertibleLinear`). `factor_out` is the half of a level's output sent to the base after
+    every level but the last: ``"second"`` (the release's and Glow's) or ``"first"``."""
 
     KIND = "flow config"
 
@@ -186,23 +169,20 @@ class FlowConfig(DictConfig):
                 raise BertflowError(f"{name} must be {a!r} or {b!r}, not {getattr(self, name)!r}")
 
     def check(self, features: int) -> None:
-        """Refuse this flow on `features`-d vectors where it cannot be built: levels that
-        would halve them below 2 features, or more than `MAX_FLOW_PARAMETERS` parameters."""
+        """Refuse this flow on `features`-d vectors where it cannot be built."""
         if features >> (self.levels - 1) < 2:
             raise BertflowError(f"{self.levels} levels halve {features} features below 2; "
                                 "use fewer levels")
         count = self.parameters(features)
         if count > MAX_FLOW_PARAMETERS:
-            raise BertflowError(
-                f"a flow of {self.levels} levels × {self.depth} steps, hidden width "
-                f"{self.hidden}, on {features} features has {count:,} parameters, more than "
-                f"{MAX_FLOW_PARAMETERS:,}; use fewer levels or steps, or a narrower hidden "
-                "width")
+            raise BertflowError(f"a flow of {self.levels} levels × {self.depth} steps, hidden "
+                                f"width {self.hidden}, on {features} features has {count:,} "
+                                f"parameters, more than {MAX_FLOW_PARAMETERS:,}; use fewer "
+                                "levels or steps, or a narrower hidden width")
 
     def parameters(self, features: int) -> int:
-        """How many parameters the `Glow` of this config has on `features`-d vectors, without
-        building it (to within one conditioner output per step of an odd width with LU
-        mixing)."""
+        """The `Glow`'s parameter count on `features`-d vectors, without building it (to within
+        one conditioner output per step of an odd width with LU mixing)."""
         width = 2 if self.coupling == "affine" else 1  # conditioner outputs per feature
         total = 0
         for level in range(self.levels):
@@ -217,11 +197,7 @@ class FlowConfig(DictConfig):
 
 class Glow(Flow):
     r"""A Glow for $D$-dim vectors: `levels` × (`depth` × [ActNorm, mixing, coupling]), half
-    of the features factored out to the base $N(0, I)$ after every level but the last, as in
-    RealNVP's and Glow's multi-scale architecture (`FlowConfig.factor_out`; the second half by
-    a swap of the halves, since nflows' split factors out the first). A coupling updates the
-    other half of the features at each step: by alternating even and odd masks with LU mixing,
-    through the reversal between steps with reversal mixing."""
+    of the features factored out to the base $N(0, I)$ after every level but the last."""
 
     def __init__(self, features: int, config: FlowConfig | None = None):
         config = config or FlowConfig()
@@ -253,8 +229,7 @@ class Glow(Flow):
 
 
 def log_likelihood(z: Tensor, log_det: Tensor) -> Tensor:
-    r"""$\log p(x) = \log N(z; 0, I) + \log|\det \partial z / \partial x|$ per row, from a
-    flow's latent $z$ and log-determinant for $x$; training minimises its negative (NLL)."""
+    r"""$\log p(x) = \log N(z; 0, I) + \log|\det \partial z / \partial x|$ per row."""
     return -0.5 * (z**2).sum(-1) - 0.5 * z.shape[-1] * math.log(2 * math.pi) + log_det
 
 
@@ -276,7 +251,7 @@ def _level(features: int, config: FlowConfig, swap: bool = False) -> CompositeTr
             mask = (torch.arange(features) >= features // 2).long()
         steps += [ActNorm(features), mixing,
                   coupling(mask, lambda i, o: Conditioner(i, o, config.hidden))]
-    if swap:  # the last ⌈D/2⌉ features first, so that the split factors them out
+    if swap:  # the last ⌈D/2⌉ features first: nflows' split factors out the first half
         half = features // 2
         order = torch.cat([torch.arange(half, features), torch.arange(half)])
         steps.append(Permutation(order))

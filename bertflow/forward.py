@@ -14,9 +14,8 @@ __all__ = ["FusedBert", "supports_fused"]
 
 
 def supports_fused(model: nn.Module) -> bool:
-    """Whether `model` is a BERT-architecture encoder that `FusedBert` computes exactly: post-LN
-    layers with separate query/key/value projections, absolute positions, fed the embedding
-    output as it is (not ELECTRA's narrower embeddings, nor ALBERT's shared layers)."""
+    """Whether `FusedBert` computes `model` exactly: post-LN layers with separate query, key and
+    value, absolute positions, fed the embedding output as it is (not ELECTRA's, nor ALBERT's)."""
     config = getattr(model, "config", None)
     layers = getattr(getattr(model, "encoder", None), "layer", None)
     if config is None or layers is None or not hasattr(model, "embeddings"):
@@ -38,11 +37,9 @@ def supports_fused(model: nn.Module) -> bool:
 
 
 class FusedBert(nn.Module):
-    """The forward pass of a Hugging Face BERT-style encoder (BERT, RoBERTa, ...) with one
-    query-key-value projection per layer and PyTorch's fused attention; the weights are copied.
-    In bfloat16 or float16 the four projections run in that precision, while the residual
-    stream, the LayerNorms, the embeddings and (on the CPU) the attention stay in float32, where
-    rounding would accumulate. In float32 it computes what the model's own forward computes."""
+    """A BERT-style encoder's forward pass with one query-key-value projection per layer and
+    fused attention. In bfloat16 or float16 only the projections run in that precision: the
+    residual stream, LayerNorms, embeddings and (on the CPU) attention stay float32."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -58,8 +55,7 @@ class FusedBert(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Tensor | None = None,
                 keep: Collection[int] | None = None) -> tuple[Tensor | None, ...]:
-        """Hidden states $h^{(0)} \\ldots h^{(L)}$ in float32, like the model's
-        `hidden_states`; only the layers in `keep` (default: all) are kept, the others are None."""
+        """Float32 hidden states like the model's; None for a layer not in `keep` (default all)."""
         h = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids).float()
         count = len(self.layers) + 1
         keep = range(count) if keep is None else {k % count for k in keep}

@@ -1,5 +1,4 @@
-"""How isotropic a set of embeddings is: cosines, spectrum, the partition function, and the
-alignment and uniformity of unit vectors."""
+"""How isotropic embeddings are: cosines, spectrum, partition function, alignment, uniformity."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def pair_cosines(x: np.ndarray | torch.Tensor, pairs: int = 10000, seed: int = 0
 
 
 def mean_pair_cosine(x: np.ndarray | torch.Tensor, pairs: int = 10000, seed: int = 0) -> float:
-    """Mean cosine of random pairs of distinct rows: near 0 for an isotropic cloud, near 1
-    when every vector points the same way."""
+    """Mean cosine of random pairs of distinct rows: near 0 for an isotropic cloud."""
     cosines = pair_cosines(x, pairs, seed)
     return float(cosines.mean()) if cosines.size else math.nan
 
@@ -39,9 +37,8 @@ def singular_values(x: np.ndarray) -> np.ndarray:
 
 
 def effective_rank(x: np.ndarray) -> float:
-    r"""$\exp H(p)$ with $p_i = \sigma_i / \sum_j \sigma_j$ over the centred embeddings'
-    singular values (Roy & Vetterli, 2007): the number of directions the data really uses;
-    NaN when every row is the same."""
+    r"""$\exp H(p)$, $p_i = \sigma_i / \sum_j \sigma_j$ over the centred embeddings' singular
+    values (Roy & Vetterli, 2007); NaN when every row is the same."""
     s = singular_values(x)
     if not s.sum() > 0:
         return math.nan
@@ -51,8 +48,7 @@ def effective_rank(x: np.ndarray) -> float:
 
 
 def condition_number(x: np.ndarray) -> float:
-    """Largest over smallest singular value of the centred embeddings; inf when they are
-    rank-deficient to float64 precision."""
+    """Largest over smallest singular value of the centred embeddings; inf if rank-deficient."""
     s = singular_values(x)
     if s[-1] <= s[0] * len(s) * np.finfo(np.float64).eps:
         return math.inf
@@ -72,8 +68,7 @@ def partition_isotropy(x: np.ndarray) -> float:
 
 
 def isotropy_measures(x: np.ndarray) -> dict[str, float | None]:
-    """The four measures of the embeddings alone reported beside every score (for alignment
-    and uniformity see `evaluate.pair_measures`); an infinite value becomes None."""
+    """The four measures of the embeddings alone reported beside every score; inf is None."""
     values = {
         "mean_cosine": mean_pair_cosine(x),
         "effective_rank": effective_rank(x),
@@ -85,9 +80,8 @@ def isotropy_measures(x: np.ndarray) -> dict[str, float | None]:
 
 def alignment(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
               alpha: float = 2) -> float:
-    r"""$\ell_\text{align} = \mathbb{E} \lVert f(x_i) - f(y_i) \rVert^\alpha$ over the
-    positive pairs, rows of `x` and `y`, $f$ the L2 normalisation (Wang & Isola, 2020): from
-    0 (pairs coincide) to 4 (antipodal, $\alpha = 2$); lower is better. NaN without pairs."""
+    r"""$\ell_\text{align} = \mathbb{E} \lVert f(x_i) - f(y_i) \rVert^\alpha$ over the pairs of
+    rows of `x` and `y`, $f$ the L2 normalisation (Wang & Isola, 2020); NaN without pairs."""
     x, y = _tensor(x), _tensor(y)
     if x.shape != y.shape:
         raise BertflowError(f"alignment needs pairs of rows of one shape, got "
@@ -100,9 +94,7 @@ def alignment(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor,
 def uniformity(x: np.ndarray | torch.Tensor, t: float = 2, pairs: int = 10000,
                seed: int = 0) -> float:
     r"""$\ell_\text{uniform} = \log \mathbb{E}_{u \ne v} \exp(-t \lVert f(u) - f(v) \rVert^2)$
-    over pairs of distinct rows, $f$ the L2 normalisation (Wang & Isola, 2020): 0 when every
-    row points one way, $-2t$ for a uniform high-dimensional sphere; lower is better. Every
-    pair, or `pairs` random ones drawn with `seed` where there are more. NaN below two rows."""
+    over every pair of distinct rows, or `pairs` random ones (Wang & Isola, 2020)."""
     x = _tensor(x)
     n = x.shape[0]
     if n < 2:
@@ -126,7 +118,6 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
 
 
 def _random_pairs(n: int, pairs: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row indices `i`, `j` of `pairs` random pairs with i ≠ j, drawn with `seed`."""
     g = torch.Generator().manual_seed(seed)
     i = torch.randint(n, (pairs,), generator=g)
     j = (i + torch.randint(1, n, (pairs,), generator=g)) % n

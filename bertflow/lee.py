@@ -1,6 +1,5 @@
-"""The Lee corpus (Lee, Pincombe & Welsh, 2005), as gensim's wheel ships it: 50 short news
-documents with every pair's mean human similarity rating (0-1), and 300 background documents
-from the same source, an unlabeled corpus."""
+"""The Lee corpus (Lee, Pincombe & Welsh, 2005) from gensim's wheel: 50 news documents with every
+pair's mean human similarity rating (0-1), and 300 unlabeled background documents."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def rated_sentences() -> list[str]:
 
 
 def document_vectors(sentence_vectors: np.ndarray) -> np.ndarray:
-    """The 50 rated documents' vectors, each the mean of its sentences' (`sentence_vectors`,
-    a row per sentence of `rated_sentences`)."""
+    """Each rated document's vector: the mean of its sentences' rows of `sentence_vectors`."""
     owner = np.repeat(np.arange(50), [len(sentences(d)) for d in documents()])
     if len(sentence_vectors) != len(owner):
         raise BertflowError(f"expected {len(owner)} sentence vectors, got "
@@ -72,8 +70,7 @@ def similarities() -> np.ndarray:
 
 
 def judgement_spearman(document_vectors: np.ndarray) -> float:
-    """Spearman × 100 between the cosine similarities of the 50 document vectors and the
-    human ratings, over the 1,225 rated pairs (the matrix's upper triangle)."""
+    """Spearman × 100 of the document vectors' cosines against the ratings of the 1,225 pairs."""
     if document_vectors.shape[0] != 50:
         raise BertflowError(f"expected 50 document vectors, got {document_vectors.shape[0]}")
     upper = np.triu_indices(50, 1)

@@ -53,8 +53,7 @@ class Pairs:
 
 @dataclass(frozen=True)
 class Task:
-    """A benchmark: its scored subsets, and its own sentences without scores (the "target"
-    corpus: STS-B train+dev+test, SICK all splits, an STS year's subsets together)."""
+    """A benchmark: its scored subsets, and all its sentences without scores (every split)."""
 
     name: str
     test: tuple[Pairs, ...]
@@ -80,13 +79,12 @@ def read_stsb(folder: str | os.PathLike, split: str) -> Pairs:
 
 def read_stsb_splits(folder: str | os.PathLike,
                      splits: Sequence[str] = ("train", "dev", "test")) -> dict[str, Pairs]:
-    """STS-B's `splits` by name (see `read_stsb`)."""
+    """STS-B's `splits` by name."""
     return {split: read_stsb(folder, split) for split in splits}
 
 
 def read_sick(folder: str | os.PathLike, split: str) -> Pairs:
-    """SICK: `SICK_train.txt`, `SICK_trial.txt` or `SICK_test_annotated.txt`, tab-separated
-    under a header naming `sentence_A`, `sentence_B` and `relatedness_score` (1-5)."""
+    """One SICK split, tab-separated under a header naming its columns."""
     if split not in _SICK_FILES:
         raise BertflowError(f"SICK has no split {split!r}; choose one of {', '.join(_SICK_FILES)}")
     path = Path(folder) / _SICK_FILES[split]
@@ -111,22 +109,13 @@ def read_sts_subset(folder: str | os.PathLike, subset: str) -> Pairs:
     golds = _lines(scores)
     if len(pairs) != len(golds):
         raise BertflowError(f"{scores} has {len(golds)} lines but {inputs} has {len(pairs)}")
-    first, second, gold = [], [], []
-    for (number, fields), value in zip(pairs, golds, strict=True):
-        if not value.strip():
-            continue
-        if len(fields) != 2:
+    scored = [(number, [value, *fields])
+              for (number, fields), value in zip(pairs, golds, strict=True) if value.strip()]
+    for number, fields in scored:
+        if len(fields) != 3:
             raise BertflowError(f"{inputs} line {number} is malformed: expected 2 tab-separated "
-                                f"sentences, found {len(fields)} fields")
-        try:
-            score = float(value)
-        except ValueError:
-            raise BertflowError(f"{scores} line {number} is malformed: {value[:40]!r} "
-                                "is not a score") from None
-        gold.append(_check_gold(score, value, scores, number))
-        first.append(fields[0])
-        second.append(fields[1])
-    return _pairs(f"{folder.name} {subset}", scores, first, second, gold)
+                                f"sentences, found {len(fields) - 1} fields")
+    return _read_pairs(f"{folder.name} {subset}", scores, scored, (0, 1, 2), ": not a score")
 
 
 def _read_pairs(name: str, path: Path, lines: list[tuple[int, list[str]]],
@@ -138,10 +127,15 @@ def _read_pairs(name: str, path: Path, lines: list[tuple[int, list[str]]],
             score, a, b = float(fields[columns[0]]), fields[columns[1]], fields[columns[2]]
         except (IndexError, ValueError):
             raise BertflowError(f"{path} line {number} is malformed{expected}") from None
-        gold.append(_check_gold(score, fields[columns[0]], path, number))
+        if not math.isfinite(score):
+            raise BertflowError(f"{path} line {number}: gold score "
+                                f"{fields[columns[0]].strip()[:40]!r} is not a finite number")
+        gold.append(score)
         first.append(a)
         second.append(b)
-    return _pairs(name, path, first, second, gold)
+    if not gold:
+        raise BertflowError(f"{path} holds no scored pairs")
+    return Pairs(name, first, second, np.asarray(gold, dtype=np.float64))
 
 
 def load_task(data: str | os.PathLike, name: str) -> Task | None:
@@ -153,13 +147,11 @@ def load_task(data: str | os.PathLike, name: str) -> Task | None:
         return None
     if name == "STS-B":
         splits = list(read_stsb_splits(folder).values())
-        test = (splits[2],)
     elif name == "SICK-R":
         splits = [read_sick(folder, s) for s in _SICK_FILES]
-        test = (splits[2],)
     else:
         splits = [read_sts_subset(folder, s) for s in STS_SUBSETS[name]]
-        test = tuple(splits)
+    test = tuple(splits) if name in STS_SUBSETS else (splits[2],)  # the test split alone
     return Task(name, test, tuple(sentences_of(splits)))
 
 
@@ -188,8 +180,7 @@ def spearman(predicted: np.ndarray, gold: np.ndarray) -> float:
 
 
 def undefined(predicted: np.ndarray, gold: np.ndarray) -> str | None:
-    """Why Spearman's correlation of `predicted` and `gold` is undefined (a side not finite,
-    or constant: its ranks do not spread), or None when it is defined."""
+    """Why Spearman's correlation is undefined (a side not finite, or constant), else None."""
     predicted, gold = np.asarray(predicted, dtype=np.float64), np.asarray(gold, np.float64)
     if not np.isfinite(gold).all():
         return "non-finite gold scores"
@@ -203,8 +194,7 @@ def undefined(predicted: np.ndarray, gold: np.ndarray) -> str | None:
 
 
 def pair_spearman(pairs: Pairs, sentences: Sequence[str], vectors: np.ndarray) -> float | None:
-    """Spearman × 100 between gold scores and the cosine of each pair's vectors
-    (`vectors[i]` embeds `sentences[i]`); None where it is undefined."""
+    """Spearman × 100 of gold against cosine (`vectors[i]` embeds `sentences[i]`), or None."""
     return score((pairs,), sentences, vectors)["all"]
 
 
@@ -215,17 +205,13 @@ def score(subsets: Sequence[Pairs], sentences: Sequence[str],
     weighted by size (the BERT-flow and BERT-whitening papers). An undefined aggregation (in
     any one subset, for ``wmean``) is None, its reason under ``undefined``: no NaN."""
     row = {s: i for i, s in enumerate(sentences)}
-    predicted, golds, per_subset, sizes, reasons = [], [], [], [], []
-    for pairs in subsets:
-        similarity = cosine(*pair_vectors(pairs, row, vectors))
-        predicted.append(similarity)
-        golds.append(pairs.gold)
-        per_subset.append(spearman(similarity, pairs.gold))
-        sizes.append(len(pairs))
-        reason = undefined(similarity, pairs.gold)
-        if reason is not None:
-            reasons.append(f"{reason} in {pairs.name}")
-    predicted_all, gold_all = np.concatenate(predicted), np.concatenate(golds)
+    similarities = [cosine(*pair_vectors(pairs, row, vectors)) for pairs in subsets]
+    reasons = [f"{reason} in {pairs.name}" for pairs, s in zip(subsets, similarities, strict=True)
+               if (reason := undefined(s, pairs.gold))]
+    per_subset = [spearman(s, pairs.gold) for pairs, s in zip(subsets, similarities, strict=True)]
+    sizes = [len(pairs) for pairs in subsets]
+    predicted_all = np.concatenate(similarities)
+    gold_all = np.concatenate([pairs.gold for pairs in subsets])
     why = {"all": undefined(predicted_all, gold_all), "wmean": "; ".join(reasons) or None}
     return {
         "all": None if why["all"] else spearman(predicted_all, gold_all),
@@ -236,8 +222,8 @@ def score(subsets: Sequence[Pairs], sentences: Sequence[str],
 
 def pair_vectors(pairs: Pairs, sentences: Sequence[str] | dict[str, int],
                  vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The vectors of the first and of the second sentence of each pair, where `vectors[i]`
-    embeds `sentences[i]` (or, given a dict, row `sentences[s]` embeds `s`)."""
+    """The vectors of each pair's first and second sentences, `vectors[i]` embedding
+    `sentences[i]` (or, given a dict, `vectors[sentences[s]]` embedding `s`)."""
     row = sentences if isinstance(sentences, dict) else {s: i for i, s in enumerate(sentences)}
     try:
         return vectors[[row[s] for s in pairs.first]], vectors[[row[s] for s in pairs.second]]
@@ -246,8 +232,7 @@ def pair_vectors(pairs: Pairs, sentences: Sequence[str] | dict[str, int],
 
 
 def positive_pairs(subsets: Iterable[Pairs], threshold: float = POSITIVE_GOLD) -> Pairs:
-    """The pairs of `subsets` whose gold score is at least `threshold`, as one (maybe empty)
-    `Pairs`: the positives of Wang & Isola's alignment, as SimCSE takes them."""
+    """The pairs of `subsets` with gold ≥ `threshold` as one `Pairs` (alignment's positives)."""
     first, second, gold, names = [], [], [np.zeros(0)], []
     for pairs in subsets:
         keep = np.flatnonzero(pairs.gold >= threshold)
@@ -257,19 +242,6 @@ def positive_pairs(subsets: Iterable[Pairs], threshold: float = POSITIVE_GOLD) -
         names.append(pairs.name)
     return Pairs(f"gold ≥ {threshold:g} in {', '.join(names)}", first, second,
                  np.concatenate(gold))
-
-
-def _check_gold(score: float, text: str, path: Path, number: int) -> float:
-    if not math.isfinite(score):
-        raise BertflowError(f"{path} line {number}: gold score {text.strip()[:40]!r} is not a "
-                            "finite number")
-    return score
-
-
-def _pairs(name: str, path: Path, first: list, second: list, gold: list) -> Pairs:
-    if not gold:
-        raise BertflowError(f"{path} holds no scored pairs")
-    return Pairs(name, first, second, np.asarray(gold, dtype=np.float64))
 
 
 def _lines(path: Path) -> list[str]:
@@ -286,12 +258,9 @@ def _lines(path: Path) -> list[str]:
 
 
 def _tab_lines(path: Path, allow_empty: bool = False) -> list[tuple[int, list[str]]]:
-    """(line number, tab-separated fields) of each line; blank lines are skipped unless
-    `allow_empty`, which keeps them so that line numbers pair with a gold file."""
-    out = []
-    for number, line in enumerate(_lines(path), start=1):
-        if line.strip() or allow_empty:
-            out.append((number, line.split("\t")))
+    """(line number, tab-separated fields) of each line not blank, or of every line."""
+    out = [(number, line.split("\t")) for number, line in enumerate(_lines(path), start=1)
+           if line.strip() or allow_empty]
     if not out:
         raise BertflowError(f"{path} is empty")
     return out
