@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("BERTFLOW_DEBUG", "") not in ("", "0")
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
     try:
-        check_options(args)  # and the inputs, before torch is imported: a slip fails at once
+        check_options(args, launched)  # and the inputs, before torch is imported
         _check_inputs(args)
         from . import distributed
 
@@ -100,8 +100,7 @@ def _check_paths(args: argparse.Namespace, output: str = "out") -> None:
 
 
 def _recorded_encoder_folder(head: Path) -> Path | None:
-    """The folder of the encoder the head at `head` records, where it is a folder that exists
-    (read from its config, unchecked: the head is checked when it loads)."""
+    """The existing encoder folder the config of head folder `head` records (unchecked)."""
     from .files import read_json
 
     try:
@@ -245,7 +244,8 @@ def _diagnose(args: argparse.Namespace) -> None:
         data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
     for key in before:
-        print(f"{key:18}{_number(before[key]):>12}{_number(after[key]):>12}")
+        cells = ["inf" if v is None else f"{v:.4g}" for v in (before[key], after[key])]
+        print(f"{key:18}{cells[0]:>12}{cells[1]:>12}")
     print("wrote " + ", ".join(str(p) for p in paths))
 
 
@@ -377,10 +377,6 @@ def _load_encoder(args: argparse.Namespace, owner: Any = None) -> Any:
 def _progress(args: argparse.Namespace) -> bool | None:
     """Progress bars where they help, none with --quiet."""
     return False if args.quiet else None
-
-
-def _number(value: float | None) -> str:
-    return "inf" if value is None else f"{value:.4g}"
 
 
 _RUN = {"encode": _encode, "fit": _fit, "transform": _transform, "eval": _eval,

@@ -1,6 +1,5 @@
-"""The `bertflow` command line's arguments: one parser per command, every option with its
-type, default and help, (their checks are in `options`). Imports nothing heavy, so that `bertflow
---help` is instant."""
+"""The `bertflow` command line's arguments (checked in `options`); nothing heavy is imported,
+so that `bertflow --help` is instant."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(run: Mapping[str, Callable[[argparse.Namespace], None]]) -> _Parser:
-    """The parser of every command; a command's parsed arguments carry `run`, the function
-    of `run` (by the command's name) that carries it out."""
+    """The parser of every command; a command's arguments carry `run[command]` as `run`."""
     parser = _Parser(prog="bertflow", description=_DESCRIPTION, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"bertflow {__version__}")
     parser.add_argument("--debug", action="store_true",
@@ -199,14 +197,12 @@ def _diagnose(p: argparse.ArgumentParser) -> None:
                    help="apply this head (default: fit a flow on the sentences)")
     p.add_argument("--corpus", type=Path, default=None,
                    help="text whose token frequencies to plot (default: the sentences)")
-    p.add_argument("--data", type=Path, default=None, help=_ALIGNMENT_HELP)
+    p.add_argument("--data", type=Path, default=None,
+                   help="folder in SentEval's layout: also plot alignment_uniformity.png, every "
+                        "method fit on SENTENCES (the flow: --head, if given) placed by its "
+                        "uniformity and alignment on the STS-B dev and test pairs (alignment: "
+                        "those with gold ≥ 4); without it, that plot is left out")
     _head_or_flow_options(p)
-
-
-_ALIGNMENT_HELP = (
-    "folder in SentEval's layout: also plot alignment_uniformity.png, every method fit on "
-    "SENTENCES (the flow: --head, if given) placed by its uniformity and alignment on the STS-B "
-    "dev and test pairs (alignment: those with gold ≥ 4); without it, that plot is left out")
 
 
 @_command("export", "write a head for use without bertflow's CLI", """
@@ -311,8 +307,7 @@ def _head_or_flow_options(p: argparse.ArgumentParser) -> None:
 
 def _encoder_options(p: argparse.ArgumentParser, pooling_default: str | None = DEFAULT_POOLING,
                      pooling_help: str | None = None, max_length_help: str | None = None) -> None:
-    """The encoder's options; with `max_length_help`, --max-length defaults to None, which
-    that text explains."""
+    """The encoder's options; with `max_length_help`, --max-length defaults to None."""
     p.add_argument("--encoder", default=None,
                    help=f"Hugging Face encoder folder (default: {DEFAULT_ENCODER_NAME}, which "
                         "comes with bertflow)")
