@@ -58,8 +58,7 @@ class Checkpoint:
 
 
 def open_checkpoint(path: str | os.PathLike, keep: bool = False) -> Checkpoint | None:
-    """The training checkpoint at `path`, or None where there is no file; any other file is
-    refused, and so is another format version."""
+    """The training checkpoint at `path`, or None where there is none; other files are refused."""
     path = Path(path)
     if not path.exists():
         return None

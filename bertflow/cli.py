@@ -135,9 +135,8 @@ def _fit(args: argparse.Namespace) -> None:
     from .card import summary
     from .runs import FitJob, fit_head
 
-    job = FitJob(args.input, args.out, args.method, args.k, args.d,
-                 recipe=flow_options(args), encoder=args.encoder,
-                 pooling=args.pooling, max_length=args.max_length,
+    job = FitJob(args.input, args.out, args.method, args.k, args.d, recipe=flow_options(args),
+                 encoder=args.encoder, pooling=args.pooling, max_length=args.max_length,
                  batch_size=args.encode_batch_size, device=args.device, dtype=args.dtype,
                  cache=args.cache, checkpoint=args.checkpoint, resume=args.resume,
                  logdir=args.logdir, dev_sts=args.dev_sts)
@@ -178,20 +177,14 @@ def _transform(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
+    from . import evaluate
     from .cache import EmbeddingCache
-    from .evaluate import (
-        check_rows_destination,
-        evaluate_head,
-        evaluate_method,
-        format_table,
-        undefined_notes,
-    )
     from .files import Checked, write_json
     from .recipes import corpus_note
     from .sts import load_tasks
 
     _check_paths(args, "json")
-    out = Checked(args.json, check_rows_destination) if args.json is not None else None
+    out = Checked(args.json, evaluate.check_rows_destination) if args.json is not None else None
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
@@ -202,20 +195,21 @@ def _eval(args: argparse.Namespace) -> None:
     method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
     fit_on = args.fit_on or ["target"]
     if head is not None:
-        rows = evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
-                             name=str(args.head), pooling=args.pooling, **common)
+        rows = evaluate.evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
+                                      name=str(args.head), pooling=args.pooling, **common)
     else:
         if method == "flow":
             _check_flow(args, encoder)
-        rows = evaluate_method(tasks, missing, method, encoder, EmbeddingCache(args.cache),
-                               pooling=pooling, fit_on=fit_on, k=args.k, d=args.d,
-                               recipe=flow_options(args), **common)
+        rows = evaluate.evaluate_method(tasks, missing, method, encoder,
+                                        EmbeddingCache(args.cache), pooling=pooling,
+                                        fit_on=fit_on, k=args.k, d=args.d,
+                                        recipe=flow_options(args), **common)
     if args.json is not None:
         write_json(args.json, rows, recheck=out)
     for aggregation in ("all", "wmean"):
         print(f"Spearman × 100 ({aggregation}):")
-        print(format_table(rows, aggregation))
-    notes = undefined_notes(rows)
+        print(evaluate.format_table(rows, aggregation))
+    notes = evaluate.undefined_notes(rows)
     if missing:
         notes.append(f"missing from {args.data}: {', '.join(missing)}")
     if head is None and method == "flow":
@@ -239,9 +233,8 @@ def _diagnose(args: argparse.Namespace) -> None:
     paths, before, after = diagnose(
         sentences, args.out, encoder, head=head, pooling=args.pooling,
         max_length=args.max_length or DEFAULT_MAX_LENGTH, corpus=corpus,
-        cache=EmbeddingCache(args.cache),
-        recipe=flow_options(args), batch_size=args.encode_batch_size, progress=_progress(args),
-        data=args.data, say=print)
+        cache=EmbeddingCache(args.cache), recipe=flow_options(args),
+        batch_size=args.encode_batch_size, progress=_progress(args), data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
     for key in before:
         cells = ["inf" if v is None else f"{v:.4g}" for v in (before[key], after[key])]
@@ -375,7 +368,6 @@ def _load_encoder(args: argparse.Namespace, owner: Any = None) -> Any:
 
 
 def _progress(args: argparse.Namespace) -> bool | None:
-    """Progress bars where they help, none with --quiet."""
     return False if args.quiet else None
 
 

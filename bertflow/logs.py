@@ -1,5 +1,4 @@
-"""A fit's TensorBoard logs: curves (`TensorBoard`), hyperparameters with results
-(`log_hparams`) and the run's folder (`RunLogs`)."""
+"""A fit's TensorBoard logs: its curves, hyperparameters with results, and the run's folder."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The checks of parsed options that cannot apply together (before any work), the flow settings
-they give, and the types of the numeric options (a bad value is argparse's usage error)."""
+"""Checks of parsed options that cannot apply together, the flow settings given, option types."""
 
 from __future__ import annotations
 

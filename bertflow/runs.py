@@ -1,6 +1,4 @@
-"""`bertflow fit` as a library call (`FitJob`, `fit_head`): a head fit from a corpus or an
-embeddings file, resumable from a checkpoint, logged to TensorBoard, scored on STS-B dev. The
-paths it writes are checked before any work."""
+"""`bertflow fit` as a library call: resumable, logged to TensorBoard, scored on STS-B dev."""
 
 from __future__ import annotations
 
@@ -88,7 +86,10 @@ def fit_head(job: FitJob, *, say: Say | None = None,
                                    corpus=origin["corpus"])
         head.save(job.out)
         return FittedHead(head, None)
-    run = _run_record(job, origin)
+    run = {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
+           "before": job.recipe.before, "pooling": origin["pooling"],
+           "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
+           "max_length": origin["max_length"], "data": origin["data"]}  # what a checkpoint is of
     state = checkpoint.state_for(run, say) if checkpoint is not None else None
     measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
     return _train(job, x, origin, run, state, checkpoint, measure, say, progress)
@@ -137,14 +138,6 @@ class _CheckingCache(EmbeddingCache):
         for name in [pooling] if isinstance(pooling, str) else pooling:
             self.check(encoder.width(name))
         return super().files(corpus, encoder, pooling, *args, **kwargs)
-
-
-def _run_record(job: FitJob, origin: dict[str, Any]) -> dict[str, Any]:
-    """The settings and data a checkpoint of this job belongs to."""
-    return {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
-            "before": job.recipe.before, "pooling": origin["pooling"],
-            "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
-            "max_length": origin["max_length"], "data": origin["data"]}
 
 
 class _CheckpointFile:

@@ -108,8 +108,7 @@ class TrainState:
 
 
 class Hook(Protocol):
-    """What `fit` tells: a fresh fit's held-out inputs, each step's scalars, each epoch's
-    record and held-out latents."""
+    """What `fit` tells: the held-out inputs, each step's scalars, each epoch's record."""
 
     def start(self, x: Tensor) -> None: ...
 
@@ -212,12 +211,10 @@ class _Trainer:
 
     def optimise(self, epoch: int, indices: Tensor, g: torch.Generator) -> float:
         """One optimiser step on this process's share of `indices`: the minibatch's mean NLL."""
-        n = len(indices)
-        noise = self.jitter * torch.randn((n, self.dim), generator=g) if self.jitter else None
-        share = slice(self.rank, None, self.world)
+        n, share = len(indices), slice(self.rank, None, self.world)
         data = self.batch(indices[share])
-        if noise is not None:
-            data = data + noise[share]
+        if self.jitter:  # drawn for the whole minibatch: every process draws alike
+            data = data + (self.jitter * torch.randn((n, self.dim), generator=g))[share]
         nll, log_det = self.net(data)
         loss = nll / (n / self.world)  # DDP averages over processes: the minibatch's mean
         sums = torch.stack([nll.detach(), log_det])
@@ -258,8 +255,7 @@ class _Trainer:
             metrics.update(measured)
         record.update(metrics, seconds=time.perf_counter() - began)
         if not math.isfinite(record["val_nll"]):
-            raise BertflowError(f"non-finite validation NLL after epoch {epoch} "
-                                f"(step {self.step})")
+            raise BertflowError(f"non-finite validation NLL after epoch {epoch} (step {self.step})")
         if self.hook is not None:
             self.hook.epoch(self.step, record, z_val)
         self.epoch = epoch
