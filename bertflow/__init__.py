@@ -1,8 +1,6 @@
 """bertflow: make BERT sentence embeddings isotropic with a normalizing flow (BERT-flow).
 
-The names below are imported on first use, so that `import bertflow` (and `bertflow --help`)
-does not load torch until something needs it.
-"""
+The names below are imported on first use, so that `import bertflow` does not load torch."""
 
 from __future__ import annotations
 

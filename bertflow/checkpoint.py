@@ -1,5 +1,4 @@
-"""The training checkpoint file: a `TrainState` with the run it belongs to, in torch's zip
-format, read with `torch.load(weights_only=True)` (tensors and plain containers, never code)."""
+"""The training checkpoint: a `TrainState` and its run, read with `weights_only=True`."""
 
 from __future__ import annotations
 
@@ -52,17 +51,14 @@ class Checkpoint:
 
     def check(self, path: str | os.PathLike, run: dict[str, Any], *, extended: bool = True,
               keep: bool = False) -> None:
-        """Refuse this checkpoint (at `path`) for `run` unless it is that run's (or, with
-        `extended`, of fewer epochs); with `keep`, saying the file is left as it is."""
+        """Refuse this checkpoint for `run` unless it is its (or, `extended`, fewer epochs)."""
         if self.run != run and not (extended and self.extends(run)):
             raise BertflowError(f"{path} was written by a run with other settings or data"
                                 + ("; not overwriting it" if keep else ""))
 
 
 def open_checkpoint(path: str | os.PathLike, keep: bool = False) -> Checkpoint | None:
-    """The training checkpoint at `path`, or None where there is no file. Any other file is
-    refused (with `keep`, saying that it is left as it is), and so is a checkpoint of
-    another format version."""
+    """The training checkpoint at `path`, or None where there is none; other files are refused."""
     path = Path(path)
     if not path.exists():
         return None
@@ -74,7 +70,6 @@ def open_checkpoint(path: str | os.PathLike, keep: bool = False) -> Checkpoint |
 
 
 def _read(path: Path) -> Checkpoint | None:
-    """The checkpoint at `path`, or None where the file is not one."""
     with open(path, "rb") as f:  # an unreadable file is an OSError, not "not a checkpoint"
         if not zipfile.is_zipfile(f):
             return None

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("BERTFLOW_DEBUG", "") not in ("", "0")
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
     try:
-        check_options(args)  # and the inputs, before torch is imported: a slip fails at once
+        check_options(args, launched)  # and the inputs, before torch is imported
         _check_inputs(args)
         from . import distributed
 
@@ -100,8 +100,7 @@ def _check_paths(args: argparse.Namespace, output: str = "out") -> None:
 
 
 def _recorded_encoder_folder(head: Path) -> Path | None:
-    """The folder of the encoder the head at `head` records, where it is a folder that exists
-    (read from its config, unchecked: the head is checked when it loads)."""
+    """The existing encoder folder the config of head folder `head` records (unchecked)."""
     from .files import read_json
 
     try:
@@ -136,9 +135,8 @@ def _fit(args: argparse.Namespace) -> None:
     from .card import summary
     from .runs import FitJob, fit_head
 
-    job = FitJob(args.input, args.out, args.method, args.k, args.d,
-                 recipe=flow_options(args), encoder=args.encoder,
-                 pooling=args.pooling, max_length=args.max_length,
+    job = FitJob(args.input, args.out, args.method, args.k, args.d, recipe=flow_options(args),
+                 encoder=args.encoder, pooling=args.pooling, max_length=args.max_length,
                  batch_size=args.encode_batch_size, device=args.device, dtype=args.dtype,
                  cache=args.cache, checkpoint=args.checkpoint, resume=args.resume,
                  logdir=args.logdir, dev_sts=args.dev_sts)
@@ -180,20 +178,14 @@ def _transform(args: argparse.Namespace) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
+    from . import evaluate
     from .cache import EmbeddingCache
-    from .evaluate import (
-        check_rows_destination,
-        evaluate_head,
-        evaluate_method,
-        format_table,
-        undefined_notes,
-    )
     from .files import Checked, write_json
     from .recipes import corpus_note
     from .sts import load_tasks
 
     _check_paths(args, "json")
-    out = Checked(args.json, check_rows_destination) if args.json is not None else None
+    out = Checked(args.json, evaluate.check_rows_destination) if args.json is not None else None
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
@@ -204,20 +196,21 @@ def _eval(args: argparse.Namespace) -> None:
     method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
     fit_on = args.fit_on or ["target"]
     if head is not None:
-        rows = evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
-                             name=str(args.head), pooling=args.pooling, **common)
+        rows = evaluate.evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
+                                      name=str(args.head), pooling=args.pooling, **common)
     else:
         if method == "flow":
             _check_flow(args, encoder)
-        rows = evaluate_method(tasks, missing, method, encoder, EmbeddingCache(args.cache),
-                               pooling=pooling, fit_on=fit_on, k=args.k, d=args.d,
-                               recipe=flow_options(args), **common)
+        rows = evaluate.evaluate_method(tasks, missing, method, encoder,
+                                        EmbeddingCache(args.cache), pooling=pooling,
+                                        fit_on=fit_on, k=args.k, d=args.d,
+                                        recipe=flow_options(args), **common)
     if args.json is not None:
         write_json(args.json, rows, recheck=out)
     for aggregation in ("all", "wmean"):
         print(f"Spearman × 100 ({aggregation}):")
-        print(format_table(rows, aggregation))
-    notes = undefined_notes(rows)
+        print(evaluate.format_table(rows, aggregation))
+    notes = evaluate.undefined_notes(rows)
     if missing:
         notes.append(f"missing from {args.data}: {', '.join(missing)}")
     if head is None and method == "flow":
@@ -241,12 +234,12 @@ def _diagnose(args: argparse.Namespace) -> None:
     paths, before, after = diagnose(
         sentences, args.out, encoder, head=head, pooling=args.pooling,
         max_length=args.max_length or DEFAULT_MAX_LENGTH, corpus=corpus,
-        cache=EmbeddingCache(args.cache),
-        recipe=flow_options(args), batch_size=args.encode_batch_size, progress=_progress(args),
-        data=args.data, say=print)
+        cache=EmbeddingCache(args.cache), recipe=flow_options(args),
+        batch_size=args.encode_batch_size, progress=_progress(args), data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
     for key in before:
-        print(f"{key:18}{_number(before[key]):>12}{_number(after[key]):>12}")
+        cells = ["inf" if v is None else f"{v:.4g}" for v in (before[key], after[key])]
+        print(f"{key:18}{cells[0]:>12}{cells[1]:>12}")
     print("wrote " + ", ".join(str(p) for p in paths))
 
 
@@ -376,12 +369,7 @@ def _load_encoder(args: argparse.Namespace, owner: Any = None) -> Any:
 
 
 def _progress(args: argparse.Namespace) -> bool | None:
-    """Progress bars where they help, none with --quiet."""
     return False if args.quiet else None
-
-
-def _number(value: float | None) -> str:
-    return "inf" if value is None else f"{value:.4g}"
 
 
 _RUN = {"encode": _encode, "fit": _fit, "transform": _transform, "eval": _eval,

@@ -1,6 +1,4 @@
-"""The `bertflow` command line's arguments: one parser per command, every option with its
-type, default and help, (their checks are in `options`). Imports nothing heavy, so that `bertflow
---help` is instant."""
+"""The `bertflow` command line's arguments; nothing heavy is imported: `--help` is instant."""
 
 from __future__ import annotations
 
@@ -62,8 +60,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(run: Mapping[str, Callable[[argparse.Namespace], None]]) -> _Parser:
-    """The parser of every command; a command's parsed arguments carry `run`, the function
-    of `run` (by the command's name) that carries it out."""
+    """The parser of every command; a command's arguments carry `run[command]` as `run`."""
     parser = _Parser(prog="bertflow", description=_DESCRIPTION, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"bertflow {__version__}")
     parser.add_argument("--debug", action="store_true",
@@ -82,7 +79,6 @@ _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str, str]]
 
 def _command(name: str, summary: str, description: str) -> Callable[[Any], Any]:
     """Register the function below as the one that adds command `name`'s options."""
-
     def register(add: Callable[[argparse.ArgumentParser], None]) -> Any:
         _COMMANDS[name] = (add, summary, textwrap.dedent(description).strip())
         return add
@@ -123,9 +119,8 @@ def _fit(p: argparse.ArgumentParser) -> None:
                    help="the flow, or a closed-form baseline: BERT-whitening, whitening to "
                         "--k components, all-but-the-top (--d directions)")
     _baseline_options(p)
-    _encoder_options(p, pooling_default=None,
-                     pooling_help=f"the embeddings' sidecar's, else {DEFAULT_POOLING}",
-                     max_length_help=f"{DEFAULT_MAX_LENGTH}; for a .npy, its sidecar's")
+    _encoder_options(p, f"the embeddings' sidecar's, else {DEFAULT_POOLING}",
+                     f"{DEFAULT_MAX_LENGTH}; for a .npy, its sidecar's")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     g = _flow_arguments(p)
     g.add_argument("--logdir", type=Path, default=None,
@@ -199,14 +194,12 @@ def _diagnose(p: argparse.ArgumentParser) -> None:
                    help="apply this head (default: fit a flow on the sentences)")
     p.add_argument("--corpus", type=Path, default=None,
                    help="text whose token frequencies to plot (default: the sentences)")
-    p.add_argument("--data", type=Path, default=None, help=_ALIGNMENT_HELP)
+    p.add_argument("--data", type=Path, default=None,
+                   help="folder in SentEval's layout: also plot alignment_uniformity.png, every "
+                        "method fit on SENTENCES (the flow: --head, if given) placed by its "
+                        "uniformity and alignment on the STS-B dev and test pairs (alignment: "
+                        "those with gold ≥ 4); without it, that plot is left out")
     _head_or_flow_options(p)
-
-
-_ALIGNMENT_HELP = (
-    "folder in SentEval's layout: also plot alignment_uniformity.png, every method fit on "
-    "SENTENCES (the flow: --head, if given) placed by its uniformity and alignment on the STS-B "
-    "dev and test pairs (alignment: those with gold ≥ 4); without it, that plot is left out")
 
 
 @_command("export", "write a head for use without bertflow's CLI", """
@@ -233,8 +226,7 @@ def _index(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", type=Path, default=None,
                    help="transform with this head (its encoder and pooling); default: raw "
                         "pooled vectors")
-    _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING,
-                     max_length_help=_HEADS_MAX_LENGTH)
+    _encoder_options(p, _HEADS_POOLING, _HEADS_MAX_LENGTH)
     p.add_argument("--kind", choices=("flat", "hnsw"), default="flat",
                    help="exact inner product or an HNSW graph")
     p.add_argument("--dims", type=positive, default=None,
@@ -303,22 +295,20 @@ def _baseline_options(p: argparse.ArgumentParser) -> None:
 
 def _head_or_flow_options(p: argparse.ArgumentParser) -> None:
     """The encoder (the head's by default), the cache, and the flow fit without a head."""
-    _encoder_options(p, pooling_default=None, pooling_help=_HEADS_POOLING,
-                     max_length_help=_HEADS_MAX_LENGTH)
+    _encoder_options(p, _HEADS_POOLING, _HEADS_MAX_LENGTH)
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     _quiet(_flow_arguments(p))
 
 
-def _encoder_options(p: argparse.ArgumentParser, pooling_default: str | None = DEFAULT_POOLING,
-                     pooling_help: str | None = None, max_length_help: str | None = None) -> None:
-    """The encoder's options; with `max_length_help`, --max-length defaults to None, which
-    that text explains."""
+def _encoder_options(p: argparse.ArgumentParser, pooling_help: str | None = None,
+                     max_length_help: str | None = None) -> None:
+    """The encoder's options; a help text given makes its option's default None."""
     p.add_argument("--encoder", default=None,
                    help=f"Hugging Face encoder folder (default: {DEFAULT_ENCODER_NAME}, which "
                         "comes with bertflow)")
-    p.add_argument("--pooling", choices=POOLINGS, default=pooling_default,
+    p.add_argument("--pooling", choices=POOLINGS, default=None if pooling_help else DEFAULT_POOLING,
                    help="how token states become one vector" + (
-                       "" if pooling_default else f" (default: {pooling_help or DEFAULT_POOLING})"))
+                       f" (default: {pooling_help})" if pooling_help else ""))
     p.add_argument("--max-length", type=max_length_type,
                    default=None if max_length_help else DEFAULT_MAX_LENGTH,
                    help="tokens per sentence; longer sentences are truncated" + (

@@ -1,6 +1,4 @@
-"""The processes a command runs in, and the threads each one computes with. bertflow launches
-no process: under PyTorch's `torchrun`, `init` joins the process group (gloo on the CPU, NCCL on
-CUDA); without it every helper here is the one-process case."""
+"""The processes a command runs in (under `torchrun`; else one) and each one's threads."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ def launched() -> bool:
 
 
 def init(device: torch.device) -> None:
-    """Join the process group torchrun describes (once; no-op when not launched). On CUDA, CPU
-    tensors (the flow's gradients, messages between processes) still go through gloo."""
+    """Join torchrun's process group, once; on CUDA, CPU tensors still go through gloo."""
     if not launched() or dist.is_initialized():
         return
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
@@ -35,7 +32,7 @@ def init(device: torch.device) -> None:
 
 
 def join(device: str) -> str:
-    """Join the job torchrun describes on this process's own `device` (a kind): the one used."""
+    """Join torchrun's job on this process's own `device` (a kind): the one used."""
     from .encoder import resolve_device
 
     chosen = local_device(resolve_device(device))
@@ -73,7 +70,7 @@ def barrier() -> None:
 
 
 def broadcast_error(message: str | None) -> str | None:
-    """Rank 0's error message (or None) on every rank, so that all of them stop together."""
+    """Rank 0's error message (or None) on every rank, so that all stop together."""
     if not dist.is_initialized():
         return message
     box = [message]
@@ -82,8 +79,8 @@ def broadcast_error(message: str | None) -> str | None:
 
 
 def use_available_cpus() -> int | None:
-    """Give torch a thread per CPU this process may use, unless OMP_NUM_THREADS or MKL_NUM_THREADS
-    is set (torch's default, every CPU of the machine, is slow on a busy one): the count or None."""
+    """Give torch a thread per CPU this process may use (its default, every CPU of the machine,
+    is slow on a busy one), unless OMP or MKL_NUM_THREADS is set: the count or None."""
     if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
         return None
     threads = available_cpus()
@@ -92,15 +89,14 @@ def use_available_cpus() -> int | None:
 
 
 def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """The CPUs this process may run on (its affinity), capped by the CPU quota of the cgroup
-    mounted at `cgroup` (a container's own; v2, or v1's `cpu` folder), rounded up."""
+    """The CPUs of this process's affinity, capped by the quota of the cgroup at `cgroup`."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     quotas = [math.ceil(q) for q in map(_quota, (cgroup, cgroup / "cpu")) if q > 0]
     return max(1, min([cpus or 1, *quotas]))
 
 
 def _quota(folder: Path) -> float:
-    """The CPUs of a cgroup's quota (v2 `cpu.max`, v1 `cpu.cfs_*_us`); 0 or less if none is set."""
+    """The CPUs of a cgroup's quota (v2 or v1); 0 or less if none is set."""
     try:
         if (folder / "cpu.max").is_file():
             quota, period = (folder / "cpu.max").read_text().split()[:2]

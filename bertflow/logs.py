@@ -1,5 +1,4 @@
-"""A fit's TensorBoard logs: what `train.fit` tells its `Hook`, as curves (`TensorBoard`), the
-run's hyperparameters with its results (`log_hparams`), and the run's folder (`RunLogs`)."""
+"""A fit's TensorBoard logs: its curves, hyperparameters with results, and the run's folder."""
 
 from __future__ import annotations
 
@@ -21,10 +20,8 @@ _SPECTRAL = 2048  # held-out rows whose spectrum is measured (two SVDs each epoc
 
 
 class TensorBoard:
-    """A `train.Hook` writing to `writer` (TensorBoard's `SummaryWriter` or alike): each step's
-    `train/` scalars; each epoch's NLLs, the measures of `fit`'s `measure` (`dev_spearman` as
-    `dev/spearman`) and the isotropy of held-out latents (mean cosine, effective rank, I(W), a
-    histogram); at the start, the isotropy of the held-out inputs."""
+    """A `train.Hook` writing to a `SummaryWriter`: each step's `train/` scalars, each epoch's
+    NLLs and measures, and the isotropy of the held-out inputs and latents."""
 
     def __init__(self, writer: Any):
         self.writer = writer
@@ -49,7 +46,6 @@ class TensorBoard:
             self.writer.add_scalar(key.replace("_", "/", 1), record[key], step)
 
     def _spectrum(self, which: str, x: Tensor, step: int) -> None:
-        """The effective rank and I(W) of a sample (NaN where undefined)."""
         x = x[:_SPECTRAL].detach().cpu().double().numpy()
         self.writer.add_scalar(f"effective_rank/{which}", effective_rank(x), step)
         self.writer.add_scalar(f"partition_isotropy/{which}", partition_isotropy(x), step)
@@ -57,10 +53,8 @@ class TensorBoard:
 
 def log_hparams(writer: Any, hparams: dict[str, Any], history: History,
                 step: int | None = None) -> None:
-    """Log a finished run's hyperparameters (nested dicts as `outer/inner`, None left out, any
-    other non-number as text) with its results, for TensorBoard's HPARAMS tab, in the writer's
-    own folder: `hparams/best_val_nll`, `best_val_bits_per_dim`, `best_epoch`, `epochs_run`,
-    and each measure of `fit`'s `measure` at the best epoch and the last (`last_<name>`)."""
+    """Log a finished run's hyperparameters (nested dicts as `outer/inner`) with its results
+    (the best epoch's, and each measure's last as `last_<name>`) for the HPARAMS tab."""
     best, last = history.best, history.epochs[-1] if history.epochs else {}
     metrics = {"hparams/best_val_nll": history.best_val_nll,
                "hparams/best_val_bits_per_dim": best.get("val_bits_per_dim", math.nan),
@@ -84,8 +78,8 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class RunLogs:
-    """A run's folder inside `logdir`: the one named by the checkpoint a run resumes
-    (`recorded`), else a new TIME-seedN; `made`: the folders made for it, innermost first."""
+    """A run's folder in `logdir`: the resumed checkpoint's (`recorded`), else a new
+    TIME-seedN; `made`: the folders made for it, innermost first."""
 
     def __init__(self, logdir: Path, seed: int, recorded: str | None):
         self.made = [p for p in (logdir, *logdir.parents) if not p.exists()]
@@ -107,8 +101,7 @@ class RunLogs:
             return
 
     def open(self, state: TrainState | None) -> TensorBoard:
-        """The run's hook; a resumed run hides what the interrupted one logged after its
-        checkpoint."""
+        """The run's hook; a resumed run hides what was logged after its checkpoint."""
         from torch.utils.tensorboard import SummaryWriter
 
         _after_newest_events(self.folder)
@@ -117,8 +110,7 @@ class RunLogs:
         return TensorBoard(self.writer)
 
     def close(self, keep: bool) -> None:
-        """Close the writer; unless `keep`, remove the run's folder if this run made it, then
-        the parents made for it while they are empty."""
+        """Close the writer; unless `keep`, remove the folders made for the run."""
         if self.writer is not None:
             self.writer.close()
         for path in [] if keep else self.made:
@@ -132,10 +124,8 @@ class RunLogs:
 
 
 def _after_newest_events(folder: Path) -> None:
-    """Wait, where needed, until the clock has passed the second of the newest event file in
-    `folder`. TensorBoard reads event files in the order of their names, which start with the
-    second they were made in and end with a writer count (10 sorts before 9): a file made in
-    the same second as the one it continues could be read first, cutting the curves back."""
+    """Wait until the clock has passed the second of the newest event file in `folder`: event
+    files are read in name order, which within a second is not their order (10 before 9)."""
     seconds = [int(part) for p in folder.glob("events.out.tfevents.*")
                if (part := p.name.split(".")[3]).isdigit()]
     if seconds:

@@ -1,13 +1,9 @@
-"""What the parsed options of a command mean: the checks of options that cannot apply together
-(run before anything is read or imported, so that a slip is refused at once), and the flow
-settings they give; and the types of the numeric options, whose bad value is argparse's one-line
-usage error (exit 2), given before any work."""
+"""Checks of parsed options that cannot apply together, the flow settings given, option types."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -18,32 +14,24 @@ from .errors import BertflowError
 __all__ = ["ceiling", "check_flow_options", "check_no_encoding", "check_options", "flow_options",
            "fraction", "max_length_type", "natural", "positive", "positive_float", "seed_type"]
 
-
-def flow_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The flow, training and --before options given, as changes to the recommended recipe of
-    the pooling (`Recipe.updated`)."""
-    given = {k: getattr(args, k) for k in ("levels", "depth", "coupling", "hidden", "linear",
-                                           "seed", "epochs", "batch_size", "lr",
-                                           "val_fraction", "patience")
-             if getattr(args, k, None) is not None}
-    flow = {k: v for k, v in given.items() if k in _FLOW_FIELDS}
-    train = {k: v for k, v in given.items() if k not in _FLOW_FIELDS}
-    return {"flow": flow, "train": train, "before": args.before}
-
-
 _FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
-# The encoder's options and the values they may have where nothing is encoded: their defaults,
-# and what a command that encodes nothing uses anyway.
+_TRAIN_FIELDS = ("seed", "epochs", "batch_size", "lr", "val_fraction", "patience")
+# The encoder's options, and the values allowed where nothing is encoded: the defaults, and
+# what happens anyway (the CPU, where a flow trains; float32).
 _WITHOUT_ENCODING = {"device": ("auto", "cpu"), "dtype": ("float32",),
                      "encode_batch_size": (DEFAULT_BATCH_SIZE,), "cache": (None,)}
-_FLOW_AND_TRAINING = ("before", *_FLOW_FIELDS, "seed", "epochs", "batch_size", "lr",
-                      "val_fraction", "patience")
+
+
+def flow_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flow, training and --before options given, as changes to the pooling's recipe."""
+    given = {part: {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+             for part, names in (("flow", _FLOW_FIELDS), ("train", _TRAIN_FIELDS))}
+    return {**given, "before": args.before}
 
 
 def check_flow_options(args: argparse.Namespace) -> None:
-    """Refuse flow and training options where no flow is fit: with --head, or with a method
-    other than the flow."""
-    given = [f"--{name.replace('_', '-')}" for name in _FLOW_AND_TRAINING
+    """Refuse flow and training options with --head, or with a method other than the flow."""
+    given = [f"--{name.replace('_', '-')}" for name in ("before", *_FLOW_FIELDS, *_TRAIN_FIELDS)
              if getattr(args, name, None) not in (None, False)]
     if given and getattr(args, "head", None) is not None:
         raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
@@ -54,18 +42,15 @@ def check_flow_options(args: argparse.Namespace) -> None:
 
 def check_no_encoding(args: argparse.Namespace, why: str,
                       options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
-    """Refuse the encoder's options among `options` (--device, --dtype, --encode-batch-size,
-    --cache) where nothing is encoded, as `why` says, unless they are their defaults or ask
-    for what happens anyway: the CPU (where a flow trains) and float32."""
+    """Refuse the encoder's `options` given where nothing is encoded, as `why` says."""
     given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
              if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
     if given:
         raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """Refuse options that cannot apply together, before anything is read or imported."""
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
+def check_options(args: argparse.Namespace, launched: bool) -> None:
+    """Refuse options that cannot apply together (`launched`: under torchrun)."""
     if launched and args.command not in ("encode", "fit", "index"):
         raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
                             "only encode, fit and index split their work")
@@ -91,8 +76,7 @@ def check_options(args: argparse.Namespace) -> None:
 
 
 def _check_fit_options(args: argparse.Namespace, launched: bool) -> None:
-    """Refuse encoder options where `fit` encodes nothing, and checkpoint, resume and log
-    options that cannot work."""
+    """Refuse encoder options where `fit` encodes nothing, and unworkable checkpoint and logs."""
     if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
         unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
         check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
@@ -112,8 +96,6 @@ def _check_fit_options(args: argparse.Namespace, launched: bool) -> None:
 
 
 def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
-    """The type of an integer option in [low, high)."""
-
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -128,8 +110,6 @@ def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def _number(wanted: str, holds: Callable[[float], bool]) -> Callable[[str], float]:
-    """The type of a finite number option for which `holds` holds (`wanted` says what)."""
-
     def parse(text: str) -> float:
         try:
             value = float(text)

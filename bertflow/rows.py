@@ -1,5 +1,4 @@
-"""Tables of embeddings read by rows (`Rows`), and their statistics streamed a block at a time
-(`moments`): no table need fit in memory."""
+"""Tables of embeddings read by rows, and their statistics streamed a block at a time."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def as_rows(x: np.ndarray | Tensor | Rows) -> Rows:
 
 @dataclass
 class Moments:
-    """Per-column count, mean and sum of squared deviations of a table, and the sha256 of the
-    float32 rows that were read."""
+    """Per-column count, mean and sum of squared deviations, and the sha256 of the rows read."""
 
     count: int
     mean: np.ndarray
@@ -64,9 +62,8 @@ class Moments:
         return np.sqrt(self.squares / max(self.count - 1, 1))
 
     def check_varies(self, what: str = "the rows") -> None:
-        """Refuse a table whose rows are all the same: no density can be fit to it. A spread
-        below 1e-9 of the mean's size, far under float32's resolution, is the rounding of the
-        streamed mean."""
+        """Refuse a table whose rows are all the same (a spread under 1e-9 of the mean's size
+        is the streamed mean's rounding)."""
         if (np.sqrt(self.squares / max(self.count, 1)) <= 1e-9 * np.abs(self.mean)).all():
             raise BertflowError(
                 f"{what} are constant: every row is the same (all {len(self.mean)} features are "
@@ -75,9 +72,8 @@ class Moments:
 
 
 def moments(rows: Rows, chosen: np.ndarray | None = None, what: str = "the rows") -> Moments:
-    """`Moments` of `rows` (only those where the boolean mask `chosen` is set), read a block
-    at a time and merged in float64 (Chan, Golub & LeVeque's update); a NaN or an infinity is
-    an error naming its row."""
+    """`Moments` of `rows` (where the mask `chosen` is set), merged a block at a time in
+    float64 (Chan, Golub & LeVeque); a NaN or an infinity is an error naming its row."""
     count, mean, squares = 0, np.zeros(rows.shape[1]), np.zeros(rows.shape[1])
     digest = hashlib.sha256()
     for start in range(0, rows.shape[0], _READ_ROWS):

@@ -1,9 +1,4 @@
-"""A head fit into a folder as `bertflow fit` runs it (`FitJob`, `fit_head`): from a corpus or
-an embeddings file, resumable from a checkpoint, logged to TensorBoard, scored on STS-B dev.
-
-The paths a run writes are checked once, before any work: none is an input or inside one, nor
-inside another; the checkpoint is never someone else's file; the log folder gets a new
-subfolder per run, removed again when the run fails and cannot be resumed."""
+"""`bertflow fit` as a library call: resumable, logged to TensorBoard, scored on STS-B dev."""
 
 from __future__ import annotations
 
@@ -17,12 +12,7 @@ from . import distributed
 from .cache import EmbeddingCache, training_embeddings
 from .card import nll_text
 from .checkpoint import Checkpoint, open_checkpoint
-from .constants import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_ENCODER_NAME,
-    DEFAULT_MAX_LENGTH,
-    DEFAULT_POOLING,
-)
+from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .corpus import Corpus
 from .embeddings import EmbeddingFile, open_embeddings
 from .encoder import Encoder, load_encoder
@@ -41,16 +31,9 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class FitJob:
-    """What `bertflow fit` fits and where: the embeddings of `source` (a text file, encoded
-    with `encoder`, `pooling` and `max_length` (default 128) on `device` in `dtype` through the
-    embedding `cache`, or a `.npy` from `bertflow encode`, whose sidecar a `max_length` given
-    must agree with), into the head folder `out`, by `method` (``flow``, or a closed-form
-    baseline: ``whitening``, ``whitening-k`` keeping `k` components, ``abtt`` removing `d`
-    directions). A flow is fit by `recipe`: a `Recipe`, or (a dict, by default empty) the
-    changes to make to the recommended recipe of the embeddings' pooling (`Recipe.updated`),
-    saving its state to `checkpoint` after each epoch (and continuing from it with `resume`),
-    logging to a new subfolder of `logdir`, and scoring STS-B dev of the data folder `dev_sts`
-    after each epoch."""
+    """The arguments of `bertflow fit`: `source` (a text file or an encoded `.npy`), the head
+    folder `out`, `method` (a flow, or a baseline with `k` or `d`); a flow's `recipe` is a
+    `Recipe` or the changes to the pooling's recommended one (`Recipe.updated`)."""
 
     source: Path
     out: Path
@@ -72,7 +55,7 @@ class FitJob:
 
 
 class FittedHead(NamedTuple):
-    """What `fit_head` made: the head (saved in `FitJob.out`) and its TensorBoard folder."""
+    """The head saved in `FitJob.out`, and its TensorBoard folder."""
 
     head: FlowHead
     logs: Path | None
@@ -80,10 +63,8 @@ class FittedHead(NamedTuple):
 
 def fit_head(job: FitJob, *, say: Say | None = None,
              progress: bool | None = None) -> FittedHead | None:
-    """Run `job`: fit the head and save it in `job.out`. `say` receives the lines a person
-    follows the run by (each epoch's numbers, what a checkpoint is taken for); `progress`
-    shows bars where they help (None), always (True) or never (False). Under torchrun every
-    process calls it and only the first gets the result (the others None)."""
+    """Fit the head of `job` and save it in `job.out`; `say` gets each epoch's line. Under
+    torchrun every process calls it, and only the first gets the result."""
     say = say if distributed.is_main() else None
     HEAD_FOLDER.check_destination(job.out)
     encodes = job.source.suffix != ".npy" or job.dev_sts is not None
@@ -105,17 +86,18 @@ def fit_head(job: FitJob, *, say: Say | None = None,
                                    corpus=origin["corpus"])
         head.save(job.out)
         return FittedHead(head, None)
-    run = _run_record(job, origin)
+    run = {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
+           "before": job.recipe.before, "pooling": origin["pooling"],
+           "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
+           "max_length": origin["max_length"], "data": origin["data"]}  # what a checkpoint is of
     state = checkpoint.state_for(run, say) if checkpoint is not None else None
     measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
     return _train(job, x, origin, run, state, checkpoint, measure, say, progress)
 
 
 def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, Any]]:
-    """The embeddings to fit and where they came from (`training_embeddings`); the job comes
-    back with its recipe resolved for their pooling. A flow that cannot be built on their
-    width, and a --max-length other than a `.npy`'s, are refused before any work (for a
-    corpus, once the encoder is loaded, before encoding)."""
+    """The job with its recipe resolved, the embeddings and their origin; a flow too wide for
+    them, or a --max-length other than a `.npy`'s, is refused before anything is encoded."""
     flow = job.method == "flow"
     if job.source.suffix != ".npy":
         if flow:
@@ -145,7 +127,7 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
 
 
 class _CheckingCache(EmbeddingCache):
-    """The embedding cache, showing `check` the width asked for before it encodes anything."""
+    """The embedding cache, refusing with `check` a width before encoding anything."""
 
     def __init__(self, root: Path | None, check: Callable[[int], None]):
         super().__init__(root)
@@ -158,18 +140,9 @@ class _CheckingCache(EmbeddingCache):
         return super().files(corpus, encoder, pooling, *args, **kwargs)
 
 
-def _run_record(job: FitJob, origin: dict[str, Any]) -> dict[str, Any]:
-    """The settings and data a checkpoint of this job belongs to."""
-    return {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
-            "before": job.recipe.before, "pooling": origin["pooling"],
-            "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
-            "max_length": origin["max_length"], "data": origin["data"]}
-
-
 class _CheckpointFile:
-    """--checkpoint, read once before any work: a file there that is not a training checkpoint
-    is refused, and one of another run once the run is known (`state_for`). As `checked` (a
-    `Checked`), it is read again before each save only where it has changed since."""
+    """--checkpoint, read before any work and again (`checked`) before a save if it changed:
+    another file is refused, and a checkpoint of another run once the run is known."""
 
     def __init__(self, job: FitJob):
         self.path, self.resume = job.checkpoint, job.resume
@@ -184,8 +157,7 @@ class _CheckpointFile:
             self.saved.check(path, self.run, extended=self.resume, keep=keep)
 
     def state_for(self, run: dict[str, Any], say: Say | None) -> TrainState | None:
-        """The state to continue from: the checkpoint's, when resuming a run of these settings
-        and data (or of fewer epochs, extended); a checkpoint of another run is refused."""
+        """The checkpoint's state where resuming this run (or extending it), else None."""
         saved, self.run = self.saved, run
         if saved is not None:
             saved.check(self.path, run, extended=self.resume, keep=not self.resume)
@@ -208,9 +180,8 @@ class _CheckpointFile:
 def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
            state: TrainState | None, checkpoint: _CheckpointFile | None, measure: Any,
            say: Say | None, progress: bool | None) -> FittedHead | None:
-    """Fit, saying each epoch's numbers and saving the checkpoint after it (first process
-    only), logging to the run's folder; save the head. A failed run leaves `--logdir` as it
-    was unless a checkpoint can resume it."""
+    """Fit, checkpointing and logging each epoch, and save the head. A failed run leaves
+    `--logdir` as it was unless a checkpoint can resume it."""
     main = distributed.is_main()
     recorded = checkpoint.saved.logs if state is not None else None
     logs = RunLogs(job.logdir, job.recipe.train.seed, recorded) \
@@ -271,10 +242,8 @@ def _read_dev(data: Path) -> Any:
 
 def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
                  progress: bool | None) -> Callable[[Any], dict[str, float]]:
-    """What `--dev-sts` measures after each epoch: the Spearman × 100 of the STS-B dev pairs'
-    cosines in the latent space of the model being fit (NaN where undefined), the sentences
-    embedded as the training embeddings were (encoder, precision, pooling, max length),
-    through the embedding cache."""
+    """The Spearman × 100 of STS-B dev's latent cosines (NaN where undefined), its sentences
+    embedded as the training embeddings were."""
     import numpy as np
     import torch
 

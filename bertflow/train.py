@@ -1,5 +1,4 @@
-"""Maximum-likelihood training of a flow on embeddings: the loop and its config. It knows no
-files: a `Hook` hears of the progress, `on_epoch_end` gets a state to save."""
+"""Maximum-likelihood training of a flow on embeddings; no files: a `Hook` hears of progress."""
 
 from __future__ import annotations
 
@@ -24,22 +23,19 @@ from .rows import Rows, as_rows, moments
 
 __all__ = ["RECORD", "History", "Hook", "TrainConfig", "TrainState", "fit", "split_indices"]
 
-_EVAL_ROWS = 1024  # rows per forward pass when evaluating (its activations are the peak memory)
-_SAMPLE = 16384  # held-out rows whose latents a `Hook` gets, and whose mean cosine is measured
-
+_EVAL_ROWS = 1024  # rows per forward pass when evaluating (the peak memory)
+_SAMPLE = 16384  # held-out rows whose latents a `Hook` gets and whose mean cosine is measured
+# what `fit` records of every epoch; a `measure` adds the rest
 RECORD = ("epoch", "train_nll", "val_nll", "val_bits_per_dim", "val_log_det", "val_cosine",
-          "seconds")  # what `fit` records of every epoch; a `measure` adds the rest
+          "seconds")
 
 
 @dataclass(frozen=True)
 class TrainConfig(DictConfig):
-    """How to fit: Adam at `lr` (decaying to 0 along a cosine over all epochs, or `constant`),
-    minibatches of `batch_size`, early stopping after `patience` epochs (0: never) without a
-    better NLL on the held-out `val_fraction` of the rows, keeping the best weights. `init_size`
-    rows initialise ActNorm. `noise`: Gaussian jitter of that many times the data's RMS spread
-    on each batch (it bounds the likelihood on near-constant features). `weight_decay`
-    (decoupled), `eps`, `bias_correction=False` (BERT's AdamWeightDecay, the release's) and
-    `max_grad_norm` (clipping the global gradient norm) shape the optimiser."""
+    """Adam at `lr` (cosine decay to 0, or `constant`), early stopping after `patience` epochs
+    (0: never) without a better NLL on the held-out `val_fraction`, keeping the best weights.
+    `init_size` rows initialise ActNorm; `noise` jitters each batch by that many times the
+    data's RMS spread; `bias_correction=False` is BERT's AdamWeightDecay (the release's)."""
 
     KIND = "training config"
 
@@ -92,8 +88,7 @@ class History:
 
 @dataclass
 class TrainState:
-    """Everything needed to resume `fit` bit for bit after a finished epoch; `to_dict` holds
-    tensors, numbers and strings only (for `torch.load(weights_only=True)`)."""
+    """What resumes `fit` bit for bit after an epoch; `to_dict` is `weights_only`-loadable."""
 
     epoch: int
     step: int
@@ -113,9 +108,7 @@ class TrainState:
 
 
 class Hook(Protocol):
-    """What `fit` tells as it goes: `start`, a fresh fit's held-out inputs (up to 16,384 rows);
-    `scalars`, each step's nll, bits_per_dim, log_det, lr and grad_norm, and each epoch's
-    rows_per_second; `epoch`, a finished epoch's record and the held-out latents."""
+    """What `fit` tells: the held-out inputs, each step's scalars, each epoch's record."""
 
     def start(self, x: Tensor) -> None: ...
 
@@ -125,8 +118,7 @@ class Hook(Protocol):
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """A seeded split of `range(n)` into (train, validation) indices (int32 below 2**31 rows:
-    4 bytes a row is all that grows with the corpus)."""
+    """A seeded split of `range(n)` into (train, validation) indices."""
     order = _permutation(n, torch.Generator().manual_seed(seed))
     n_val = min(n - 2, max(1, round(n * val_fraction))) if val_fraction > 0 else 0
     if n - n_val < 2:
@@ -139,12 +131,10 @@ def fit(model: nn.Module, x: Tensor | np.ndarray | Rows, config: TrainConfig = T
         on_epoch_end: Callable[[TrainState], None] | None = None,
         measure: Callable[[nn.Module], dict[str, float]] | None = None,
         progress: bool = False) -> History:
-    """Fit `model` (`model(x)` is `(z, log_det)`) to the rows of `x` (read a minibatch at a
-    time) by maximum likelihood under a N(0, I) base; leave it with the weights of the best
-    validation epoch, in eval mode. A `state` given to `on_epoch_end` resumes its run, or
-    extends it to more `config.epochs` (the cosine then spans the new total). `measure(model)`
-    adds further measures (a dev-set score) to each epoch's record. Under torchrun each
-    process takes every world-size-th row of each minibatch; DDP averages the gradients."""
+    """Fit `model` (`model(x)` is `(z, log_det)`) to the rows of `x` by maximum likelihood under
+    N(0, I), leaving the best validation epoch's weights, in eval mode. A `state` from
+    `on_epoch_end` resumes its run or extends it to more epochs; `measure(model)` adds to each
+    epoch's record. Under torchrun each process takes its share of each minibatch (DDP)."""
     trainer = _Trainer(model, as_rows(x), config, hook, progress, state)
     for epoch in range(trainer.epoch + 1, config.epochs + 1):
         if config.patience and trainer.bad_epochs >= config.patience:
@@ -160,9 +150,6 @@ def fit(model: nn.Module, x: Tensor | np.ndarray | Rows, config: TrainConfig = T
 
 
 class _Trainer:
-    """A fit: the model, its optimiser, the rows and their split, and where it stands after
-    its last finished epoch (`epoch`)."""
-
     def __init__(self, model: nn.Module, rows: Rows, config: TrainConfig, hook: Hook | None,
                  progress: bool, state: TrainState | None):
         if len(rows.shape) != 2 or rows.shape[0] < 3:
@@ -205,8 +192,7 @@ class _Trainer:
         return torch.from_numpy(np.asarray(self.rows.take(indices.numpy()), dtype=np.float32))
 
     def train(self, epoch: int) -> float:
-        """One pass over the training rows in an order seeded by the epoch: the mean NLL of
-        its minibatches, weighted by their size."""
+        """One pass over the training rows, in an order seeded by the epoch: the mean NLL."""
         self.model.train()
         g = torch.Generator().manual_seed(self.config.seed * 1_000_003 + epoch)
         order = _permutation(len(self.train_idx), g)
@@ -224,14 +210,11 @@ class _Trainer:
         return total / count
 
     def optimise(self, epoch: int, indices: Tensor, g: torch.Generator) -> float:
-        """One optimiser step on the minibatch `indices` (this process's share of it under
-        torchrun, which may be empty): its mean NLL over all processes."""
-        n = len(indices)
-        noise = self.jitter * torch.randn((n, self.dim), generator=g) if self.jitter else None
-        share = slice(self.rank, None, self.world)
+        """One optimiser step on this process's share of `indices`: the minibatch's mean NLL."""
+        n, share = len(indices), slice(self.rank, None, self.world)
         data = self.batch(indices[share])
-        if noise is not None:
-            data = data + noise[share]
+        if self.jitter:  # drawn for the whole minibatch: every process draws alike
+            data = data + (self.jitter * torch.randn((n, self.dim), generator=g))[share]
         nll, log_det = self.net(data)
         loss = nll / (n / self.world)  # DDP averages over processes: the minibatch's mean
         sums = torch.stack([nll.detach(), log_det])
@@ -260,8 +243,7 @@ class _Trainer:
 
     def validate(self, epoch: int, train_nll: float, began: float,
                  measure: Callable[[nn.Module], dict[str, float]] | None) -> None:
-        """Record a finished epoch (its train NLL, the held-out measures, those of `measure`,
-        its time); keep the weights if its held-out NLL is the best yet."""
+        """Record a finished epoch; keep the weights if its held-out NLL is the best yet."""
         record = {"epoch": float(epoch), "train_nll": train_nll}
         metrics, z_val = _evaluate(self.model, self.batch, self.val_idx, self.config.seed)
         if measure is not None:
@@ -273,8 +255,7 @@ class _Trainer:
             metrics.update(measured)
         record.update(metrics, seconds=time.perf_counter() - began)
         if not math.isfinite(record["val_nll"]):
-            raise BertflowError(f"non-finite validation NLL after epoch {epoch} "
-                                f"(step {self.step})")
+            raise BertflowError(f"non-finite validation NLL after epoch {epoch} (step {self.step})")
         if self.hook is not None:
             self.hook.epoch(self.step, record, z_val)
         self.epoch = epoch
@@ -286,15 +267,13 @@ class _Trainer:
             self.bad_epochs += 1
 
     def state(self) -> TrainState:
-        """A copy of everything needed to resume after the epoch just finished."""
         return TrainState(self.epoch, self.step, _copy_state(self.model),
                           copy.deepcopy(self.optimizer.state_dict()), self.best_model,
                           copy.deepcopy(self.history), self.bad_epochs)
 
 
 class _Sums(nn.Module):
-    """A model's NLL and log-det summed over the rows of `x`. No rows (an empty share of a short
-    minibatch) give zeros that depend on every parameter, to join DDP's all-reduce."""
+    """NLL and log-det summed over `x`; no rows give zeros on every parameter (for DDP)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -311,8 +290,7 @@ class _Sums(nn.Module):
 @torch.no_grad()
 def _evaluate(model: nn.Module, batch: Callable[[Tensor], Tensor], indices: Tensor,
               seed: int) -> tuple[dict[str, float], Tensor]:
-    """Held-out NLL and log-det over `indices`, a block at a time, and the latents of the first
-    `_SAMPLE` of them (their mean cosine, and the `Hook`'s)."""
+    """Held-out measures over `indices`, a block at a time, and the first `_SAMPLE` latents."""
     model.eval()
     nll = log_det_sum = 0.0
     n = len(indices)
@@ -349,8 +327,7 @@ def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
 
 
 class _AdamWeightDecay(torch.optim.Optimizer):
-    """BERT's AdamWeightDecayOptimizer: Adam without bias correction, the decay added to the
-    update."""
+    """BERT's AdamWeightDecayOptimizer: Adam without bias correction, decay in the update."""
 
     def __init__(self, params: Any, lr: float, eps: float, weight_decay: float):
         super().__init__(params, {"lr": lr, "eps": eps, "weight_decay": weight_decay,
