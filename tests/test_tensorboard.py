@@ -174,9 +174,11 @@ def test_dev_sts_is_refused_without_a_known_encoder_or_a_dev_set(
     npy = tmp_path / "x.npy"
     np.save(npy, np.random.default_rng(0).normal(size=(40, 16)).astype(np.float32))
     data = write_stsb_dev(tmp_path / "data")
+    (tmp_path / "empty").mkdir()
     for args, message in [
         (["--dev-sts", data], "--dev-sts needs the encoder that made"),
-        (["--dev-sts", tmp_path / "nowhere"], "holds no STSBenchmark/sts-dev.csv"),
+        (["--dev-sts", tmp_path / "empty"], "holds no STSBenchmark/sts-dev.csv"),
+        (["--dev-sts", tmp_path / "nowhere"], f"no data folder at {tmp_path / 'nowhere'}"),
     ]:
         code, _, err = run(capsys, "fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
                            "--logdir", tmp_path / "runs", "--epochs", "1", "--quiet", *args)
