@@ -1,5 +1,4 @@
-"""A head in words, for people: what `bertflow info` and `bertflow fit` print of it, and the
-model card (README.md) of an exported sentence-transformers pipeline."""
+"""A head in words: what `bertflow info` and `fit` print of it, and a pipeline's model card."""
 
 from __future__ import annotations
 

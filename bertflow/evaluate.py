@@ -1,5 +1,4 @@
-"""The STS harness: fit a method on unlabeled sentences, score the seven tasks with their
-isotropy, alignment and uniformity, one row per (task, aggregation)."""
+"""The STS harness: fit a method on unlabeled sentences, and score each task per aggregation."""
 
 from __future__ import annotations
 
@@ -170,8 +169,7 @@ def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str,
                     k: int | None = None, d: int | None = None,
                     recipe: Recipe | dict[str, Any] | None = None,
                     batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
-    """`evaluate` a method of `METHODS` fit on `fit_on`; `recipe` (or changes to the pooling's
-    one) for the flow."""
+    """`evaluate` a method of `METHODS` fit on `fit_on`, the flow with `recipe`."""
     method = linear_method(method, k, d)
     sentences, also, fit_label = fit_sources(fit_on)
     options = linear_options(method, encoder.width(pooling), k, d)

@@ -1,5 +1,4 @@
-"""The flow head's folder: `config.json`, `model.safetensors` and the manifest over both, each
-checked on reading before any module is built. Nothing is unpickled."""
+"""The flow head's folder: `config.json`, `model.safetensors` and a manifest; nothing unpickled."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Closed-form linear maps $z = (x - \\mu) W$: BERT-whitening (Su et al., 2021), whitening-k
-and all-but-the-top (Mu & Viswanath, 2018)."""
+"""Closed-form linear maps: BERT-whitening (Su et al., 2021), whitening-k and all-but-the-top."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The post-processing methods compared on STS (raw, the scaler alone, the linear baselines and
-the flow), each fit on unlabeled embeddings; `make_method` builds one by name."""
+"""The post-processing methods compared on STS, each fit on unlabeled embeddings."""
 
 from __future__ import annotations
 

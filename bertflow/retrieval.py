@@ -109,8 +109,7 @@ class Index:
               *, head: FlowHead | None = None, pooling: str | None = None, max_length: int = 128,
               batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
               progress: bool | None = None, **options: Any) -> Index | None:
-        """Embed `sentences` with `encoder` and the head's pooling (or `pooling`), then index;
-        under torchrun only rank 0 builds it (the others get None)."""
+        """Embed `sentences`, then index them; under torchrun, rank 0 alone gets the index."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         if head is not None:
             pooling = pooling or head.pooling

@@ -1,5 +1,4 @@
-"""sentence-transformers' calling convention for `Encoder.encode` and `FlowHead.encode`: its
-input forms, output conversions and options, and its default (cosine) similarity."""
+"""sentence-transformers' calling convention for `Encoder.encode` and `FlowHead.encode`."""
 
 from __future__ import annotations
 
