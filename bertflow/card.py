@@ -1,5 +1,4 @@
-"""A head in words, for people: what `bertflow info` and `bertflow fit` print of it, and the
-model card (README.md) of an exported sentence-transformers pipeline."""
+"""A head in words: what `bertflow info` and `fit` print of it, and a pipeline's model card."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ def tagline(head: FlowHead) -> str:
 
 
 def details(head: FlowHead) -> list[tuple[str, str]]:
-    """What the head is, as labelled rows: dimensions, encoder, pooling, what it computes,
-    its size, and how it was fit (corpus, seed, epochs, held-out NLL)."""
+    """What the head is and how it was fit, as labelled rows."""
     training = head.training_info
     corpus = training.get("corpus") if isinstance(training.get("corpus"), dict) else {}
     digest = next((str(corpus[k]) for k in ("sha256", "npy_sha256", "embeddings_sha256")
@@ -78,9 +76,7 @@ def nll_text(record: dict[str, Any]) -> str | None:
 
 def model_card(head: FlowHead, encoder: Encoder, max_length: int, normalized: bool,
                name: str = "PATH") -> str:
-    """The README.md of a saved pipeline (`encoder` → the head's pooling → `head` → unit
-    length if `normalized`): what it computes, how the head was fit, and how to load the
-    folder `name` safely."""
+    """The README.md of a saved pipeline (`encoder` → pooling → `head` → [unit length])."""
     identity = encoder.id
     what = ("a standardisation per dimension, then " if head.standardize is not None
             else "a full whitening, then " if head.linear is not None else "")

@@ -1,5 +1,4 @@
-"""The STS harness: fit a method on unlabeled sentences, score the seven tasks with their
-isotropy, alignment and uniformity, one row per (task, aggregation)."""
+"""The STS harness: fit a method on unlabeled sentences, and score each task per aggregation."""
 
 from __future__ import annotations
 
@@ -31,18 +30,16 @@ AGGREGATIONS = ("all", "wmean")
 MEASURES = ("mean_cosine", "effective_rank", "condition_number", "isotropy", "alignment",
             "uniformity")  # of the scored embeddings, in every row
 Embed = Callable[[Sequence[str]], np.ndarray]
+Results = list[dict[str, Any]]
+FitOn = str | os.PathLike | Sequence[str | os.PathLike]  # "target", text files, or both
 
 
 def evaluate(tasks: dict[str, Task], missing: Sequence[str], embed: Embed,
              make: Callable[[], Method], fit_on: str | Sequence[str] | None,
-             labels: dict[str, Any], also: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Rows for every task and their average (`summarise`), for both aggregations, each with
-    `labels` and the `MEASURES` of the task's scored embeddings.
-
-    `embed` maps sentences to pooled embeddings; `make` returns a fresh method, fit (never on
-    gold scores) on each task's own sentences and `also` when `fit_on` is ``"target"``, once
-    on the sentences `fit_on`, or not at all when it is None. A task whose Spearman is
-    undefined gets ``spearman`` None and the reason under ``undefined``: no row holds a NaN.
+             labels: dict[str, Any], also: Sequence[str] = ()) -> Results:
+    """Rows for every task and their average, per aggregation, with `labels` and `MEASURES`;
+    `make()` is fit on each task's sentences and `also` (`fit_on` ``"target"``), once on the
+    sentences `fit_on`, or not at all (None). An undefined Spearman is None, why in ``undefined``.
     """
     shared = None
     if fit_on is None:
@@ -72,16 +69,13 @@ def evaluate(tasks: dict[str, Task], missing: Sequence[str], embed: Embed,
 
 
 def _target(embed: Embed, task: Task, also: Sequence[str]) -> np.ndarray:
-    """A task's own sentences' embeddings, then those of `also` (embedded apart, so that the
-    cache keeps each set once)."""
+    """A task's own sentences' embeddings, then those of `also` (embedded apart, cached once)."""
     own = embed(task.unlabeled)
     return np.concatenate([own, np.asarray(embed(also), own.dtype)]) if also else own
 
 
-def fit_sources(fit_on: str | os.PathLike | Sequence[str | os.PathLike]
-                ) -> tuple[str | list[str], list[str], str]:
-    """`evaluate`'s `fit_on` and `also`, and the rows' label, from ``"target"``, a text file
-    of sentences, or several of these (each task's own sentences and the files' together)."""
+def fit_sources(fit_on: FitOn) -> tuple[str | list[str], list[str], str]:
+    """`evaluate`'s `fit_on`, `also` and label from ``"target"`` and/or text files."""
     parts = [fit_on] if isinstance(fit_on, (str, os.PathLike)) else list(fit_on)
     files = [Path(p) for p in parts if str(p) != "target"]
     if not parts or len(files) + 1 < len(parts):
@@ -92,7 +86,7 @@ def fit_sources(fit_on: str | os.PathLike | Sequence[str | os.PathLike]
     return ("target", sentences, label) if target else (sentences, [], label)
 
 
-def summarise(rows: list[dict[str, Any]], labels: dict[str, Any]) -> list[dict[str, Any]]:
+def summarise(rows: Results, labels: dict[str, Any]) -> Results:
     """The average over the tasks that were scored, per aggregation; it names how many."""
     out = []
     for aggregation in AGGREGATIONS:
@@ -111,16 +105,14 @@ def summarise(rows: list[dict[str, Any]], labels: dict[str, Any]) -> list[dict[s
 
 def pair_measures(subsets: Sequence[Pairs], sentences: Sequence[str],
                   vectors: np.ndarray) -> dict[str, float | None]:
-    """The `alignment` of the pairs of `subsets` with gold ≥ 4 (`positive_pairs`) and the
-    `uniformity` of all `vectors` (`vectors[i]` embeds `sentences[i]`); None where undefined."""
+    """The `alignment` of the pairs with gold ≥ 4 and the `uniformity` of all `vectors`."""
     values = {"alignment": alignment(*pair_vectors(positive_pairs(subsets), sentences, vectors)),
               "uniformity": uniformity(vectors)}
     return {k: (v if math.isfinite(v) else None) for k, v in values.items()}
 
 
-def format_table(rows: list[dict[str, Any]], aggregation: str = "all") -> str:
-    """A markdown table: one line per (encoder, pooling, method with its k or d, fit data),
-    one column per task; an undefined Spearman shows ``n/a`` (`undefined_notes` says why)."""
+def format_table(rows: Results, aggregation: str = "all") -> str:
+    """A markdown table: one line per (encoder, pooling, method, fit data), a column per task."""
     keys = list(dict.fromkeys(_key(r) for r in rows))
     lines = ["| encoder | pooling | method | fit on | " + " | ".join([*TASKS, "avg"]) + " |",
              "|---|---|---|---|" + "---:|" * (len(TASKS) + 1)]
@@ -132,7 +124,7 @@ def format_table(rows: list[dict[str, Any]], aggregation: str = "all") -> str:
     return "\n".join(lines)
 
 
-def undefined_notes(rows: list[dict[str, Any]]) -> list[str]:
+def undefined_notes(rows: Results) -> list[str]:
     """One line per task whose Spearman is undefined, with the reason, per aggregation."""
     return [f"n/a: {r['task']} ({r['aggregation']}): Spearman undefined, {r['undefined']}"
             for r in rows if r.get("undefined")]
@@ -159,10 +151,8 @@ def _cell(row: dict[str, Any] | None) -> str:
 def evaluate_head(tasks: dict[str, Task], missing: Sequence[str], head: FlowHead,
                   encoder: Encoder, cache: EmbeddingCache, *, name: str,
                   pooling: str | None = None, max_length: int = DEFAULT_MAX_LENGTH,
-                  batch_size: int = DEFAULT_BATCH_SIZE,
-                  progress: bool | None = None) -> list[dict[str, Any]]:
-    """`evaluate` a fitted head (`name` in the rows) on embeddings of `encoder` with its
-    pooling (a given `pooling` must be the head's) and max length (else `max_length`)."""
+                  batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
+    """`evaluate` a fitted head on embeddings of `encoder` with its pooling and max length."""
     head.check(dim=encoder.width(head.pooling or DEFAULT_POOLING), encoder=encoder.id,
                pooling=pooling)
     pooling, max_length = head.pooling or DEFAULT_POOLING, head.max_length or max_length
@@ -175,16 +165,11 @@ def evaluate_head(tasks: dict[str, Task], missing: Sequence[str], head: FlowHead
 
 def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str,
                     encoder: Encoder, cache: EmbeddingCache, *, pooling: str = DEFAULT_POOLING,
-                    max_length: int = DEFAULT_MAX_LENGTH,
-                    fit_on: str | os.PathLike | Sequence[str | os.PathLike] = "target",
+                    max_length: int = DEFAULT_MAX_LENGTH, fit_on: FitOn = "target",
                     k: int | None = None, d: int | None = None,
                     recipe: Recipe | dict[str, Any] | None = None,
-                    batch_size: int = DEFAULT_BATCH_SIZE,
-                    progress: bool | None = None) -> list[dict[str, Any]]:
-    """`evaluate` a method of `METHODS` fit on `fit_on` (`fit_sources`), on embeddings of
-    `encoder` with `pooling` through `cache`: `k` and `d` for the linear baselines
-    (`linear.linear_options`), `recipe` for the flow (a `Recipe`, or changes to the pooling's
-    recommended one)."""
+                    batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
+    """`evaluate` a method of `METHODS` fit on `fit_on`, the flow with `recipe`."""
     method = linear_method(method, k, d)
     sentences, also, fit_label = fit_sources(fit_on)
     options = linear_options(method, encoder.width(pooling), k, d)
@@ -201,8 +186,7 @@ def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str,
 
 
 def check_rows_destination(path: Path) -> None:
-    """`eval --json` may replace the rows of an earlier `eval`, but no other file, a folder or
-    a symbolic link."""
+    """`eval --json` may replace the rows of an earlier `eval`, and nothing else."""
     if path.is_dir():
         raise BertflowError(f"--json {path} is a folder")
     refuse_link(path)

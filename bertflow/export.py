@@ -1,12 +1,5 @@
-"""The flow head as a standalone graph: embeddings (batch, dim) → transformed embeddings.
-
-`export_onnx` writes one self-contained ONNX file (the head's config in its metadata under
-``bertflow_head``) that onnxruntime runs without torch or bertflow; `export_program` a
-`torch.export` program (.pt2, the config in its extra file ``bertflow_head.json``) that
-`torch.export.load` runs without bertflow. Both have a dynamic batch dimension. A file at the
-destination is replaced only when it is such an export (`check_destination`), checked before the
-export and again, where it has changed meanwhile, just before it is replaced.
-"""
+"""The flow head as a standalone graph carrying its config, embeddings (batch, dim) → latents:
+an ONNX file for onnxruntime, or a `torch.export` program (.pt2)."""
 
 from __future__ import annotations
 
@@ -16,7 +9,6 @@ import logging
 import os
 import warnings
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,6 +16,7 @@ from torch import Tensor, nn
 
 from .errors import BertflowError, first_line
 from .files import Checked, atomic_file, refuse_link
+from .folders import PIPELINE_FOLDER
 from .head import FlowHead
 from .head_format import FORMAT
 
@@ -43,7 +36,7 @@ class _Transform(nn.Module):
 
 
 def _program(head: FlowHead) -> torch.export.ExportedProgram:
-    """The head's latents as a graph with a dynamic batch dimension; both formats start here."""
+    """The head's latents as a graph with a dynamic batch dimension."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return torch.export.export(_Transform(head).eval(), (torch.zeros(2, head.dim),),
@@ -62,8 +55,7 @@ def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
 
 
 def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = None) -> Path:
-    """Write the head as one ONNX file: input ``embeddings`` (batch, dim) float32, output
-    ``z`` (batch, dim) float32; the head's config in the model metadata."""
+    """Write the head as one ONNX file: ``embeddings`` (batch, dim) → ``z``, both float32."""
     out = Checked(path, lambda p: check_destination(p, "onnx"))  # onnx is installed
     import onnx
 
@@ -90,13 +82,9 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
 
 
 def check_destination(path: str | os.PathLike, fmt: str) -> Path:
-    """`path` if an export in `fmt` (``onnx``, ``torch-export`` or ``sentence-transformers``)
-    may be written there: free, or an export of that format by bertflow. Anything else is
-    refused, before any work."""
+    """`path` if it is free for an export in `fmt`, or holds one of bertflow's in that format."""
     path = Path(path)
     if fmt == "sentence-transformers":
-        from .folders import PIPELINE_FOLDER
-
         return PIPELINE_FOLDER.check_destination(path)
     if fmt == "onnx":
         try:
@@ -104,37 +92,32 @@ def check_destination(path: str | os.PathLike, fmt: str) -> Path:
         except ImportError:
             raise BertflowError("ONNX export needs onnx and onnxscript: "
                                 "pip install 'bertflow[export]'") from None
-    suffix, ours = {"onnx": (".onnx", _onnx_head), "torch-export": (".pt2", _program_head)}[fmt]
+    suffix = {"onnx": ".onnx", "torch-export": ".pt2"}[fmt]
     if path.suffix != suffix:
         raise BertflowError(f"--out {path} must end in {suffix}")
     if path.is_dir():
         raise BertflowError(f"--out {path} is a folder")
     refuse_link(path)
-    if path.exists() and not _is_head_config(ours, path):
+    if path.exists() and not _is_export(path, fmt):
         raise BertflowError(f"{path} exists and is not a bertflow export; not replacing it")
     return path
 
 
-def _onnx_head(path: Path) -> str:
-    """The ``bertflow_head`` metadata of the ONNX model at `path` (read, not run)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    return {p.key: p.value for p in model.metadata_props}[MARKER]
-
-
-def _program_head(path: Path) -> str:
-    """The ``bertflow_head.json`` extra file of the .pt2 archive at `path`, read as a zip
-    (`torch.export.load` would unpickle it)."""
-    with zipfile.ZipFile(path) as archive:
-        name, = (n for n in archive.namelist() if n.split("/", 1)[-1] == f"extra/{MARKER}.json")
-        return archive.read(name).decode("utf-8")
-
-
-def _is_head_config(read: Callable[[Path], str], path: Path) -> bool:
-    """Whether `read(path)` gives a head's config; any failure to read it says no."""
+def _is_export(path: Path, fmt: str) -> bool:
+    """Whether `path` holds a head's config in `fmt`; any failure to read it says no. A .pt2 is
+    read as a zip: `torch.export.load` would unpickle it."""
     try:
-        config = json.loads(read(path))
+        if fmt == "onnx":
+            import onnx
+
+            model = onnx.load(str(path), load_external_data=False)
+            text = {p.key: p.value for p in model.metadata_props}[MARKER]
+        else:
+            with zipfile.ZipFile(path) as archive:
+                name, = (n for n in archive.namelist()
+                         if n.split("/", 1)[-1] == f"extra/{MARKER}.json")
+                text = archive.read(name).decode("utf-8")
+        config = json.loads(text)
     except Exception:  # noqa: BLE001 - a file of any kind: a corrupt archive or protobuf
         return False
     return isinstance(config, dict) and config.get("format") == FORMAT

@@ -1,13 +1,5 @@
-"""Artifact folders (a head, an index, a pipeline, plots): one protocol for all of them.
-
-A folder is written atomically (a new folder, swapped in whole) with `manifest.json`, which
-names its kind and lists every file (sub-folders included) with its sha256, so an edited config
-is caught as surely as altered weights. Only a folder whose manifest names its kind and lists
-everything in it is bertflow's: any other non-empty folder is the user's, and no write replaces
-it. A kind with a config file records its format and format version there; reading checks the
-manifest, then the format and version. `HEAD_FOLDER`, `INDEX_FOLDER`, `PIPELINE_FOLDER` and
-`PLOTS_FOLDER` are bertflow's kinds.
-"""
+"""Artifact folders written atomically with a `manifest.json` of their kind and every file's
+sha256; a non-empty folder without one listing everything in it is the user's, never replaced."""
 
 from __future__ import annotations
 
@@ -29,8 +21,7 @@ _FORMAT = "bertflow-manifest"
 
 
 def write_manifest(folder: Path, kind: str) -> None:
-    """List every file under `folder` (but the manifest) with its sha256 in `manifest.json`, in
-    the order of their names: the same folder gives the same bytes."""
+    """List every file under `folder` with its sha256 in `manifest.json`, sorted by name."""
     files = {name: sha256_file(folder / name) for name in sorted(_files(folder))
              if name != MANIFEST}
     write_json(folder / MANIFEST, {"format": _FORMAT, "kind": kind, "files": files})
@@ -38,9 +29,8 @@ def write_manifest(folder: Path, kind: str) -> None:
 
 @dataclass(frozen=True)
 class FolderFormat:
-    """One kind of artifact folder: `kind` names it in its manifest (and as the "format" of its
-    `config` file, where it has one, beside a "format_version" that must be `version`); `name`
-    and `noun` name it in messages; `files` are those it may hold, where they are fixed."""
+    """One kind of artifact folder: `kind` names it in its manifest and its `config` file;
+    `name` and `noun` in messages; `files` are those it may hold, where they are fixed."""
 
     kind: str
     name: str
@@ -50,9 +40,7 @@ class FolderFormat:
     files: tuple[str, ...] = ()
 
     def check_destination(self, path: str | os.PathLike) -> Path:
-        """`path` if a folder of this kind may be written there: absent, empty, or a folder of
-        this kind that holds only the files its manifest lists. Anything else is refused,
-        naming what is in the way."""
+        """`path` if absent, empty, or a folder of this kind holding only what it lists."""
         path = Path(path)
         if path.name in ("", ".", "..") or _holds_working_folder(path):
             raise BertflowError(f"{path} is the current folder or one of its parents; "
@@ -77,9 +65,7 @@ class FolderFormat:
         return path
 
     def write(self, path: str | os.PathLike, fill: Callable[[Path], Any]) -> Path:
-        """Write a folder of this kind at `path` atomically: `fill(tmp)` writes the files into
-        a new folder, the manifest is added, and the folder is swapped in for `path`, checked
-        first and again if another process made `path` meanwhile."""
+        """Write a folder of this kind at `path` atomically, `fill(tmp)` writing its files."""
         path = self.check_destination(path)
         with atomic_directory(path, recheck=self.check_destination) as tmp:
             fill(tmp)
@@ -87,16 +73,14 @@ class FolderFormat:
         return path
 
     def verify(self, path: str | os.PathLike) -> dict[str, str] | None:
-        """Check every file the manifest of `path` lists against its sha256 and return the
-        listing; None when `path` has no manifest."""
+        """Check every file the manifest lists and return the listing; None without one."""
         path = Path(path)
         if not (path / MANIFEST).is_file():
             return None
         manifest = _manifest(path, strict=True)
         files = manifest["files"]
         if manifest.get("kind") != self.kind:
-            raise BertflowError(f"{path} is {_name(str(manifest.get('kind')))}, "
-                                f"not {self.name}")
+            raise BertflowError(f"{path} is {_name(str(manifest.get('kind')))}, not {self.name}")
         for name, digest in files.items():
             file = path / str(name)
             if Path(name).is_absolute() or ".." in Path(name).parts or file.is_symlink():
@@ -109,8 +93,7 @@ class FolderFormat:
         return {str(k): str(v) for k, v in files.items()}
 
     def read(self, path: str | os.PathLike) -> dict[str, Any]:
-        """The config of the folder at `path`, checked: every file against the manifest (which
-        must be there), then the config's format and version."""
+        """The config of the folder at `path`, after checking the manifest, format and version."""
         path = Path(path)
         if self.verify(path) is None:
             raise BertflowError(f"{path} has no {MANIFEST}: the {self.noun} is incomplete or "
@@ -126,13 +109,11 @@ class FolderFormat:
 
 
 def _name(kind: str) -> str:
-    known = _FORMATS.get(kind)
-    return known.name if known is not None else f"a {kind} folder"
+    return _FORMATS[kind].name if kind in _FORMATS else f"a {kind} folder"
 
 
 def _manifest(path: Path, strict: bool = False) -> dict[str, Any] | None:
-    """The manifest of `path` if it is a readable bertflow manifest, else None (or, `strict`,
-    the error)."""
+    """The manifest of `path`, or None (`strict`: the error) if it is not a bertflow one."""
     try:
         manifest = read_json(path / MANIFEST)
         if manifest.get("format") != _FORMAT or not isinstance(manifest.get("files"), dict):
@@ -174,8 +155,7 @@ _FORMATS = {f.kind: f for f in (HEAD_FOLDER, INDEX_FOLDER, PIPELINE_FOLDER, PLOT
 
 
 def ready_heads() -> dict[str, Path]:
-    """The heads that come with bertflow (its `heads/` package data), by name: each loads
-    with `FlowHead.load(name)` and `--head NAME`."""
+    """The heads that come with bertflow (its `heads/` package data), by name."""
     folder = Path(str(importlib.resources.files(__package__) / "heads"))
     if not folder.is_dir():
         return {}

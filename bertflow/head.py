@@ -18,7 +18,7 @@ from .errors import BertflowError, first_line
 from .files import check_finite
 from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
 from .folders import HEAD_FOLDER
-from .head_format import FORMAT, FORMAT_VERSION, SavedHead, read_head, write_head
+from .head_format import FORMAT, FORMAT_VERSION, read_head, write_head
 from .linear import LinearMap, fit_map
 from .rows import Moments, Rows, as_rows, moments
 from .train import TrainConfig, fit
@@ -27,28 +27,14 @@ __all__ = ["FlowHead"]
 
 
 class FlowHead(nn.Module):
-    r"""A Glow after an optional step `before` it, $z = f(\mathrm{before}(x))$; or, fit by
-    `fit_linear`, a closed-form linear map $z = (x - \mu) W$ (whitening, whitening-k,
-    all-but-the-top: `method`), the baselines as heads.
+    r"""A Glow after an optional scaler or whitening, $z = f(\mathrm{before}(x))$, or a linear
+    map $z = (x - \mu) W$ (`fit_linear`), with what made its training embeddings (`encoder`,
+    `pooling`, `max_length`) and how it was fit (`training_info`)."""
 
-    What comes before the Glow is `standardize`, a `StandardScaler` of the training
-    embeddings' statistics, or `linear`, their full whitening, or nothing. The head records
-    what made its training embeddings (`encoder`, `pooling`, `max_length`) and how it was fit
-    (`training_info`). `save` writes it as a folder (`head_format`); `load` rebuilds it from
-    that folder alone.
-    """
-
-    def __init__(
-        self,
-        glow: Glow | None,
-        standardize: StandardScaler | None = None,
-        *,
-        linear: LinearMap | None = None,
-        encoder: EncoderId | None = None,
-        pooling: str | None = None,
-        max_length: int | None = None,
-        training_info: dict[str, Any] | None = None,
-    ):
+    def __init__(self, glow: Glow | None, standardize: StandardScaler | None = None, *,
+                 linear: LinearMap | None = None, encoder: EncoderId | None = None,
+                 pooling: str | None = None, max_length: int | None = None,
+                 training_info: dict[str, Any] | None = None):
         super().__init__()
         if pooling is not None and pooling not in POOLINGS:
             raise BertflowError(f"unknown pooling {pooling!r}")
@@ -98,8 +84,7 @@ class FlowHead(nn.Module):
         return z, log_det + flow_log_det
 
     def latents(self, x: Tensor) -> Tensor:
-        """Embeddings x → latents z alone, no log-determinant (what the exported graphs
-        compute: a whitening's determinant has no ONNX operator)."""
+        """Embeddings x → latents z alone (what the exports compute: no log-determinant)."""
         if self.linear is not None:
             x = self.linear.map(x)
         elif self.standardize is not None:
@@ -117,8 +102,7 @@ class FlowHead(nn.Module):
         return x, log_det
 
     def log_prob(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
-        """log p(x) in embedding space (nats), per row: a Tensor gives a Tensor
-        (differentiable), an array an array (checked first)."""
+        """log p(x) in nats per row: a Tensor for a Tensor, an array (checked) for an array."""
         self._check_density()
         if isinstance(x, Tensor):
             return log_likelihood(*self(x))
@@ -163,10 +147,9 @@ class FlowHead(nn.Module):
             out[start : start + batch_size] = self.latents(block).numpy()
         bad = ~np.isfinite(out).all(axis=1)
         if bad.any():
-            raise BertflowError(
-                f"the head maps {int(bad.sum())} of {len(out)} embeddings to NaN or inf "
-                f"(first: row {int(np.argmax(bad))}): they lie far outside the data it was fit on"
-            )
+            raise BertflowError(f"the head maps {int(bad.sum())} of {len(out)} embeddings to NaN "
+                                f"or inf (first: row {int(np.argmax(bad))}): they lie far outside "
+                                "the data it was fit on")
         return out
 
     def _checked(self, x: np.ndarray | Tensor) -> np.ndarray:
@@ -183,11 +166,8 @@ class FlowHead(nn.Module):
                encoder: Encoder | str | os.PathLike | None = None,
                batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None, *,
                device: str | torch.device | None = None, **options: Any) -> Any:
-        """Embed sentences with this head's pooling and transform them, after checking that
-        `encoder` (default: the one the head records, else the package's default) is the one
-        the head was fit on. `options` are sentence-transformers' `encode` options, as
-        `Encoder.encode` takes them (`normalize_embeddings` applies after the head); `device`
-        is where the encoder runs; the head itself runs on the CPU."""
+        """Embed sentences with the head's pooling and `encoder` (default: the one it records),
+        then transform them; `options` are sentence-transformers' `encode` options."""
         st_api.check_options(options, device)
         if self.pooling is None:
             raise BertflowError("this head does not record its pooling; encode, then transform")
@@ -210,20 +190,16 @@ class FlowHead(nn.Module):
 
     @classmethod
     def fit(cls, x: np.ndarray | Tensor | Rows, *, encoder: EncoderId | None = None,
-            pooling: str | None = None, max_length: int | None = None,
+            pooling: str | None = None, max_length: int | None = None, before: str = "standardize",
             flow: FlowConfig = FlowConfig(), train: TrainConfig = TrainConfig(),
-            before: str = "standardize", corpus: dict[str, Any] | None = None,
-            **training: Any) -> FlowHead:
-        """Fit a head to embeddings `x` (rows, dim): an array, or `Rows` such as an
-        `EmbeddingFile`, read a block at a time and never held whole. `before` is what comes
-        before the Glow: ``"standardize"`` (a `StandardScaler` of the data's statistics),
-        ``"whiten"`` (the data's full whitening) or ``"none"``. `encoder`, `pooling`,
-        `max_length` (what made `x`) and `corpus` (what it was made from) are recorded.
-        `training` goes to `bertflow.train.fit` (`hook`, `state`, `on_epoch_end`, `measure`,
-        `progress`); `head.history` holds the epochs."""
+            corpus: dict[str, Any] | None = None, **training: Any) -> FlowHead:
+        """Fit a head to embeddings `x` (an array, or `Rows` read a block at a time), with
+        ``"standardize"``, ``"whiten"`` or ``"none"`` `before` the Glow; `encoder`, `pooling`,
+        `max_length` and `corpus` are recorded. `training` goes to `bertflow.train.fit`;
+        `head.history` holds the epochs."""
         if before not in BEFORE:
             raise BertflowError(f"before must be one of {', '.join(BEFORE)}, not {before!r}")
-        data, stats = _training_rows(x)
+        data, stats, record = _training_rows(x, corpus)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train.seed)
             glow = Glow(data.shape[1], flow)
@@ -234,9 +210,8 @@ class FlowHead(nn.Module):
             if before == "whiten" else None
         head = cls(glow, scaler, linear=white, encoder=encoder, pooling=pooling,
                    max_length=max_length)
-        head.history = fit(head, data, train, **training)
-        history = head.history
-        head.training_info = {"corpus": _corpus_record(corpus, stats, data), "seed": train.seed,
+        history = head.history = fit(head, data, train, **training)
+        head.training_info = {"corpus": record, "seed": train.seed,
                               "config": train.to_dict(), "epochs_run": len(history.epochs),
                               "best_epoch": history.best_epoch,
                               **{k: history.best.get(k)
@@ -247,14 +222,10 @@ class FlowHead(nn.Module):
     def fit_linear(cls, x: np.ndarray | Tensor | Rows, method: str = "whitening", *,
                    k: int | None = None, d: int | None = None,
                    corpus: dict[str, Any] | None = None, **origin: Any) -> FlowHead:
-        """A baseline as a head, fit in closed form on embeddings `x` (an array or `Rows`):
-        ``whitening``, ``whitening-k`` (keeping `k` components) or ``abtt`` (removing `d`
-        directions), with the defaults of `linear.fit_map`. `origin` (`encoder`,
-        `pooling`, `max_length`) and `corpus` are recorded as by `fit`."""
-        data, stats = _training_rows(x)
+        """A baseline as a head: ``whitening``, ``whitening-k`` (`k`) or ``abtt`` (`d`)."""
+        data, _, record = _training_rows(x, corpus)
         linear = fit_map(data, method, k=k, d=d, what="the training embeddings")
-        training = {"corpus": _corpus_record(corpus, stats, data), "method": linear.method,
-                    "out_dim": linear.out_features}
+        training = {"corpus": record, "method": linear.method, "out_dim": linear.out_features}
         return cls(None, linear=linear, training_info=training, **origin)
 
     def describe(self) -> dict[str, Any]:
@@ -277,8 +248,7 @@ class FlowHead(nn.Module):
                 "training": self.training_info}
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the head to folder `path` atomically: a crash leaves the old head intact. An
-        existing `path` is replaced only if it is a head and holds nothing else."""
+        """Write the head to folder `path` atomically, replacing only a head there."""
         return HEAD_FOLDER.write(path, self.write)
 
     def write(self, folder: Path) -> None:
@@ -288,10 +258,18 @@ class FlowHead(nn.Module):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FlowHead:
-        """Rebuild a head from its folder, or a ready head by name (`head_format.read_head`
-        checks it first); nothing is unpickled."""
+        """Rebuild a head from its folder, or a ready head by name; nothing is unpickled."""
         saved, tensors = read_head(path)
-        head = cls._shaped(saved)
+        dim = saved.dim  # a head of the shape `saved` describes, with placeholder weights
+        scaler = StandardScaler(torch.zeros(dim), torch.ones(dim)) if saved.standardized else None
+        linear = None
+        if saved.flow is None:
+            linear = LinearMap(torch.zeros(dim), torch.zeros(dim, saved.out_dim), saved.method)
+        elif saved.whitened:
+            linear = LinearMap(torch.zeros(dim), torch.eye(dim), "whitening")
+        head = cls(Glow(dim, saved.flow) if saved.flow is not None else None, scaler,
+                   linear=linear, encoder=saved.encoder, pooling=saved.pooling,
+                   max_length=saved.max_length, training_info=saved.training)
         try:
             head.load_state_dict(tensors, strict=True)
         except RuntimeError as e:
@@ -300,20 +278,6 @@ class FlowHead(nn.Module):
                 from None
         head.check_finite(f"{path}")
         return head.eval()
-
-    @classmethod
-    def _shaped(cls, saved: SavedHead) -> FlowHead:
-        """A head of the shape `saved` describes, with placeholder weights."""
-        dim = saved.dim
-        scaler = StandardScaler(torch.zeros(dim), torch.ones(dim)) if saved.standardized else None
-        linear = None
-        if saved.flow is None:
-            linear = LinearMap(torch.zeros(dim), torch.zeros(dim, saved.out_dim), saved.method)
-        elif saved.whitened:
-            linear = LinearMap(torch.zeros(dim), torch.eye(dim), "whitening")
-        return cls(Glow(dim, saved.flow) if saved.flow is not None else None, scaler,
-                   linear=linear, encoder=saved.encoder, pooling=saved.pooling,
-                   max_length=saved.max_length, training_info=saved.training)
 
     def check_finite(self, what: str = "the head") -> None:
         """Refuse weights that are not finite, or a scaler that divides by zero."""
@@ -334,18 +298,14 @@ class FlowHead(nn.Module):
         return f"dim={self.dim}{self._origin()}"
 
 
-def _training_rows(x: np.ndarray | Tensor | Rows) -> tuple[Rows, Moments]:
-    """The rows to fit a head to, and their statistics: refused when too few or constant."""
+def _training_rows(x: np.ndarray | Tensor | Rows,
+                   corpus: dict[str, Any] | None) -> tuple[Rows, Moments, dict[str, Any]]:
+    """The rows to fit to (refused when too few or constant), their statistics, and the record
+    of `corpus` (by default the embeddings' digest) with its size."""
     data = as_rows(x)
     if len(data.shape) != 2 or data.shape[0] < 3:
         raise BertflowError(f"need (rows ≥ 3, dim) embeddings to fit, got {data.shape}")
     stats = moments(data, what="the training embeddings")
     stats.check_varies("the training embeddings")
-    return data, stats
-
-
-def _corpus_record(corpus: dict[str, Any] | None, stats: Moments, data: Rows) -> dict[str, Any]:
-    """What a head records of its training data: `corpus` (by default the digest of the
-    embeddings) and its size."""
     corpus = corpus if corpus is not None else {"embeddings_sha256": stats.sha256}
-    return {**corpus, "size": int(data.shape[0])}
+    return data, stats, {**corpus, "size": int(data.shape[0])}

@@ -1,7 +1,4 @@
-"""The flow head's folder format: `config.json` (what the head is), `model.safetensors` (its
-tensors) and the manifest over both. Reading checks the manifest and every field of the config,
-and refuses a config that asks for far more weights than the file holds before any module is
-built. Nothing is unpickled."""
+"""The flow head's folder: `config.json`, `model.safetensors` and a manifest; nothing unpickled."""
 
 from __future__ import annotations
 
@@ -73,26 +70,20 @@ class SavedHead:
                    bool(config["standardize"]), flow is not None and bool(config["linear"]),
                    training)
 
-    def check_size(self, file: Path) -> None:
-        """Refuse a config that asks for far more weights than `file` holds, before a module of
-        that size is built (loading the weights then checks every name and shape)."""
-        dim = self.dim
-        count = self.flow.parameters(dim) if self.flow is not None else dim * (self.out_dim + 1)
-        count += 2 * dim * self.standardized + (dim + 1) * dim * self.whitened
-        size = file.stat().st_size
-        if 4 * count > 2 * size + (1 << 20):
-            raise BertflowError(f"{file} does not fit its config: it holds {size:,} bytes, the "
-                                f"config asks for {count:,} weights")
-
 
 def read_head(path: str | os.PathLike) -> tuple[SavedHead, dict[str, Tensor]]:
-    """The checked config and the tensors of the head at `path`: a folder, or the name of a
-    ready head."""
+    """The checked config and the tensors of the head at `path` (a folder or a ready head)."""
     path = head_folder(path)
     saved, file = SavedHead.parse(path, HEAD_FOLDER.read(path)), path / WEIGHTS
     if not file.is_file():
         raise BertflowError(f"{path} is missing {WEIGHTS}")
-    saved.check_size(file)
+    dim = saved.dim  # refuse a config asking for far more weights than the file holds
+    count = saved.flow.parameters(dim) if saved.flow is not None else dim * (saved.out_dim + 1)
+    count += 2 * dim * saved.standardized + (dim + 1) * dim * saved.whitened
+    size = file.stat().st_size
+    if 4 * count > 2 * size + (1 << 20):
+        raise BertflowError(f"{file} does not fit its config: it holds {size:,} bytes, the "
+                            f"config asks for {count:,} weights")
     try:
         tensors = load_file(str(file))
     except Exception as e:
@@ -105,8 +96,7 @@ def read_head(path: str | os.PathLike) -> tuple[SavedHead, dict[str, Tensor]]:
 
 
 def write_head(folder: Path, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:
-    """Write `tensors`, `config` (with the weights' sha256 added) and their manifest into an
-    existing folder; `HEAD_FOLDER.write` makes that atomic."""
+    """Write `tensors`, `config` (with the weights' sha256) and their manifest into `folder`."""
     data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                 metadata={"format": FORMAT})
     (folder / WEIGHTS).write_bytes(data)

@@ -1,6 +1,4 @@
-"""Closed-form linear maps fit on embeddings, $z = (x - \\mu) W$: BERT-whitening (Su et al.,
-2021), whitening to the top k components, and all-but-the-top (Mu & Viswanath, 2018), the
-baselines of the STS tables and heads of their own."""
+"""Closed-form linear maps: BERT-whitening (Su et al., 2021), whitening-k and all-but-the-top."""
 
 from __future__ import annotations
 
@@ -26,9 +24,7 @@ NO_VARIANCE = 1e-7  # a principal direction whose variance is below this share o
 
 
 class LinearMap(nn.Module):
-    r"""$z = (x - \mu)\, W$ with $W$ of shape (dim, out): for full whitening a bijection with
-    $\log|\det \partial z/\partial x| = \log|\det W|$ (a density: the Gaussian it was fit
-    to); the others project and have none."""
+    r"""$z = (x - \mu)\, W$, $W$ (dim, out): a bijection for full whitening; the others project."""
 
     def __init__(self, mean: Tensor, weight: Tensor, method: str):
         super().__init__()
@@ -38,7 +34,7 @@ class LinearMap(nn.Module):
             raise BertflowError(f"a linear map needs a (dim,) mean and a (dim, out) weight, "
                                 f"got {tuple(mean.shape)} and {tuple(weight.shape)}")
         self.method = method
-        # row-major float32 copies, as a loaded head holds them: both compute the same bits
+        # row-major float32 copies, as a loaded head holds them: both give the same bits
         for name, tensor in (("mean", mean), ("weight", weight)):
             self.register_buffer(name, tensor.detach().to(
                 torch.float32, memory_format=torch.contiguous_format, copy=True))
@@ -78,8 +74,7 @@ class LinearMap(nn.Module):
         return z, self.log_det.expand(x.shape[0]).to(z.dtype)
 
     def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
-        """z → (x, log|det W⁻¹| per row), for full whitening only; W⁻¹ is computed in float64
-        and applied in the wider of the dtypes of z and of the map."""
+        """z → (x, log|det W⁻¹| per row), for full whitening only (W⁻¹ in float64)."""
         if not self.invertible:
             raise BertflowError(f"a {self.method} head projects: it has no inverse")
         dtype = torch.promote_types(z.dtype, self.weight.dtype)
@@ -90,10 +85,8 @@ class LinearMap(nn.Module):
         return f"{self.method}, {self.features} → {self.out_features}"
 
 
-def covariance(x: np.ndarray | Rows,
-               what: str = "the embeddings") -> tuple[np.ndarray, np.ndarray]:
-    """Mean and (unbiased) covariance of a (rows, dim) array or `Rows`, read a block at a time
-    and accumulated in float64; a NaN or an infinity is an error naming its row."""
+def covariance(x: np.ndarray | Rows, what: str = "the embeddings") -> tuple[np.ndarray, np.ndarray]:
+    """Mean and unbiased covariance (float64) of an array or `Rows`, read a block at a time."""
     rows = as_rows(x)
     n, dim = rows.shape
     if n < 2:
@@ -115,8 +108,7 @@ def covariance(x: np.ndarray | Rows,
 
 def principal_directions(cov: np.ndarray,
                          count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The top `count` (default: all) eigenvalues (≥ 0, largest first) and eigenvectors
-    (columns) of a covariance."""
+    """The top `count` eigenvalues (≥ 0, largest first) and eigenvectors of a covariance."""
     values, vectors = np.linalg.eigh(cov)
     order = np.argsort(values)[::-1][:count]
     return np.maximum(values[order], 0.0), vectors[:, order]
@@ -124,11 +116,8 @@ def principal_directions(cov: np.ndarray,
 
 def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = None,
                      what: str = "the embeddings") -> np.ndarray:
-    r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$ (float64), keeping the top
-    `k` components (default: all); fewer `rows` (what `cov` comes from) than `k` + 1 are refused.
-
-    A direction without variance (below `NO_VARIANCE` of the largest: a constant feature, or
-    linearly dependent ones, as a LayerNorm gives) is scaled as the largest, not blown up, so
+    r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$, keeping the top `k`
+    components (default: all). A direction without variance is scaled as the largest, so
     that full whitening stays invertible; whitening-k refuses to keep one."""
     dim = cov.shape[0]
     kept = dim if k is None else k
@@ -142,11 +131,11 @@ def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = N
     if not live.any():
         raise BertflowError(f"{what} do not vary: there is nothing to whiten")
     if not live[-1] and k is not None:
-        kept_live = int(live.sum())
+        alive = int(live.sum())
         raise BertflowError(
-            f"{what}: {dim - kept_live} of {dim} components have no variance (below "
+            f"{what}: {dim - alive} of {dim} components have no variance (below "
             f"{NO_VARIANCE:g} of the largest's: constant or linearly dependent features); "
-            f"whitening-k needs k ≤ {kept_live}, not {k}")
+            f"whitening-k needs k ≤ {alive}, not {k}")
     return vectors / np.sqrt(np.where(live, values, values[0]))
 
 
@@ -160,20 +149,17 @@ def abtt_weight(cov: np.ndarray, d: int = 1) -> np.ndarray:
 
 
 def default_k(dim: int) -> int:
-    """Components whitening-k keeps by default: a third of the dimension (BERT-whitening's
-    256 of 768)."""
+    """Components whitening-k keeps by default: a third (BERT-whitening's 256 of 768)."""
     return max(1, dim // 3)
 
 
 def default_d(dim: int) -> int:
-    """Directions all-but-the-top removes by default: a hundredth of the dimension (Mu &
-    Viswanath's rule of thumb)."""
+    """Directions all-but-the-top removes by default: a hundredth (Mu & Viswanath)."""
     return max(1, dim // 100)
 
 
 def linear_method(method: str, k: int | None = None, d: int | None = None) -> str:
-    """`method` given `k` and `d`: whitening keeping `k` components is whitening-k; `k` with
-    another method than whitening(-k), or `d` with another than abtt, is refused."""
+    """`method` given `k` and `d` (whitening with `k` is whitening-k); misplaced ones refused."""
     if k is not None and method not in ("whitening", "whitening-k"):
         raise BertflowError(f"k (components kept) applies to whitening and whitening-k, "
                             f"not to {method}")
@@ -184,8 +170,7 @@ def linear_method(method: str, k: int | None = None, d: int | None = None) -> st
 
 def linear_options(method: str, dim: int, k: int | None = None,
                    d: int | None = None) -> dict[str, int]:
-    """The `k` of whitening-k (default `default_k`) or the `d` of abtt (default `default_d`)
-    on `dim`-d embeddings, by name; nothing for another method (see `linear_method`)."""
+    """The `k` of whitening-k or the `d` of abtt on `dim`-d embeddings, defaults filled in."""
     method = linear_method(method, k, d)
     if method == "whitening-k":
         return {"k": default_k(dim) if k is None else k}
@@ -194,8 +179,7 @@ def linear_options(method: str, dim: int, k: int | None = None,
 
 def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
             d: int | None = None, what: str = "the embeddings") -> LinearMap:
-    """A `LinearMap` fit on embeddings `x` (an array or `Rows`, read a block at a time):
-    whitening, whitening-k or abtt, with `linear_options`."""
+    """A `LinearMap` fit on embeddings `x`: whitening, whitening-k or abtt (`linear_options`)."""
     method = linear_method(method, k, d)
     if method not in LINEAR_METHODS:
         raise BertflowError(f"unknown linear method {method!r}; choose one of "

@@ -1,7 +1,4 @@
-"""Post-processing methods compared in one harness: raw pooling, the scaler alone, the linear
-baselines (whitening, whitening-k, all-but-the-top) and the flow. Each is fit on unlabeled
-embeddings and maps embeddings to the vectors cosine similarity is taken on; the baselines and
-the flow are heads (`FlowHead.fit_linear`, `FlowHead.fit`). `make_method` builds one by name."""
+"""The post-processing methods compared on STS, each fit on unlabeled embeddings."""
 
 from __future__ import annotations
 
@@ -23,8 +20,7 @@ __all__ = ["METHODS", "Fitted", "FlowMethod", "LinearMethod", "Method", "Raw", "
 
 
 class Method:
-    """Fit on embeddings, then maps embeddings to the vectors cosine is taken on; `describe`
-    gives its options. By default `fit` does nothing and `transform` goes through `head`."""
+    """Fit on embeddings, then maps embeddings to the vectors cosine is taken on."""
 
     name: str
     head: FlowHead | None = None
@@ -53,8 +49,7 @@ class Raw(Method):
 
 @dataclass
 class ScalerOnly(Method):
-    r"""$\tilde x = (x - \mu) / \sigma$ per feature: a flow head's `StandardScaler` without
-    the flow (the method ``standardize``)."""
+    r"""$\tilde x = (x - \mu) / \sigma$ per feature: a flow head's scaler without the flow."""
 
     name: str = "standardize"
     scaler: StandardScaler | None = None
@@ -80,9 +75,7 @@ class Fitted(Method):
 
 @dataclass
 class LinearMethod(Method):
-    """A linear baseline as a head fit in closed form (`FlowHead.fit_linear`): ``whitening``,
-    ``whitening-k`` keeping `k` components or ``abtt`` removing `d` directions (defaults in
-    `linear.linear_options`); whitening given `k` is whitening-k."""
+    """A linear baseline as a head (`FlowHead.fit_linear`); whitening given `k` is whitening-k."""
 
     name: str = "whitening"
     k: int | None = None
@@ -102,8 +95,7 @@ class LinearMethod(Method):
 
 @dataclass
 class FlowMethod(Method):
-    """The flow head fit by maximum likelihood (`FlowHead.fit`); `before` the Glow is one of
-    `constants.BEFORE`."""
+    """The flow head fit by maximum likelihood (`FlowHead.fit`)."""
 
     flow: FlowConfig = field(default_factory=FlowConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -118,16 +110,13 @@ class FlowMethod(Method):
         return self
 
     def describe(self) -> dict[str, Any]:
-        return {"flow": self.flow.to_dict(), "train": self.train.to_dict(),
-                "before": self.before}
+        return {"flow": self.flow.to_dict(), "train": self.train.to_dict(), "before": self.before}
 
 
 def make_method(name: str, *, k: int | None = None, d: int | None = None,
                 flow: FlowConfig | None = None, train: TrainConfig | None = None,
                 before: str = "standardize", progress: bool = False) -> Method:
-    """A fresh method of `METHODS` by name: `k` and `d` for the linear baselines (refused with
-    another method, `linear.linear_method`); `flow`, `train` and `before` for the flow, as
-    `Recipe.fit_options` gives them."""
+    """A fresh method of `METHODS` by name: `k`, `d` for the baselines, the rest for the flow."""
     if name not in METHODS:
         raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     name = linear_method(name, k, d)

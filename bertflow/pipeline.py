@@ -1,10 +1,5 @@
 """The flow head inside a sentence-transformers pipeline: encoder → pooling → head → Normalize.
-
-`build_pipeline(head)` returns a `SentenceTransformer` whose embeddings are the head's. Its
-bertflow modules save to plain folders (the encoder with `save_pretrained`, the head in its own
-format), which `SentenceTransformer(path, trust_remote_code=True)` loads, and `load_pipeline`
-without that flag: it resolves the bertflow classes itself, and imports nothing else.
-"""
+`load_pipeline` loads a saved one without `trust_remote_code`."""
 
 from __future__ import annotations
 
@@ -16,18 +11,11 @@ from typing import Any
 
 from torch import Tensor
 
+from .batches import check_max_length
 from .card import model_card
-from .encoder import (
-    DEFAULT_POOLING,
-    POOLINGS,
-    Encoder,
-    EncoderId,
-    check_max_length,
-    check_pooling,
-    load_encoder,
-    pool,
-    resolve_encoder,
-)
+from .constants import DEFAULT_POOLING, POOLINGS
+from .encoder import Encoder, check_pooling, load_encoder, pool, resolve_encoder
+from .encoder_id import EncoderId
 from .errors import BertflowError, first_line
 from .files import read_json
 from .folders import PIPELINE_FOLDER
@@ -38,18 +26,15 @@ try:
     from sentence_transformers.base.modules import InputModule, Module, Normalize
     from sentence_transformers.util.misc import import_module_class
 except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "bertflow.pipeline needs sentence-transformers>=6: pip install 'bertflow[st]'"
-    ) from e
+    raise ImportError("bertflow.pipeline needs sentence-transformers>=6: "
+                      "pip install 'bertflow[st]'") from e
 
 __all__ = ["EncoderModule", "HeadModule", "PoolingModule", "build_pipeline", "load_pipeline",
            "save_pipeline"]
 
 
 class EncoderModule(InputModule):
-    """A frozen Hugging Face encoder as a sentence-transformers input module: it tokenizes as
-    `bertflow.Encoder` does and hands the hidden states, the input word embeddings and the
-    special-token mask on to `PoolingModule`."""
+    """A frozen Hugging Face encoder as a sentence-transformers input module."""
 
     config_file_name = "bertflow_encoder.json"
     config_keys = ["name", "max_length"]
@@ -99,8 +84,7 @@ class EncoderModule(InputModule):
     def get_embedding_dimension(self) -> int:
         return self.encoder.width(self.pooling) if self.pooling else self.encoder.dim
 
-    def save(self, output_path: str, *args: Any, safe_serialization: bool = True,
-             **kwargs: Any) -> None:
+    def save(self, output_path: str, *args: Any, **kwargs: Any) -> None:
         self.model.save_pretrained(output_path, safe_serialization=True)
         self.tokenizer.save_pretrained(output_path)
         self.save_config(output_path)
@@ -112,8 +96,7 @@ class EncoderModule(InputModule):
 
 
 class PoolingModule(Module):
-    """Any bertflow pooling (cls, mean, first_last, last2, static) as a pipeline module; it
-    calls the same `bertflow.pool` as `bertflow encode`."""
+    """Any bertflow pooling as a pipeline module (the same `bertflow.pool` as `encode`)."""
 
     config_file_name = "config.json"
     config_keys = ["pooling"]
@@ -142,9 +125,7 @@ class PoolingModule(Module):
 
 
 class HeadModule(Module):
-    """A `FlowHead` as a pipeline module: sentence_embedding → its latent z. Saved in the
-    head's own format; on assembly it refuses an encoder (by weight fingerprint), pooling,
-    dimension or maximum length other than the head's."""
+    """A `FlowHead` as a pipeline module; it refuses an encoder or pooling other than its own."""
 
     def __init__(self, head: FlowHead):
         super().__init__()
@@ -177,12 +158,9 @@ class HeadModule(Module):
         return cls(FlowHead.load(Path(model_name_or_path) / subfolder))
 
 
-def build_pipeline(head: FlowHead | str | os.PathLike,
-                   encoder: Encoder | str | os.PathLike | None = None,
-                   normalize: bool = False) -> SentenceTransformer:
-    """A SentenceTransformer: `encoder` (default: the package's default encoder) → the head's
-    pooling → the head → optionally L2 normalisation. Refuses a head fit on another encoder,
-    pooling or dimension."""
+def build_pipeline(head: FlowHead | str | os.PathLike, encoder: Encoder | str | os.PathLike
+                   | None = None, normalize: bool = False) -> SentenceTransformer:
+    """A SentenceTransformer: `encoder` (default: the head's) → pooling → head → [Normalize]."""
     if not isinstance(head, FlowHead):
         head = FlowHead.load(head)
     if head.pooling is None:
@@ -194,9 +172,7 @@ def build_pipeline(head: FlowHead | str | os.PathLike,
 
 
 def save_pipeline(model: SentenceTransformer, path: str | os.PathLike) -> Path:
-    """Save a pipeline of `build_pipeline` to folder `path` atomically, with a manifest of its
-    files and, as its README.md, bertflow's `card.model_card`. An existing `path` is replaced
-    only if it is a pipeline saved so and holds nothing else."""
+    """Save a `build_pipeline` pipeline to folder `path` atomically, with a model card."""
     encoder = next((m for m in model if isinstance(m, EncoderModule)), None)
     head = next((m.head for m in model if isinstance(m, HeadModule)), None)
     if encoder is None or head is None:
@@ -212,8 +188,7 @@ def save_pipeline(model: SentenceTransformer, path: str | os.PathLike) -> Path:
 
 
 def load_pipeline(path: str | os.PathLike, device: str = "cpu") -> SentenceTransformer:
-    """Rebuild a saved pipeline without `trust_remote_code`: bertflow's own module classes are
-    resolved here, sentence-transformers' through its package, and any other class is refused."""
+    """Rebuild a saved pipeline from bertflow's and sentence-transformers' module classes only."""
     path = Path(path)
     PIPELINE_FOLDER.verify(path)  # a pipeline saved by `save_pipeline`; others have no manifest
     try:
@@ -249,7 +224,6 @@ def load_pipeline(path: str | os.PathLike, device: str = "cpu") -> SentenceTrans
 
 
 def _required_config(module: type[Module], folder: Path) -> dict[str, Any]:
-    """A bertflow module's saved config, complete: no silent fall-back to defaults."""
     file = folder / module.config_file_name
     config = read_json(file)
     if set(config) != set(module.config_keys):

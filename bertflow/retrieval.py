@@ -1,14 +1,9 @@
-"""Vector search over transformed embeddings with FAISS, and how well it retrieves.
-
-An `Index` holds a corpus's sentences and a FAISS index of their vectors after the head (and an
-optional reduction to `dims` components), L2-normalised so that inner product is cosine. It
-remembers the encoder, pooling and head that made it, and embeds queries the same way.
-Saved as a folder: `index.faiss` (FAISS's own format), `items.json`, `config.json`, the head
-in `head/` when there is one, and the manifest. Nothing is unpickled on load.
-"""
+"""Vector search over transformed embeddings with FAISS, and how well it retrieves; an index
+folder holds `index.faiss`, `items.json`, `config.json`, the head in `head/` and the manifest."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +26,6 @@ from .sts import Pairs
 __all__ = ["KINDS", "Hit", "Index", "RetrievalScores", "relevant_pairs", "retrieval_scores"]
 
 KINDS = ("flat", "hnsw")
-FORMAT = INDEX_FOLDER.kind
 _INDEX, _ITEMS, _CONFIG, _HEAD = "index.faiss", "items.json", "config.json", "head"
 
 
@@ -44,9 +38,7 @@ def _faiss() -> Any:
 
 
 class Hit(NamedTuple):
-    """One search result: the cosine `score`, the `item` and its 1-based `line` in the corpus
-    file the index was built from (`bertflow index` refuses blank lines, so an item's line is
-    its position among the index's items plus one)."""
+    """One search result: the cosine `score`, the `item` and its line (position + 1)."""
 
     score: float
     item: str
@@ -55,7 +47,7 @@ class Hit(NamedTuple):
 
 class Index:
     """Sentences and their vectors (encoder → pooling → head → optional PCA → unit length) in
-    a FAISS inner-product index: exact (`flat`) or approximate (`hnsw`)."""
+    a FAISS inner-product index, exact (`flat`) or approximate (`hnsw`)."""
 
     def __init__(self, faiss_index: Any, items: list[str], config: dict[str, Any],
                  head: FlowHead | None = None):
@@ -78,9 +70,7 @@ class Index:
                         head: FlowHead | None = None, encoder: EncoderId | None = None,
                         pooling: str = DEFAULT_POOLING, max_length: int = 128,
                         kind: str = "flat", dims: int | None = None, hnsw_m: int = 32) -> Index:
-        """Index pooled embeddings `x` (rows, dim) of `items`, after `head` when given; `dims`
-        keeps that many principal components of the (transformed) vectors before normalising:
-        smaller vectors, less memory."""
+        """Index pooled embeddings `x` of `items`, after `head`, keeping `dims` components."""
         faiss = _faiss()
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
@@ -108,7 +98,7 @@ class Index:
             index.add(z)
         except RuntimeError as e:
             raise BertflowError(f"FAISS could not build the index ({first_line(e)})") from None
-        config = {"format": FORMAT, "format_version": INDEX_FOLDER.version,
+        config = {"format": INDEX_FOLDER.kind, "format_version": INDEX_FOLDER.version,
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
                   "max_length": max_length, "kind": kind, "dim": dim, "dims": out,
                   "count": len(items), "head": head is not None}
@@ -119,10 +109,7 @@ class Index:
               *, head: FlowHead | None = None, pooling: str | None = None, max_length: int = 128,
               batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
               progress: bool | None = None, **options: Any) -> Index | None:
-        """Embed `sentences` with `encoder` and the head's pooling (or `pooling`), then index.
-        With a `cache`, the embeddings are read from it or written to it; under torchrun they
-        are encoded across the processes, and rank 0 alone builds the index (the others get
-        None)."""
+        """Embed `sentences`, then index them; under torchrun, rank 0 alone gets the index."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         if head is not None:
             pooling = pooling or head.pooling
@@ -140,27 +127,22 @@ class Index:
         return cls.from_embeddings(x, sentences, head=head, encoder=encoder.id, pooling=pooling,
                                    max_length=max_length, **options)
 
-    def vectors(self, x: np.ndarray) -> np.ndarray:
-        """Pooled embeddings → what the FAISS index receives (after the head, if any)."""
+    def search_embeddings(self, x: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """Cosine scores and item ids (rows, k), best first, for pooled query embeddings."""
+        if k < 1:
+            raise BertflowError(f"k must be at least 1, got {k}")
         x = np.asarray(x)
         width = self.head.dim if self.head is not None else self.config["dim"]
         if x.ndim != 2 or x.shape[1] != width:
             raise BertflowError(f"index expects {width}-d embeddings, got {x.shape}")
         z = self.head.transform(x) if self.head is not None else x  # checks its input
         check_finite(z, "the query embeddings")
-        return np.ascontiguousarray(z, dtype=np.float32)
-
-    def search_embeddings(self, x: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
-        """Cosine scores and item ids (rows, k), best first, for pooled query embeddings."""
-        if k < 1:
-            raise BertflowError(f"k must be at least 1, got {k}")
-        return self.faiss_index.search(self.vectors(x), min(k, len(self.items)))
+        return self.faiss_index.search(np.ascontiguousarray(z, dtype=np.float32),
+                                       min(k, len(self.items)))
 
     def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
                k: int = 10, batch_size: int = DEFAULT_BATCH_SIZE) -> list[list[Hit]]:
-        """For each query, the `k` nearest items as `Hit(score, item, line)`, best first.
-        `encoder` (default: the one the index records) must be the one the index was built
-        with (checked by weight fingerprint)."""
+        """For each query, the `k` nearest items as `Hit(score, item, line)`, best first."""
         if isinstance(queries, str):
             raise BertflowError("expected a list of queries, got one string: pass [query]")
         encoder = resolve_encoder(encoder, self.encoder)
@@ -190,9 +172,7 @@ class Index:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Index:
-        """Rebuild an index folder, checking every file against the manifest, the config
-        against the FAISS index, and the head against the encoder, pooling and dimension the
-        index was built with."""
+        """Rebuild an index folder, checking its manifest, config, FAISS index and head."""
         faiss = _faiss()
         path = Path(path)
         if not (path / _INDEX).is_file():
@@ -247,8 +227,7 @@ class RetrievalScores:
 
 
 def relevant_pairs(pairs: Pairs, threshold: float = 4.0) -> dict[str, set[str]]:
-    """For each sentence of a pair scored ≥ `threshold`, its partners in such pairs (both
-    directions; a sentence is never its own partner)."""
+    """For each sentence of a pair scored ≥ `threshold`, its other partners in such pairs."""
     relevant: dict[str, set[str]] = {}
     for a, b, gold in zip(pairs.first, pairs.second, pairs.gold, strict=True):
         if gold >= threshold and a != b:
@@ -259,27 +238,18 @@ def relevant_pairs(pairs: Pairs, threshold: float = 4.0) -> dict[str, set[str]]:
 
 def retrieval_scores(index: Index, vectors: np.ndarray, relevant: dict[str, set[str]],
                      depth: int = 1000) -> RetrievalScores:
-    """Recall@1, recall@10 and MRR of searching `index` (its items: every sentence of the set)
-    with each query of `relevant`; the query itself is skipped among the results, and a
-    partner ranked below `depth` counts 0 towards MRR.
-
-    `vectors` are the pooled embeddings of the index's items, row for row.
-    """
+    """Recall@1, recall@10 and MRR of searching `index` with each query of `relevant`;
+    `vectors` embed the index's items."""
     position = {s: i for i, s in enumerate(index.items)}
     queries = [q for q in relevant if q in position]
     if not queries:
         raise BertflowError("no query sentence is among the index's items")
     x = np.asarray(vectors)[[position[q] for q in queries]]
     _, ids = index.search_embeddings(x, k=depth + 1)
-    hits1 = hits10 = 0
-    reciprocal = 0.0
+    ranks = []  # of each query's first partner, inf where none is found
     for query, row in zip(queries, ids, strict=True):
-        ranked = [index.items[i] for i in row if i >= 0 and index.items[i] != query]
-        wanted = relevant[query]
-        rank = next((r for r, s in enumerate(ranked, 1) if s in wanted), None)
-        if rank is not None:
-            hits1 += rank == 1
-            hits10 += rank <= 10
-            reciprocal += 1 / rank
+        ranked = (index.items[i] for i in row if i >= 0 and index.items[i] != query)
+        ranks.append(next((r for r, s in enumerate(ranked, 1) if s in relevant[query]), math.inf))
     n = len(queries)
-    return RetrievalScores(hits1 / n, hits10 / n, reciprocal / n, n, len(index.items))
+    return RetrievalScores(sum(r == 1 for r in ranks) / n, sum(r <= 10 for r in ranks) / n,
+                           sum(1 / r for r in ranks) / n, n, len(index.items))

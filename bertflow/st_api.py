@@ -1,5 +1,4 @@
-"""sentence-transformers' calling convention for `Encoder.encode` and `FlowHead.encode`: its
-input forms, output conversions and options, and its default (cosine) similarity."""
+"""sentence-transformers' calling convention for `Encoder.encode` and `FlowHead.encode`."""
 
 from __future__ import annotations
 
@@ -16,17 +15,14 @@ __all__ = ["SIMILARITY_FN_NAME", "as_sentences", "check_options", "convert", "ou
            "similarity", "similarity_pairwise"]
 
 SIMILARITY_FN_NAME = "cosine"
-# options of SentenceTransformer.encode that would change the embeddings, with the value
-# under which they do not; any other unknown keyword (task_name, prompt_type, task_metadata,
-# hf_split, ... as MTEB passes them) is ignored
+# options of SentenceTransformer.encode that would change the embeddings, with the value under
+# which they do not; other keywords (as MTEB passes them) are ignored
 _NEUTRAL = {"prompt": None, "prompt_name": None, "output_value": "sentence_embedding",
             "precision": "float32", "truncate_dim": None, "pool": None}
 
 
 def as_sentences(sentences: str | Sequence[str] | Any) -> tuple[Sequence[str], bool]:
-    """The sentences as a sequence, and whether one string was given (sentence-transformers
-    then returns one vector rather than a matrix of one row). Any other iterable of strings
-    (a NumPy array, a dataset column) is read into a list."""
+    """The sentences as a sequence, and whether one string was given (one vector is returned)."""
     if isinstance(sentences, str):
         return [sentences], True
     if not isinstance(sentences, Sequence):
@@ -44,9 +40,7 @@ def as_sentences(sentences: str | Sequence[str] | Any) -> tuple[Sequence[str], b
 
 
 def check_options(options: dict[str, Any], device: Any = None) -> None:
-    """Refuse the sentence-transformers options bertflow does not implement when they would
-    change the result (a prompt, quantisation, truncation, token outputs, several devices);
-    ignore every other keyword argument."""
+    """Refuse the sentence-transformers options bertflow lacks where they change the result."""
     for name, neutral in _NEUTRAL.items():
         if options.get(name, neutral) != neutral:
             raise BertflowError(f"encode option {name}={options[name]!r} is not supported by "
@@ -56,8 +50,7 @@ def check_options(options: dict[str, Any], device: Any = None) -> None:
 
 
 def output_options(options: dict[str, Any]) -> dict[str, bool]:
-    """Take `convert`'s options (`convert_to_numpy`, `convert_to_tensor`,
-    `normalize_embeddings`) out of `options`, the keyword arguments of an `encode` call."""
+    """Take `convert`'s options out of `options`, the keyword arguments of an `encode` call."""
     names = ("convert_to_numpy", "convert_to_tensor", "normalize_embeddings")
     return {name: options.pop(name) for name in names if name in options}
 
@@ -65,10 +58,7 @@ def output_options(options: dict[str, Any]) -> dict[str, bool]:
 def convert(x: np.ndarray, single: bool, convert_to_numpy: bool = True,
             convert_to_tensor: bool = False,
             normalize_embeddings: bool = False) -> np.ndarray | Tensor | list[Tensor]:
-    """Embeddings (rows, dim) in the form sentence-transformers' `encode` returns: unit length
-    rows if `normalize_embeddings`; a tensor if `convert_to_tensor` (it wins over
-    `convert_to_numpy`), an array if `convert_to_numpy`, else a list of 1-D tensors; one row
-    alone where one string was given. Tensors are float32 and on the CPU."""
+    """Embeddings (rows, dim) in the form sentence-transformers' `encode` returns them."""
     if normalize_embeddings:
         x = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12).astype(x.dtype)
     out = torch.from_numpy(x) if convert_to_tensor else x if convert_to_numpy \
@@ -78,23 +68,18 @@ def convert(x: np.ndarray, single: bool, convert_to_numpy: bool = True,
 
 def similarity(embeddings1: Any, embeddings2: Any) -> Tensor:
     r"""The cosine similarity of every row of `embeddings1` with every row of `embeddings2`,
-    $S_{ij} = a_i \cdot b_j / (\lVert a_i \rVert \lVert b_j \rVert)$: a (n1, n2) tensor, as
-    sentence-transformers' `similarity` gives with ``similarity_fn_name = "cosine"``. Arrays,
-    tensors or lists of vectors; a 1-D input is one row."""
-    a, b = _rows(embeddings1), _rows(embeddings2)
-    dtype = torch.promote_types(a.dtype, b.dtype)
-    return _unit(a.to(dtype)) @ _unit(b.to(dtype)).T
+    $S_{ij} = a_i \cdot b_j / (\lVert a_i \rVert \lVert b_j \rVert)$, a (n1, n2) tensor."""
+    a, b = _unit_pair(embeddings1, embeddings2, rows=True)
+    return a @ b.T
 
 
 def similarity_pairwise(embeddings1: Any, embeddings2: Any) -> Tensor:
-    """The cosine similarity of each row of `embeddings1` with the same row of `embeddings2`:
-    a (n,) tensor, as sentence-transformers' `similarity_pairwise` gives."""
-    a, b = _tensor(embeddings1), _tensor(embeddings2)
+    """The cosine similarity of each row of `embeddings1` with the same row of `embeddings2`."""
+    a, b = _unit_pair(embeddings1, embeddings2)
     if a.shape != b.shape:
         raise BertflowError(f"pairwise similarity needs embeddings of one shape, got "
                             f"{tuple(a.shape)} and {tuple(b.shape)}")
-    dtype = torch.promote_types(a.dtype, b.dtype)
-    return (_unit(a.to(dtype)) * _unit(b.to(dtype))).sum(-1)
+    return (a * b).sum(-1)
 
 
 def _tensor(x: Any) -> Tensor:
@@ -104,10 +89,9 @@ def _tensor(x: Any) -> Tensor:
     return t if t.is_floating_point() and torch.finfo(t.dtype).bits >= 32 else t.float()
 
 
-def _rows(x: Any) -> Tensor:
-    t = _tensor(x)
-    return t.unsqueeze(0) if t.dim() == 1 else t
-
-
-def _unit(t: Tensor) -> Tensor:
-    return torch.nn.functional.normalize(t, p=2, dim=-1)
+def _unit_pair(x: Any, y: Any, rows: bool = False) -> tuple[Tensor, Tensor]:
+    """Both as unit-length rows in their common dtype; a 1-D input is one row if `rows`."""
+    a, b = (t.unsqueeze(0) if rows and t.dim() == 1 else t for t in (_tensor(x), _tensor(y)))
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    return (torch.nn.functional.normalize(a.to(dtype), dim=-1),
+            torch.nn.functional.normalize(b.to(dtype), dim=-1))
