@@ -90,7 +90,7 @@ def smaller_vectors(task, embed) -> list[dict]:
         for dims in DIMS:
             for label, vectors, reduce in (
                 ("flow + PCA", z, dims),
-                (f"whitening-{dims}", make_method("whitening-k", k=dims).fit(fit_x)
+                (f"whitening-{dims}", _whitening(dims, fit_x.shape[1]).fit(fit_x)
                  .transform(x), None),
                 ("raw + PCA", x, dims),
             ):
@@ -100,6 +100,12 @@ def smaller_vectors(task, embed) -> list[dict]:
                                   "method": label.split("-")[0], "dims": dims,
                                   **scores.to_dict()}))
     return rows
+
+
+def _whitening(k: int, dim: int):
+    """Whitening to `k` components; all of them: full whitening (whitening-k refuses components
+    without variance, full whitening centres them)."""
+    return make_method("whitening-k", k=k) if k < dim else make_method("whitening")
 
 
 def density(task, train: list[str], generic: list[str], embed) -> list[dict]:
