@@ -1,10 +1,8 @@
-"""What the experiment scripts share: their common options, where things live by default, and
-the flow configurations `tune_flow.py` picked."""
+"""What the experiment scripts share: their common options and where things live by default."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +18,6 @@ _OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "out": ("--out", {"type": Path, "default": RESULTS, "help": "where the results go"}),
     "generic": ("--generic", {"type": Path, "default": DATA / "unlabeled" / "wiki-sample.txt",
                               "help": "a generic text file to fit on, one sentence per line"}),
-    "tuned": ("--tuned", {"type": Path, "default": RESULTS / "tune_flow.json",
-                          "help": "the configurations tune_flow.py picked"}),
     "encoder": ("--encoder", {"default": None,
                               "help": "encoder folder (default: all-MiniLM-L6-v2)"}),
     "encoders": ("--encoder", {"action": "append", "default": None,
@@ -32,7 +28,7 @@ _OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def parser(doc: str, *options: str) -> argparse.ArgumentParser:
     """A parser described by the first line of a script's `doc`, with the common `options`
-    (``data``, ``cache``, ``out``, ``generic``, ``tuned``, ``encoder``, or ``encoders`` for a
+    (``data``, ``cache``, ``out``, ``generic``, ``encoder``, or ``encoders`` for a
     repeatable ``--encoder``)."""
     made = argparse.ArgumentParser(description=doc.splitlines()[0])
     for name in options:
@@ -40,16 +36,3 @@ def parser(doc: str, *options: str) -> argparse.ArgumentParser:
         made.add_argument(flag, **settings)
     return made
 
-
-def tuned_flows(path: Path) -> dict[str, dict[str, Any]]:
-    """The flow configuration `tune_flow.py` picked per pooling ({} before it has run)."""
-    return json.loads(path.read_text())["best"] if path.exists() else {}
-
-
-def tuned_method(tuned: dict[str, Any]) -> Any:
-    """The flow method of a configuration of `tuned_flows`."""
-    from bertflow import FlowConfig, TrainConfig
-    from bertflow.methods import make_method
-
-    return make_method("flow", flow=FlowConfig.from_dict(tuned["flow"]),
-                       train=TrainConfig.from_dict(tuned["train"]))

@@ -1,10 +1,11 @@
-"""Find the flow recipe per pooling without test labels: every lever on STS-B dev, the choice
-read on STS-B test and SICK-R test.
+"""Choose the flow recipe per pooling (`bertflow.recipes.RECIPES`) on STS-B dev, without test
+labels; STS-B test and SICK-R test are written beside every row and never read by the choice.
 
-Each row changes one thing from bertflow's flow defaults (the release's Glow, standardised
-inputs, one epoch, fit on the task's own sentences: "target"):
+A trial is one way to fit a flow; each lever row changes one thing from bertflow's flow
+defaults (the release's Glow, standardised inputs, one epoch, fit on the task's own sentences
+without their scores: "target", a transductive fit):
 
-- the fit corpus: target, the Wikipedia sample, the SNLI sentences (dev+test, no labels),
+- the fit text: target, the Wikipedia sample, the SNLI sentences (dev+test, no labels),
   their union (Wikipedia + SNLI + target), or target + Wikipedia (the union without SNLI);
 - the encoder's dropout while the flow is fit, as the release does: N stochastic passes per
   sentence (each a different dropout mask) instead of the deterministic embeddings;
@@ -20,16 +21,16 @@ Nothing before the flow, 10 epochs and early stopping are measured as rows but n
 the choice below (they were never above standardisation or 3 epochs on STS-B dev here).
 
 Baselines (raw, standardisation, whitening, whitening-k, abtt; closed-form, so seed-free) are
-scored on every corpus the flow is. Then, per pooling, the recipe is built on STS-B dev
-alone: first a combination of corpus, what comes before the flow and how far it trains
-(they interact: the less the flow moves, the less its corpus matters): of those within the
-seed spread of the best, the one that moves least from its linear start (learning rate 1e-4,
-then 3e-4, then the defaults' 1e-3, then 3 epochs; the "one standard error" rule, the most
-regularised model within noise of the best), then the best of those; then stage by
-stage (dropout, optimiser, architecture) the best lever of the stage; each is kept only where
-it raises STS-B dev by more than twice the seed standard deviation of the defaults there (at
-least `--spread`). The recipes and the defaults are refit over several seeds. Test scores are
-written beside every row and never read by the choice.
+scored on every text the flow is fit on. Then `choose` builds each recipe on STS-B dev of seed
+0: first every combination of fit text, what comes before the flow and how far it trains
+(they interact: the less the flow moves, the less its text matters); of those within the seed
+spread of the best, the one that moves least from its linear start (learning rate 1e-4, then
+3e-4, then the defaults' 1e-3, then 3 epochs; the "one standard error" rule), then the best
+of those; then stage by stage (dropout, optimiser, architecture) the best lever of the stage.
+Each is kept only where it raises STS-B dev by more than the spread: twice the seed standard
+deviation of the defaults (at least `--spread`). The recipes and the defaults are refit over
+several seeds. recipe.json holds every row the choice read (tables "joint" and "stage"), so
+the choice can be replayed (tests/test_recipes.py).
 
 Fit and scored heads are appended to `CACHE/recipe.ENCODER-GENERIC.rows.jsonl` (one file per
 encoder fingerprint and generic corpus); a rerun reuses them.
@@ -56,12 +57,19 @@ from bertflow.cache import EmbeddingCache
 from bertflow.corpus import corpus_sha256
 from bertflow.files import read_sentences, write_json
 from bertflow.methods import make_method
+from bertflow.recipes import Recipe
 
-CORPORA = ("target", "wiki", "snli", "union", "target+wiki")
+# the texts a trial's flow is fit on, and the kind of corpus (`bertflow.recipes.CORPORA`) each is
+TEXTS = {"target": "target", "wiki": "generic", "snli": "generic", "union": "target+generic",
+         "target+wiki": "target+generic"}
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Trial:
+    """One way to fit a flow: a `bertflow.recipes.Recipe` with the fit text named (a key of
+    `TEXTS`) and two settings the library has not: the encoder's dropout and the release's
+    clipping."""
+
     corpus: str = "target"
     dropout: int = 0  # stochastic passes per sentence; 0: the deterministic embeddings
     before: str = "standardize"  # none | standardize | whiten
@@ -76,8 +84,8 @@ class Recipe:
         return json.dumps(fields, sort_keys=True)
 
 
-BASE = Recipe()
-LEVERS: dict[str, Callable[[Recipe], Recipe]] = {
+BASE = Trial()
+LEVERS: dict[str, Callable[[Trial], Trial]] = {
     "defaults": lambda r: r,
     "corpus: Wikipedia": lambda r: replace(r, corpus="wiki"),
     "corpus: SNLI": lambda r: replace(r, corpus="snli"),
@@ -149,22 +157,30 @@ class Data:
             out.append(np.load(path)[pooling])
         return np.concatenate(out)
 
-    def corpus(self, recipe: Recipe, target: str, pooling: str) -> np.ndarray:
+    def corpus(self, trial: Trial, target: str, pooling: str) -> np.ndarray:
         names = {"target": [target], "wiki": ["wiki"], "snli": ["snli"],
-                 "union": ["wiki", "snli", target], "target+wiki": [target, "wiki"]}[recipe.corpus]
-        if recipe.dropout:
-            return np.concatenate([self.dropped(n, pooling, recipe.dropout) for n in names])
+                 "union": ["wiki", "snli", target], "target+wiki": [target, "wiki"]}[trial.corpus]
+        if trial.dropout:
+            return np.concatenate([self.dropped(n, pooling, trial.dropout) for n in names])
         return np.concatenate([self.embed(n, pooling) for n in names])
 
 
-def fit_recipe(recipe: Recipe, x: np.ndarray) -> FlowHead:
-    """The head `recipe` fits on `x`. The release's loss is the sum of two batch means in bits
+def fit_trial(trial: Trial, x: np.ndarray) -> FlowHead:
+    """The head `trial` fits on `x`. The release's loss is the sum of two batch means in bits
     per dimension, 2 / (D ln 2) times bertflow's, so its clipping at 1.0 is bertflow's at
     D ln 2 / 2 (133 for D = 384)."""
-    train = recipe.train
-    if recipe.release_clip:
+    train = trial.train
+    if trial.release_clip:
         train = replace(train, max_grad_norm=x.shape[1] * float(np.log(2)) / 2)
-    return FlowHead.fit(x, flow=recipe.flow, train=train, before=recipe.before)
+    return FlowHead.fit(x, flow=trial.flow, train=train, before=trial.before)
+
+
+def as_recipe(trial: Trial) -> Recipe:
+    """`trial` as the library's recipe (seed 0); an error where it needs what a recipe cannot
+    say (the encoder's dropout, the release's clipping)."""
+    if trial.dropout or trial.release_clip:
+        raise ValueError(f"no recipe has dropout or the release's clipping: {trial}")
+    return Recipe(trial.flow, replace(trial.train, seed=0), trial.before, TEXTS[trial.corpus])
 
 
 def scores(data: Data, pooling: str, fit: Callable[[str], Any], shared: bool) -> dict:
@@ -204,54 +220,70 @@ class Runner:
         print(json.dumps({k: v for k, v in row.items() if k != "key"}), flush=True)
         return row
 
-    def flow(self, pooling: str, recipe: Recipe, seed: int, **labels: Any) -> dict:
-        recipe = replace(recipe, train=replace(recipe.train, seed=seed))
+    def flow(self, pooling: str, trial: Trial, seed: int, **labels: Any) -> dict:
+        trial = replace(trial, train=replace(trial.train, seed=seed))
 
         def fit(target: str) -> Any:
-            return fit_recipe(recipe, self.data.corpus(recipe, target, pooling))
+            return fit_trial(trial, self.data.corpus(trial, target, pooling))
 
-        return self._row(pooling, recipe.key(), seed,
+        return self._row(pooling, trial.key(), seed,
                          lambda: scores(self.data, pooling, fit,
-                                        recipe.corpus in ("wiki", "snli")), labels)
+                                        trial.corpus in ("wiki", "snli")), labels)
+
+    def dev(self, pooling: str, rows: list[dict]) -> Callable[[Trial, str, str], float]:
+        """`choose`'s STS-B dev (seed 0) of `pooling`, each row it reads appended to `rows`."""
+
+        def dev(trial: Trial, table: str, lever: str) -> float:
+            rows.append(self.flow(pooling, trial, 0, table=table, lever=lever))
+            return rows[-1]["stsb_dev"]
+
+        return dev
 
     def baseline(self, pooling: str, method: str, corpus: str, **labels: Any) -> dict:
-        recipe = Recipe(corpus=corpus)
+        trial = Trial(corpus=corpus)
 
         def fit(target: str) -> Any:  # whitening-k and abtt: default_k and default_d
-            return make_method(method).fit(self.data.corpus(recipe, target, pooling))
+            return make_method(method).fit(self.data.corpus(trial, target, pooling))
 
         key = json.dumps({"baseline": method, "corpus": corpus})
         return self._row(pooling, key, 0, lambda: scores(
             self.data, pooling, fit, corpus in ("wiki", "snli") or method == "raw"), labels)
 
 
-def build_recipe(runner: Runner, pooling: str, spread: float) -> tuple[Recipe, list[str]]:
-    """A combination of `JOINT` by STS-B dev: of those within `spread` of the best, the one
-    whose flow moves least (`HOW_FAR`), then the best, and the defaults unless it beats them by
-    more than `spread`; then stage by stage the lever with the best STS-B dev where it beats
-    the recipe so far by more than `spread`."""
+def choose(dev: Callable[[Trial, str, str], float], spread: float) -> tuple[Trial, list[str]]:
+    """The rule, on `dev(trial, table, lever)`: STS-B dev of `trial` (seed 0), the row of
+    `table` ("joint" or "stage") labelled `lever`. A combination of `JOINT`: of those within
+    `spread` of the best, the one whose flow moves least (`HOW_FAR`), then the best, and the
+    defaults unless it beats them by more than `spread`; then stage by stage the lever with the
+    best STS-B dev where it beats the trial so far by more than `spread`. Returns the chosen
+    trial and its levers."""
     combos = {}
     for names in itertools.product(*JOINT):
-        recipe = BASE
+        trial = BASE
         for name in names:
-            recipe = LEVERS[name](recipe)
-        kept = [n for n in names if n != "defaults"]
-        combos[tuple(kept)] = (recipe, runner.flow(
-            pooling, recipe, 0, lever=" + ".join(kept) or "defaults")["stsb_dev"])
-    recipe, best = combos[()]
-    top = max(dev for _, dev in combos.values())
-    near = [k for k in combos if combos[k][1] >= top - spread and combos[k][1] > best + spread]
+            trial = LEVERS[name](trial)
+        kept = tuple(n for n in names if n != "defaults")
+        combos[kept] = (trial, dev(trial, "joint", " + ".join(kept) or "defaults"))
+    trial, best = combos[()]
+    top = max(score for _, score in combos.values())
+    near = [k for k, (_, score) in combos.items()
+            if score >= top - spread and score > best + spread]
     kept = list(min(near, key=lambda k: (_how_far(k), -combos[k][1]))) if near else []
     if kept:
-        recipe, best = combos[tuple(kept)]
+        trial, best = combos[tuple(kept)]
     for stage in STAGES:
-        tried = {name: runner.flow(pooling, LEVERS[name](recipe), 0, lever=name)["stsb_dev"]
-                 for name in stage}
+        tried = {name: dev(LEVERS[name](trial), "stage", name) for name in stage}
         name = max(tried, key=tried.get)
         if tried[name] > best + spread:
-            recipe, best = LEVERS[name](recipe), tried[name]
+            trial, best = LEVERS[name](trial), tried[name]
             kept.append(name)
-    return recipe, kept
+    return trial, kept
+
+
+def seed_spread(defaults: list[dict], least: float) -> float:
+    """What a lever must add to STS-B dev to be kept: twice the seed standard deviation of the
+    `defaults` rows, and at least `least`."""
+    return max(least, 2 * float(np.std([r["stsb_dev"] for r in defaults], ddof=1)))
 
 
 def _how_far(levers: tuple[str, ...]) -> int:
@@ -291,22 +323,21 @@ def main() -> None:
         rows.append(runner.baseline(pooling, "raw", "target", table="baseline", name="raw",
                                     fit_on="-"))
         for method in ("standardize", "whitening", "whitening-k", "abtt"):
-            for corpus in CORPORA:
+            for corpus in TEXTS:
                 rows.append(runner.baseline(pooling, method, corpus, table="baseline",
                                             name=method, fit_on=corpus))
         rows += [runner.flow(pooling, lever(BASE), 0, table="lever", lever=name)
                  for name, lever in LEVERS.items()]
         defaults = [runner.flow(pooling, BASE, seed, table="defaults", lever="defaults")
                     for seed in args.seeds]
-        spread = max(args.spread, 2 * float(np.std([r["stsb_dev"] for r in defaults], ddof=1)))
-        recipe, kept = build_recipe(runner, pooling, spread)
-        chosen[pooling] = {"recipe": json.loads(recipe.key()), "levers": kept,
-                           "spread": spread}
-        rows += [runner.flow(pooling, recipe, seed, table="recipe", lever=" + ".join(kept))
+        spread = seed_spread(defaults, args.spread)
+        trial, kept = choose(runner.dev(pooling, rows), spread)
+        chosen[pooling] = {"trial": json.loads(trial.key()), "levers": kept, "spread": spread}
+        rows += [runner.flow(pooling, trial, seed, table="recipe", lever=" + ".join(kept))
                  for seed in args.seeds]
         rows += defaults
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "recipe.json", {"rows": rows, "chosen": chosen})
+    write_json(args.out / "recipe.json", {"spread": args.spread, "rows": rows, "chosen": chosen})
     minutes = sum(runner.done[k]["seconds"] for k in runner.used) / 60
     (args.out / "recipe.md").write_text(_markdown(rows, chosen, args, minutes))
     print(f"{len(rows)} rows in {minutes:.1f} min")
@@ -373,6 +404,10 @@ def _markdown(rows: list[dict], chosen: dict, args: Any, minutes: float) -> str:
         text += ["", head[0].format("flow, one lever changed from the defaults (seed 0)"),
                  head[1]]
         text += [f"| {r['lever']} | {_cells([r])} |" for r in mine if r["table"] == "lever"]
+        text += ["", head[0].format("the rows the choice read: joint, then stage by stage "
+                                    "(seed 0)"), head[1]]
+        text += [f"| {r['table']}: {r['lever']} | {_cells([r])} |" for r in mine
+                 if r["table"] in ("joint", "stage")]
     return "\n".join(text) + "\n"
 
 

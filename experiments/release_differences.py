@@ -1,11 +1,11 @@
 """Measure each remaining difference from the BERT-flow release on STS-B dev, without labels.
 
-The protocol of `select_defaults.py`: for every pooling of the default encoder, a head is fit
-on the STS-B sentences without their scores (train+dev+test) and scored by Spearman × 100 on
-STS-B dev. The first row is bertflow's defaults and the second its flow before it factored out
-the release's half; every other row changes one thing to what the release (bohanli/BERT-flow,
-`run_siamese.py` with `--flow=1 --flow_loss=1 --num_examples=0 --use_full_for_training=1
---num_train_epochs=1`) does, and the last row changes all of them:
+For every pooling of the default encoder, a head is fit on the STS-B sentences without their
+scores (train+dev+test) and scored by Spearman × 100 on STS-B dev. The first row is bertflow's
+defaults and the second its flow before it factored out the release's half; every other row
+changes one thing to what the release (bohanli/BERT-flow, `run_siamese.py` with `--flow=1
+--flow_loss=1 --num_examples=0 --use_full_for_training=1 --num_train_epochs=1`) does, and the
+last row changes all of them:
 
 - the release's optimiser, BERT's AdamWeightDecay: decoupled weight decay 0.01, Adam's eps
   1e-6, no bias correction, the global gradient norm clipped at 1.0 and a constant learning
@@ -31,8 +31,8 @@ the release's half; every other row changes one thing to what the release (bohan
 - its coupling network (`conv_stack`): bias-free layers with N(0, 0.05²) weights each followed
   by an ActNorm, and a zero output layer scaled by exp(3 · logs) (`ReleaseConditioner`);
   bertflow's is Linear-ReLU-Linear-ReLU-Linear with PyTorch's initialisation;
-- no standardisation before the flow (measured to change nothing in `select_defaults.py`;
-  only in the all-together row).
+- no standardisation before the flow (measured alone by `recipe.py`, "nothing before the
+  flow"; here only in the all-together row).
 
 Layers and the dropout pass are built here, not in the library, which has no use for them.
 

@@ -3,8 +3,8 @@
 1. Retrieval: for STS-B test and SICK-R test, every sentence of a pair with gold ≥ 4 is a
    query and its partners in such pairs are the relevant items, searched with a flat FAISS
    index among all sentences of that test set. Recall@1, recall@10 and MRR for raw pooling,
-   BERT-whitening and the flow (defaults, and the configuration `tune_flow.py` picked on STS-B
-   dev), each fit on the task's own sentences without scores, per pooling.
+   BERT-whitening and the flow (the release's defaults, and the settings of the pooling's
+   recipe), each fit on the task's own sentences without scores, per pooling.
 2. Smaller vectors: the same search on STS-B with k dimensions kept, for the flow followed by
    PCA (`Index(dims=k)`) against whitening-k and raw pooling followed by PCA.
 3. Density: a head fit on the STS-B train+dev sentences scores the unseen STS-B test sentences
@@ -23,7 +23,7 @@ import json
 import time
 
 import numpy as np
-from common import parser, tuned_flows, tuned_method
+from common import parser
 from scipy.stats import spearmanr
 
 from bertflow import POOLINGS, FlowHead, load_encoder, sts
@@ -31,13 +31,14 @@ from bertflow.cache import EmbeddingCache
 from bertflow.density import auroc, novelty, typicality
 from bertflow.files import read_sentences, write_json
 from bertflow.methods import make_method
+from bertflow.recipes import recommended
 from bertflow.retrieval import Index, relevant_pairs, retrieval_scores
 
 DIMS = (16, 32, 64, 128, 256, 384)
 
 
 def main() -> None:
-    args = parser(__doc__, "data", "encoder", "generic", "tuned", "cache", "out").parse_args()
+    args = parser(__doc__, "data", "encoder", "generic", "cache", "out").parse_args()
     began = time.perf_counter()
 
     encoder = load_encoder(args.encoder)
@@ -47,7 +48,7 @@ def main() -> None:
     def embed(sentences, pooling):
         return cache.embedder(encoder, pooling)(sentences)
 
-    rows = retrieval(tasks, embed, tuned_flows(args.tuned), encoder.width)
+    rows = retrieval(tasks, embed)
     if "STS-B" in tasks:
         rows += smaller_vectors(tasks["STS-B"], embed)
         train = sts.sentences_of(sts.read_stsb_splits(args.data / "STSBenchmark",
@@ -61,7 +62,7 @@ def main() -> None:
     print(f"{len(rows)} rows in {minutes:.1f} min")
 
 
-def retrieval(tasks: dict, embed, tuned: dict, width) -> list[dict]:
+def retrieval(tasks: dict, embed) -> list[dict]:
     """1. Recall@1, recall@10 and MRR of each method, fit on the task's own sentences."""
     rows = []
     for name, task in tasks.items():
@@ -69,7 +70,7 @@ def retrieval(tasks: dict, embed, tuned: dict, width) -> list[dict]:
         relevant = relevant_pairs(task.test[0])
         for pooling in POOLINGS:
             fit_x, x = embed(task.unlabeled, pooling), embed(items, pooling)
-            for label, method in _methods(pooling, tuned, width(pooling)):
+            for label, method in _methods(pooling):
                 z = method.fit(fit_x).transform(x)
                 scores = retrieval_scores(Index.from_embeddings(z, items), z, relevant)
                 rows.append(_row({"part": "retrieval", "task": name, "pooling": pooling,
@@ -89,7 +90,7 @@ def smaller_vectors(task, embed) -> list[dict]:
         for dims in DIMS:
             for label, vectors, reduce in (
                 ("flow + PCA", z, dims),
-                (f"whitening-{dims}", make_method("whitening-k", k=dims).fit(fit_x)
+                (f"whitening-{dims}", _whitening(dims, fit_x.shape[1]).fit(fit_x)
                  .transform(x), None),
                 ("raw + PCA", x, dims),
             ):
@@ -99,6 +100,12 @@ def smaller_vectors(task, embed) -> list[dict]:
                                   "method": label.split("-")[0], "dims": dims,
                                   **scores.to_dict()}))
     return rows
+
+
+def _whitening(k: int, dim: int):
+    """Whitening to `k` components; all of them: full whitening (whitening-k refuses components
+    without variance, full whitening centres them)."""
+    return make_method("whitening-k", k=k) if k < dim else make_method("whitening")
 
 
 def density(task, train: list[str], generic: list[str], embed) -> list[dict]:
@@ -135,12 +142,11 @@ def _row(row: dict) -> dict:
     return row
 
 
-def _methods(pooling: str, tuned: dict, dim: int):
+def _methods(pooling: str):
     yield "raw", make_method("raw")
     yield "whitening", make_method("whitening")
     yield "flow", make_method("flow")
-    if pooling in tuned:
-        yield "flow (tuned on dev)", tuned_method(tuned[pooling])
+    yield "flow (recipe)", make_method("flow", **recommended(pooling).fit_options())
 
 
 def _markdown(rows: list[dict], encoder: str, minutes: float, missing: list[str]) -> str:

@@ -3,11 +3,9 @@
 Every method runs in the one harness (`bertflow.evaluate`) on embeddings from the one cache:
 raw pooling, standardisation, BERT-whitening (full and top-k, k = dim/3 as in Su et al.),
 all-but-the-top (d = dim/100, as in Mu & Viswanath), the flow with the release's
-defaults, the flow with the configuration `tune_flow.py` picked on STS-B dev for that
-pooling, and the flow by the pooling's recommended recipe (`bertflow.recipes`, chosen by
-`recipe.py`). Methods are
-fit on each task's own sentences without scores ("target"), on a generic text file
-(default: the Wikipedia sample), and on both together (each task's own sentences and the
+defaults, and the flow by the pooling's recipe (`bertflow.recipes`, chosen by `recipe.py`).
+Methods are fit on each task's own sentences without scores ("target"), on a generic text
+file (default: the Wikipedia sample), and on both together (each task's own sentences and the
 file's). Writes experiments/results/sts_table.{json,md}.
 
     python experiments/sts_table.py [--data DIR] [--encoder DIR ...] [--generic FILE]
@@ -17,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from common import parser, tuned_flows, tuned_method
+from common import parser
 
 from bertflow import POOLINGS, load_encoder
 from bertflow.cache import EmbeddingCache
@@ -30,12 +28,11 @@ from bertflow.sts import load_tasks
 
 
 def main() -> None:
-    args = parser(__doc__, "data", "encoders", "generic", "tuned", "cache", "out").parse_args()
+    args = parser(__doc__, "data", "encoders", "generic", "cache", "out").parse_args()
     began = time.perf_counter()
 
     tasks, missing = load_tasks(args.data)
     generic = read_sentences(args.generic)
-    tuned = tuned_flows(args.tuned)
     cache = EmbeddingCache(args.cache)
     sources = [fit_sources(s) for s in ("target", args.generic, ["target", args.generic])]
     rows = []
@@ -50,8 +47,6 @@ def main() -> None:
             embed = cache.embedder(encoder, pooling)
             methods = [("raw", {}), ("standardize", {}), ("whitening", {}),
                        ("whitening-k", {"k": k}), ("abtt", {"d": d}), ("flow", {})]
-            if pooling in tuned:
-                methods.append(("flow", {"tuned": tuned[pooling]}))
             methods.append(("flow", {"recipe": recommended(pooling)}))
             for method, options in methods:
                 for fit_on, also, label in sources:
@@ -83,8 +78,6 @@ def main() -> None:
 
 
 def _factory(method: str, options: dict, k: int, d: int):
-    if "tuned" in options:
-        return (lambda: tuned_method(options["tuned"])), "flow (tuned on dev)"
     if "recipe" in options:
         return (lambda: make_method("flow", **options["recipe"].fit_options())), "flow (recipe)"
     name = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}"}.get(method, method)

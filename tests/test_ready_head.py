@@ -3,13 +3,17 @@ pinned: its outputs on fixed inputs are compared bit for bit, so that a change t
 code or file format that moves a single bit shows here."""
 
 import hashlib
+import json
+import os
 
 import numpy as np
+import pytest
 import torch
 
 from bertflow import FlowHead
+from bertflow.cli import main
 
-from .conftest import REPO
+from .conftest import REPO, data_dir
 
 HEAD = REPO / "checkpoints" / "minilm-first_last-wiki"
 
@@ -46,3 +50,29 @@ def digest(array: np.ndarray) -> str:
 def test_the_ready_head_computes_the_pinned_bits():
     head = FlowHead.load(HEAD)
     assert {name: digest(value) for name, value in outputs(head).items()} == PINNED
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.environ.get("BERTFLOW_SLOW") != "1",
+                    reason="encodes the Wikipedia sample (about 5 CPU minutes); "
+                           "BERTFLOW_SLOW=1 runs it")
+def test_the_ready_head_is_rebuilt_by_its_command(tmp_path):
+    """The command that made the ready head: the first_last recipe with the release's learning
+    rate, on the Wikipedia sample, seed 0. It gives the head's configuration and its transform
+    up to float rounding: the head was made on another machine, and the weights of a fit are
+    bit-equal from run to run on one machine, not across machines."""
+    corpus = data_dir() / "unlabeled" / "wiki-sample.txt"
+    if not corpus.is_file():
+        pytest.skip(f"no {corpus}")
+    out = tmp_path / "head"
+    assert main(["fit", str(corpus), "--out", str(out), "--seed", "0", "--lr", "1e-3",
+                 "--cache", str(tmp_path / "cache"), "--quiet"]) == 0
+    configs = [json.loads((folder / "config.json").read_text()) for folder in (HEAD, out)]
+    for config in configs:  # what float rounding moves
+        del config["weights"]
+        for key in ("train_nll", "val_nll", "val_bits_per_dim"):
+            del config["training"][key]
+    assert configs[0] == configs[1]
+    shipped, made = FlowHead.load(HEAD), FlowHead.load(out)
+    x = inputs(shipped)
+    np.testing.assert_allclose(made.transform(x), shipped.transform(x), atol=1e-3)

@@ -1,4 +1,5 @@
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -10,20 +11,45 @@ from bertflow.recipes import RECIPES, Recipe, recommended
 from .conftest import REPO
 
 
-def test_every_pooling_has_the_recipe_its_experiment_chose():
-    """`bertflow.recipes` holds what experiments/recipe.py chose on STS-B dev, field by field
-    (the seed aside): the library's defaults and the evidence cannot drift apart."""
-    chosen = json.loads((REPO / "experiments" / "results" / "recipe.json").read_text())["chosen"]
-    assert set(chosen) == set(POOLINGS) == set(RECIPES)
-    for pooling, record in chosen.items():
-        recipe, made = recommended(pooling), record["recipe"]
-        assert recipe.flow == FlowConfig.from_dict(made["flow"]), pooling
-        assert recipe.train == TrainConfig.from_dict({**made["train"], "seed": 0}), pooling
-        assert recipe.before == made["before"], pooling
-        assert made["dropout"] == 0 and "release_clip" not in made, pooling  # not expressible
-        corpus = {"wiki": "generic", "snli": "generic",
-                  "target+wiki": "target+generic"}.get(made["corpus"], made["corpus"])
-        assert recipe.corpus == corpus, pooling
+@pytest.fixture(scope="module")
+def experiment():
+    """experiments/recipe.py, imported as its own folder's scripts import each other."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        import recipe
+    finally:
+        sys.path.remove(str(REPO / "experiments"))
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def made() -> dict:
+    return json.loads((REPO / "experiments" / "results" / "recipe.json").read_text())
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_the_selection_rule_replayed_on_the_committed_rows_gives_the_recipe(
+        experiment, made, pooling):
+    """experiments/recipe.py's own rule (`choose`), run on the rows of recipe.json, reads
+    exactly the joint and stage rows committed there and picks the pooling's recipe: the
+    library's defaults and the evidence cannot drift apart."""
+    assert set(made["chosen"]) == set(POOLINGS) == set(RECIPES)
+    mine = [r for r in made["rows"] if r["pooling"] == pooling]
+    read = {(r["table"], r["lever"]): r for r in mine if r["table"] in ("joint", "stage")}
+    used = set()
+
+    def dev(trial, table, lever):
+        row = read[table, lever]
+        assert row["key"] == trial.key() and row["seed"] == 0, (table, lever)
+        used.add((table, lever))
+        return row["stsb_dev"]
+
+    defaults = [r for r in mine if r["table"] == "defaults"]
+    spread = experiment.seed_spread(defaults, made["spread"])
+    assert spread == pytest.approx(made["chosen"][pooling]["spread"], abs=1e-12)
+    trial, levers = experiment.choose(dev, spread)
+    assert used == set(read) and levers == made["chosen"][pooling]["levers"]
+    assert experiment.as_recipe(trial) == RECIPES[pooling]
 
 
 def test_updated_changes_only_what_it_names_and_fits():
