@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 import os
 from pathlib import Path
@@ -62,6 +63,7 @@ def is_main() -> bool:
 def leave() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+        gc.collect()  # what still holds the group's work goes while the interpreter is whole
 
 
 def barrier() -> None:
