@@ -14,7 +14,7 @@ import numpy as np
 
 from . import distributed
 from .corpus import Corpus
-from .embeddings import EmbeddingFile, embeddings_meta, read_meta
+from .embeddings import EmbeddingFile, embeddings_meta, other_request, read_meta
 from .encoder import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POOLING,
@@ -78,7 +78,7 @@ class EmbeddingCache:
         path = self.path(meta)
         try:
             stored = read_meta(path)
-            if stored is None or not path.exists() or not _same(stored, meta):
+            if stored is None or other_request(stored, meta) is not None:
                 return None
             return EmbeddingFile(path).verify()
         except BertflowError:
@@ -168,9 +168,3 @@ def training_embeddings(source: str | os.PathLike, *, encoder: str | os.PathLike
     return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
                "data": corpus.sha256,
                "corpus": {"sha256": corpus.sha256, "file": source.name}, "loaded": loaded}
-
-
-def _same(stored: dict[str, Any], meta: dict[str, Any]) -> bool:
-    """Whether sidecar `stored` is of the request `meta` (an encoder by its fingerprint)."""
-    return all(stored.get(k) == v for k, v in meta.items() if k != "encoder") and (
-        stored["encoder"]["fingerprint"] == meta["encoder"]["fingerprint"])

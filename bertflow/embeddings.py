@@ -17,7 +17,7 @@ from .errors import BertflowError, first_line
 from .files import check_finite, meta_path, read_json, sha256_file
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "TRANSFORMED", "EmbeddingFile", "embeddings_meta",
-           "open_embeddings", "read_header", "read_meta"]
+           "open_embeddings", "other_request", "read_header", "read_meta"]
 
 FORMAT = "bertflow-embeddings"
 FORMAT_VERSION = 2
@@ -31,6 +31,25 @@ def embeddings_meta(encoder: EncoderId, pooling: str, max_length: int, corpus: s
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "encoder": encoder.to_dict(),
             "pooling": pooling, "max_length": max_length, "precision": precision,
             "corpus_sha256": corpus, "count": count, "dim": dim, "dtype": "float32"}
+
+
+def other_request(stored: dict[str, Any], meta: dict[str, Any]) -> str | None:
+    """What differs between `stored` (a sidecar or a record's request) and the request `meta`
+    (an encoder by its weights' fingerprint, wherever they were loaded from), or None."""
+    for key, ours in meta.items():
+        theirs = stored.get(key)
+        if key == "encoder":
+            ours, theirs = ours["fingerprint"], (theirs or {}).get("fingerprint")
+        if theirs != ours:
+            return f"{key} {_show(stored.get(key))}, not {_show(meta[key])}"
+    return None
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict) and "name" in value:
+        return str(value["name"])
+    text = str(value)
+    return text[:12] + "…" if len(text) > 16 else text
 
 
 def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
