@@ -21,7 +21,7 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "TRANSFORMED", "EmbeddingFile", "embeddin
 
 FORMAT = "bertflow-embeddings"
 FORMAT_VERSION = 2
-TRANSFORMED = "bertflow-transformed"  # vectors a head transformed (`writer.write_transformed`)
+TRANSFORMED = "bertflow-transformed"  # vectors a head transformed (`outputs.write_transformed`)
 _READ_ROWS = 16384
 
 
@@ -87,7 +87,8 @@ def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
 class EmbeddingFile:
     """A 2-D float `.npy` file read by rows (`read`, `take`) into float32 arrays, in bounded
     memory; `meta` is its sidecar, or None. Opening checks the header, the shape and the size;
-    `verify` reads every row to check that all are finite and the sidecar's checksum."""
+    `verify` reads every row to check that all are finite and the sidecar's checksum, and keeps
+    the file's sha256 (`sha256`) where those rows are all its bytes (C order, nothing after)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -141,6 +142,9 @@ class EmbeddingFile:
             block = self._rows(start, start + _READ_ROWS)
             digest.update(block.tobytes())
             check_finite(block, str(self.path), offset=start)
+        size = self.offset + len(self) * self.dim * self.dtype.itemsize
+        whole = not self.fortran and os.fstat(self._file.fileno()).st_size == size
+        self.sha256 = digest.hexdigest() if whole else None
         expected = (self.meta or {}).get("sha256")
         if expected is not None and digest.hexdigest() != expected:
             raise BertflowError(
@@ -192,7 +196,7 @@ def open_embeddings(path: str | os.PathLike, *, pooling: str | None = None,
         if encoder is not None and encoder.width(pooling) != file.dim:
             raise BertflowError(f"{path} holds {file.dim}-d embeddings, but encoder "
                                 f"{encoder.id} makes {encoder.width(pooling)}-d ones")
-        digest = sha256_file(path)
+        digest = file.sha256 or sha256_file(path)
         return file, {"encoder": encoder.id if encoder else None, "pooling": pooling,
                       "max_length": max_length, "data": digest,
                       "corpus": {"npy_sha256": digest}}
