@@ -68,7 +68,7 @@ def write_embeddings(targets: Mapping[str, str | os.PathLike], corpus: Corpus, e
     with contextlib.ExitStack() as locks:
 
         def prepare() -> None:
-            for p, output in outputs.items():
+            for p, output in sorted(outputs.items(), key=lambda item: item[1].path):
                 locks.enter_context(lock(output.path, wait))
                 output.prepare(resume, restart, copy=copies.get(p))
 

@@ -747,6 +747,18 @@ def test_encode_replaces_either_kind_of_bertflow_output_and_names_a_foreign_side
                              "replacing it nor zt.npy"), line
 
 
+def test_the_locks_of_several_outputs_are_taken_in_the_order_of_their_paths(
+        tmp_path, tiny_encoder, monkeypatch):
+    """Two writers waiting for the same outputs, asked for in other orders, never each hold a
+    lock that the other waits for."""
+    taken, lock = [], bertflow.writer.lock
+    monkeypatch.setattr(bertflow.writer, "lock",
+                        lambda path, wait: taken.append(path.name) or lock(path, wait))
+    write_embeddings({"mean": tmp_path / "b.npy", "cls": tmp_path / "a.npy"},
+                     Corpus.from_sentences(salad(5)), tiny_encoder)
+    assert taken == ["a.npy", "b.npy"]
+
+
 def test_embeddings_without_a_sidecar_are_read_once_and_named_by_the_files_sha256(
         tmp_path, monkeypatch):
     """Their digest is `verify`'s, where it hashed every byte of the file; else the file's."""
