@@ -175,3 +175,12 @@ def test_the_same_weights_loaded_from_a_copy_of_their_folder_reuse_what_they_mad
     assert copy.calls == []
     assert {p: p.read_bytes() for p in made} == made
 
+
+def test_encode_to_refuses_a_bad_destination_before_making_anything(tmp_path, tiny_encoder):
+    from bertflow import BertflowError
+    from bertflow.cache import encode_to
+
+    out = tmp_path / "new" / "e.txt"
+    with pytest.raises(BertflowError, match=f"^--out {out} must end in .npy$"):
+        encode_to(out, Corpus.from_sentences(SENTENCES), tiny_encoder, "cls")
+    assert list(tmp_path.iterdir()) == []
