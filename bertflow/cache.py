@@ -14,7 +14,7 @@ import numpy as np
 
 from . import distributed
 from .corpus import Corpus
-from .embeddings import EmbeddingFile, embeddings_meta, open_embeddings, read_meta
+from .embeddings import EmbeddingFile, embeddings_meta, other_request, read_meta
 from .encoder import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POOLING,
@@ -78,7 +78,7 @@ class EmbeddingCache:
         path = self.path(meta)
         try:
             stored = read_meta(path)
-            if stored is None or not path.exists() or not _same(stored, meta):
+            if stored is None or other_request(stored, meta) is not None:
                 return None
             return EmbeddingFile(path).verify()
         except BertflowError:
@@ -152,28 +152,19 @@ def training_embeddings(source: str | os.PathLike, *, encoder: str | os.PathLike
                         batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
                         device: str = "auto", dtype: str = "float32",
                         progress: bool | None = None) -> tuple[EmbeddingFile, dict[str, Any]]:
-    """The embeddings of `source` to fit a head to, and where they came from: encoder (an
-    `EncoderId`, or None when unknown), pooling, max length, the digest of the data (``data``),
-    what a head records of its corpus (``corpus``) and, for a text file, the `Encoder` that
-    embedded it (``loaded``). A text file is encoded with `encoder` (default: the package's) on
-    `device` in `dtype` with `pooling` (default first_last), through `cache` (default: the
-    default one); a `.npy` is read as `open_embeddings` reads it."""
+    """The embeddings of the text file `source` to fit a head to (a `.npy` is read by
+    `runs`, not here), and where they came from: encoder (an `EncoderId`), pooling, max length,
+    the digest of the data (``data``), what a head records of its corpus (``corpus``) and the
+    `Encoder` that embedded it (``loaded``). It is encoded with `encoder` (default: the
+    package's) on `device` in `dtype` with `pooling` (default first_last), through `cache`
+    (default: the default one)."""
     check_max_length(max_length)  # and against the encoder when one encodes the text
     source = Path(source)
-    if source.suffix != ".npy":
-        corpus = Corpus.from_file(source)
-        loaded = load_encoder(encoder, device, dtype)
-        pooling = pooling or DEFAULT_POOLING
-        x = (cache or EmbeddingCache()).files(corpus, loaded, pooling, max_length, batch_size,
-                                              progress=progress)[pooling]
-        return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
-                   "data": corpus.sha256,
-                   "corpus": {"sha256": corpus.sha256, "file": source.name}, "loaded": loaded}
-    given = load_encoder(encoder, "cpu") if encoder else None
-    return open_embeddings(source, pooling=pooling, encoder=given, max_length=max_length)
-
-
-def _same(stored: dict[str, Any], meta: dict[str, Any]) -> bool:
-    """Whether sidecar `stored` is of the request `meta` (an encoder by its fingerprint)."""
-    return all(stored.get(k) == v for k, v in meta.items() if k != "encoder") and (
-        stored["encoder"]["fingerprint"] == meta["encoder"]["fingerprint"])
+    corpus = Corpus.from_file(source)
+    loaded = load_encoder(encoder, device, dtype)
+    pooling = pooling or DEFAULT_POOLING
+    x = (cache or EmbeddingCache()).files(corpus, loaded, pooling, max_length, batch_size,
+                                          progress=progress)[pooling]
+    return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
+               "data": corpus.sha256,
+               "corpus": {"sha256": corpus.sha256, "file": source.name}, "loaded": loaded}

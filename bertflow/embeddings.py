@@ -17,11 +17,11 @@ from .errors import BertflowError, first_line
 from .files import check_finite, meta_path, read_json, sha256_file
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "TRANSFORMED", "EmbeddingFile", "embeddings_meta",
-           "open_embeddings", "read_header", "read_meta"]
+           "open_embeddings", "other_request", "read_header", "read_meta"]
 
 FORMAT = "bertflow-embeddings"
 FORMAT_VERSION = 2
-TRANSFORMED = "bertflow-transformed"  # vectors a head transformed (`writer.write_transformed`)
+TRANSFORMED = "bertflow-transformed"  # vectors a head transformed (`outputs.write_transformed`)
 _READ_ROWS = 16384
 
 
@@ -31,6 +31,25 @@ def embeddings_meta(encoder: EncoderId, pooling: str, max_length: int, corpus: s
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "encoder": encoder.to_dict(),
             "pooling": pooling, "max_length": max_length, "precision": precision,
             "corpus_sha256": corpus, "count": count, "dim": dim, "dtype": "float32"}
+
+
+def other_request(stored: dict[str, Any], meta: dict[str, Any]) -> str | None:
+    """What differs between `stored` (a sidecar or a record's request) and the request `meta`
+    (an encoder by its weights' fingerprint, wherever they were loaded from), or None."""
+    for key, ours in meta.items():
+        theirs = stored.get(key)
+        if key == "encoder":
+            ours, theirs = ours["fingerprint"], (theirs or {}).get("fingerprint")
+        if theirs != ours:
+            return f"{key} {_show(stored.get(key))}, not {_show(meta[key])}"
+    return None
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict) and "name" in value:
+        return str(value["name"])
+    text = str(value)
+    return text[:12] + "…" if len(text) > 16 else text
 
 
 def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
@@ -68,7 +87,8 @@ def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
 class EmbeddingFile:
     """A 2-D float `.npy` file read by rows (`read`, `take`) into float32 arrays, in bounded
     memory; `meta` is its sidecar, or None. Opening checks the header, the shape and the size;
-    `verify` reads every row to check that all are finite and the sidecar's checksum."""
+    `verify` reads every row to check that all are finite and the sidecar's checksum, and keeps
+    the file's sha256 (`sha256`) where those rows are all its bytes (C order, nothing after)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -122,6 +142,9 @@ class EmbeddingFile:
             block = self._rows(start, start + _READ_ROWS)
             digest.update(block.tobytes())
             check_finite(block, str(self.path), offset=start)
+        size = self.offset + len(self) * self.dim * self.dtype.itemsize
+        whole = not self.fortran and os.fstat(self._file.fileno()).st_size == size
+        self.sha256 = digest.hexdigest() if whole else None
         expected = (self.meta or {}).get("sha256")
         if expected is not None and digest.hexdigest() != expected:
             raise BertflowError(
@@ -173,7 +196,7 @@ def open_embeddings(path: str | os.PathLike, *, pooling: str | None = None,
         if encoder is not None and encoder.width(pooling) != file.dim:
             raise BertflowError(f"{path} holds {file.dim}-d embeddings, but encoder "
                                 f"{encoder.id} makes {encoder.width(pooling)}-d ones")
-        digest = sha256_file(path)
+        digest = file.sha256 or sha256_file(path)
         return file, {"encoder": encoder.id if encoder else None, "pooling": pooling,
                       "max_length": max_length, "data": digest,
                       "corpus": {"npy_sha256": digest}}

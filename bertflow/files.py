@@ -138,7 +138,7 @@ def atomic_file(path: Path, suffix: str = ".tmp",
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     fd, name = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=suffix, dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_umask())
+    os.fchmod(fd, 0o666 & ~_UMASK)
     os.close(fd)
     tmp = Path(name)
     try:
@@ -220,7 +220,7 @@ def atomic_directory(path: str | os.PathLike,
                     if not os.path.islink(os.path.join(folder, name)):
                         fsync(Path(folder, name))
                 fsync(Path(folder))
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~_UMASK)
         _replace_directory(tmp, path, recheck)
         fsync(path.parent)
     finally:
@@ -344,10 +344,8 @@ def _check_file(path: str | os.PathLike) -> Path:
     return path
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+_UMASK = os.umask(0)  # read once, at import: reading it sets it, which races with threads
+os.umask(_UMASK)
 
 
 def check_outputs(outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping[str, Any],
@@ -365,7 +363,8 @@ def check_outputs(outputs: Mapping[str, str | os.PathLike | None], inputs: Mappi
         for name, other, role in others:
             relation = _overlap(out, other)
             folder, inside = (flag, name) if relation == "holds" else (name, flag)
-            if role == "another output" and inside in (grows or {}).get(folder, ()):
+            if (role == "another output" and relation in ("holds", "is inside")
+                    and inside in (grows or {}).get(folder, ())):
                 continue
             if relation is not None:
                 raise BertflowError(f"{flag} {out} {relation} {role} of this command ({name} "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import io
 import os
 import shutil
 import stat
@@ -28,7 +30,6 @@ from .files import (
     meta_path,
     read_json,
     refuse_link,
-    sha256_file,
     write_json,
 )
 
@@ -162,15 +163,19 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
                 sidecar.unlink()
             raise
 
+    header, data = io.BytesIO(), memoryview(z).cast("B")
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(z))
+    digest = hashlib.sha256(header.getvalue())  # the file's bytes, hashed without reading it
+    digest.update(data)
     with (lock(path, wait=True),
           atomic_file(path, recheck=keep_new_data if checked is not None else None) as tmp):
         with open(tmp, "wb") as f:  # not np.save, whose short write loses the error's errno
-            np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(z))
-            f.write(memoryview(z).cast("B"))
+            f.write(header.getvalue())
+            f.write(data)
         fsync(tmp)  # before the sidecar: nothing slow is left between the two renames
         meta = {"format": TRANSFORMED, "format_version": 1, "head": head, "source": source,
                 "count": int(z.shape[0]), "dim": int(z.shape[1]), "dtype": "float32",
-                "sha256": sha256_file(tmp)}
+                "sha256": digest.hexdigest()}
         write_json(sidecar, meta, recheck=checked)
         placed = identity(sidecar)
     return meta

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from .constants import PROGRESS_FROM
 from .corpus import Corpus
-from .embeddings import EmbeddingFile, embeddings_meta, read_header, read_meta
+from .embeddings import EmbeddingFile, embeddings_meta, other_request, read_header, read_meta
 from .encoder import CHUNK_SIZE, Encoder, check_batch_size, check_pooling
 from .errors import BertflowError, PeerError
 from .files import (
@@ -68,7 +68,7 @@ def write_embeddings(targets: Mapping[str, str | os.PathLike], corpus: Corpus, e
     with contextlib.ExitStack() as locks:
 
         def prepare() -> None:
-            for p, output in outputs.items():
+            for p, output in sorted(outputs.items(), key=lambda item: item[1].path):
                 locks.enter_context(lock(output.path, wait))
                 output.prepare(resume, restart, copy=copies.get(p))
 
@@ -162,8 +162,6 @@ class _Output:
         """Make the partial file and records of a run (rank 0, under the lock), or keep those a
         stopped run of this request left, once checked; or put the finished `copy` in place,
         removing them where they would be continued or discarded."""
-        if copy is not None and (other := self._other_request(copy.meta)) is not None:
-            raise BertflowError(f"{copy.path} holds other embeddings ({other})")
         check_destination(self.path)
         remove_stale_temporaries(self.path)  # left by a kill as the cache linked it, say
         for litter in self.path.parent.glob(f".{self.path.name}.progress-*.json.*.tmp"):
@@ -272,7 +270,7 @@ class _Output:
         done = sum(v["done"] - v["rows"][0] for v in records.values())
         total = sum(v["rows"][1] - v["rows"][0] for v in records.values())
         for record, value in records.items():
-            other = self._other_request(value["request"])
+            other = other_request(value["request"], self.meta)
             if other is not None and resume:
                 raise BertflowError(f"{record} belongs to another run ({other}); start afresh "
                                     "with --restart")
@@ -304,18 +302,6 @@ class _Output:
             if value["rows"] != list(share):
                 raise BertflowError(f"{record} is malformed; start afresh with --restart")
 
-    def _other_request(self, request: dict[str, Any]) -> str | None:
-        """What differs between `request` and this output's (an encoder by its weights'
-        fingerprint, wherever they were loaded from), or None."""
-        for key in ("corpus_sha256", "count", "encoder", "pooling", "max_length",
-                    "precision", "dim"):
-            ours, theirs = self.meta[key], request.get(key)
-            if key == "encoder":
-                ours, theirs = ours["fingerprint"], (theirs or {}).get("fingerprint")
-            if theirs != ours:
-                return f"{key} {_show(request.get(key))}, not {_show(self.meta[key])}"
-        return None
-
     def _check_rows(self, records: dict[Path, dict[str, Any]]) -> None:
         """Check the partial file's shape, and each record's checksum against its rows."""
         count, dim, chunk = self.meta["count"], self.meta["dim"], self.layout["chunk_size"]
@@ -342,7 +328,7 @@ class _Output:
     def _complete(self) -> bool:
         try:
             meta = read_meta(self.path)
-            if meta is None or any(meta.get(k) != v for k, v in self.meta.items()):
+            if meta is None or other_request(meta, self.meta) is not None:
                 return False
             EmbeddingFile(self.path).verify()
         except BertflowError:
@@ -356,10 +342,3 @@ def _well_formed(record: dict[str, Any]) -> bool:
             and isinstance(record["request"].get("encoder"), dict) and isinstance(rows, list)
             and len(rows) == 2 and all(isinstance(x, int) for x in (*rows, done))
             and rows[0] <= done <= rows[1] and isinstance(record.get("rows_sha256"), str))
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, dict) and "name" in value:
-        return str(value["name"])
-    text = str(value)
-    return text[:12] + "…" if len(text) > 16 else text

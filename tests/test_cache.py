@@ -147,3 +147,40 @@ def test_an_interrupted_entry_that_cannot_be_continued_is_encoded_afresh(
     counting.calls.clear()
     np.testing.assert_array_equal(cache.encode(SENTENCES, counting, "cls", batch_size=4), whole)
     assert len(counting.calls) == 2  # continued: only the chunks that were missing
+
+
+def test_the_same_weights_loaded_from_a_copy_of_their_folder_reuse_what_they_made(
+        tmp_path, counting, tiny_encoder_dir):
+    """An encoder is its weights (their fingerprint), not where they were loaded from: the
+    cache's entry is read back, by a reader and by a writer that waited at its lock, and
+    `encode --resume` keeps a finished output."""
+    import shutil
+
+    from bertflow import load_encoder
+    from bertflow.writer import write_embeddings
+
+    corpus, cache = Corpus.from_sentences(SENTENCES), EmbeddingCache(tmp_path / "cache")
+    out = tmp_path / "out.npy"
+    cache.encode(SENTENCES, counting, "cls")
+    write_embeddings({"cls": out}, corpus, counting)
+    made = {p: p.read_bytes() for npy in (entry(cache, counting), out)
+            for p in (npy, meta_path(npy))}
+    copy = Counting(load_encoder(shutil.copytree(tiny_encoder_dir, tmp_path / "copy")))
+    assert copy.id.fingerprint == counting.id.fingerprint
+    assert copy.id.to_dict() != counting.id.to_dict()  # another name and source
+    cache.encode(SENTENCES, copy, "cls")
+    write_embeddings({"cls": entry(cache, copy)}, corpus, copy, resume=True, restart=True,
+                     wait=True)  # the cache's way, once the lock is its turn
+    write_embeddings({"cls": out}, corpus, copy, resume=True)
+    assert copy.calls == []
+    assert {p: p.read_bytes() for p in made} == made
+
+
+def test_encode_to_refuses_a_bad_destination_before_making_anything(tmp_path, tiny_encoder):
+    from bertflow import BertflowError
+    from bertflow.cache import encode_to
+
+    out = tmp_path / "new" / "e.txt"
+    with pytest.raises(BertflowError, match=f"^--out {out} must end in .npy$"):
+        encode_to(out, Corpus.from_sentences(SENTENCES), tiny_encoder, "cls")
+    assert list(tmp_path.iterdir()) == []

@@ -745,3 +745,39 @@ def test_encode_replaces_either_kind_of_bertflow_output_and_names_a_foreign_side
         line = refused(capsys, *encode_args(corpus, out, tiny_encoder_dir, "--no-cache"))
         assert line.endswith(f"{meta_path(out)} exists and is not a bertflow sidecar; not "
                              "replacing it nor zt.npy"), line
+
+
+def test_the_locks_of_several_outputs_are_taken_in_the_order_of_their_paths(
+        tmp_path, tiny_encoder, monkeypatch):
+    """Two writers waiting for the same outputs, asked for in other orders, never each hold a
+    lock that the other waits for."""
+    taken, lock = [], bertflow.writer.lock
+    monkeypatch.setattr(bertflow.writer, "lock",
+                        lambda path, wait: taken.append(path.name) or lock(path, wait))
+    write_embeddings({"mean": tmp_path / "b.npy", "cls": tmp_path / "a.npy"},
+                     Corpus.from_sentences(salad(5)), tiny_encoder)
+    assert taken == ["a.npy", "b.npy"]
+
+
+def test_embeddings_without_a_sidecar_are_read_once_and_named_by_the_files_sha256(
+        tmp_path, monkeypatch):
+    """Their digest is `verify`'s, where it hashed every byte of the file; else the file's."""
+    import hashlib
+
+    import bertflow.embeddings
+    from bertflow.embeddings import open_embeddings
+
+    x = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    np.save(tmp_path / "c.npy", x)
+    np.save(tmp_path / "f.npy", np.asfortranarray(x))
+    np.save(tmp_path / "t.npy", x)
+    with open(tmp_path / "t.npy", "ab") as f:
+        f.write(b"more")  # bytes after the rows
+    hashed, sha256_file = [], bertflow.embeddings.sha256_file
+    monkeypatch.setattr(bertflow.embeddings, "sha256_file",
+                        lambda path: hashed.append(path.name) or sha256_file(path))
+    for name in ("c.npy", "f.npy", "t.npy"):
+        origin = open_embeddings(tmp_path / name, pooling="cls")[1]
+        digest = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+        assert origin["data"] == origin["corpus"]["npy_sha256"] == digest
+    assert hashed == ["f.npy", "t.npy"]

@@ -184,3 +184,35 @@ def test_a_folder_is_flushed_file_by_file_before_the_swap_and_its_parent_after(
                                             tmp / "sub", tmp}
     assert not any(seen for _, seen in inside)
     assert parent == tmp_path and swapped
+
+
+def test_atomic_writes_read_the_umask_without_setting_it(tmp_path, monkeypatch):
+    """Setting the umask to read it races with other threads (one may create a file meanwhile
+    under umask 0, or two leave it at 0): it is read once, at import."""
+    import os
+
+    from bertflow.files import atomic_file
+
+    mask = os.umask(0)
+    os.umask(mask)
+
+    def umask(value):
+        raise AssertionError("os.umask called")
+
+    monkeypatch.setattr(os, "umask", umask)
+    with atomic_file(tmp_path / "f") as tmp:
+        tmp.write_text("x")
+    with atomic_directory(tmp_path / "d") as tmp:
+        (tmp / "x").write_text("x")
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o777 & ~mask
+
+
+def test_only_an_output_inside_a_grown_folder_is_let_be(tmp_path):
+    from bertflow.files import check_outputs
+
+    logs, grows = tmp_path / "logs", {"--logdir": ["--out"]}
+    check_outputs({"--logdir": logs, "--out": logs / "head"}, {}, grows=grows)
+    for outputs in ({"--logdir": logs, "--out": logs}, {"--out": logs, "--logdir": logs}):
+        with pytest.raises(BertflowError, match=r"logs is another output of this command"):
+            check_outputs(outputs, {}, grows=grows)

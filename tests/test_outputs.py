@@ -168,13 +168,17 @@ def test_transform_on_a_full_disk_is_one_line_naming_the_file(tmp_path, tiny_enc
 
 
 def test_a_transformed_file_is_what_numpy_saves(tmp_path):
+    import hashlib
+
     from bertflow.outputs import write_transformed
 
     z = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
-    write_transformed(tmp_path / "z.npy", z, {}, {})
+    write_transformed(tmp_path / "z.npy", np.asfortranarray(z, dtype=np.float64), {}, {})
     np.save(tmp_path / "n.npy", z)
     assert (tmp_path / "z.npy").read_bytes() == (tmp_path / "n.npy").read_bytes()
-    assert json.loads((tmp_path / "z.meta.json").read_text())["count"] == 7
+    meta = json.loads((tmp_path / "z.meta.json").read_text())
+    assert meta["count"] == 7
+    assert meta["sha256"] == hashlib.sha256((tmp_path / "z.npy").read_bytes()).hexdigest()
 
 
 # Runs `bertflow ARGS` in a fresh process that dies (kill -9's way: no cleanup) just before or
