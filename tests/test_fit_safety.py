@@ -159,6 +159,17 @@ def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, ca
     assert code == 0, err
 
 
+def test_a_run_does_not_read_back_the_checkpoints_it_wrote(tmp_path, capsys, npy, monkeypatch):
+    import bertflow.checkpoint
+
+    reads, read = [], bertflow.checkpoint._read
+    monkeypatch.setattr(bertflow.checkpoint, "_read", lambda path: reads.append(path) or read(path))
+    code, _, err = run(capsys, "fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
+                       "--checkpoint", tmp_path / "state.pt", *SMALL, "--epochs", "3")
+    assert code == 0, err
+    assert reads == [] and read(tmp_path / "state.pt").state.epoch == 3
+
+
 def test_checkpoint_save_and_read(tmp_path):
     from bertflow.checkpoint import Checkpoint, open_checkpoint
 
