@@ -197,10 +197,10 @@ def test_a_checkpoint_of_another_version_or_without_the_format_is_refused(tmp_pa
     from bertflow.checkpoint import CHECKPOINT_FORMAT
 
     saved = {"run": {}, "logs": None, "state": {"epoch": 1}}
-    torch.save({"format": CHECKPOINT_FORMAT, "format_version": 2, **saved}, tmp_path / "v2.pt")
+    torch.save({"format": CHECKPOINT_FORMAT, "format_version": 1, **saved}, tmp_path / "v1.pt")
     torch.save(saved, tmp_path / "unmarked.pt")
-    for name, message in [("v2.pt", "v2.pt is a bertflow training checkpoint of format "
-                           "version 2; this bertflow reads version 1"),
+    for name, message in [("v1.pt", "v1.pt is a bertflow training checkpoint of format "
+                           "version 1; this bertflow reads version 2"),
                           ("unmarked.pt", "unmarked.pt is not a bertflow training checkpoint")]:
         refused(capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
                          "--checkpoint", tmp_path / name, "--resume", *SMALL], message)
