@@ -16,7 +16,7 @@ from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LEN
 from .corpus import Corpus
 from .embeddings import EmbeddingFile, open_embeddings
 from .encoder import Encoder, load_encoder
-from .errors import BertflowError, first_line
+from .errors import BertflowError
 from .files import Checked, check_outputs, refuse_link
 from .folders import HEAD_FOLDER
 from .head import FlowHead
@@ -202,17 +202,11 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
     fitted = False
     try:
         hook = logs.open(state) if logs is not None else None
-        try:
-            head = FlowHead.fit(x, encoder=origin["encoder"], pooling=origin["pooling"],
-                                max_length=origin["max_length"], **job.recipe.fit_options(),
-                                corpus=origin["corpus"], hook=hook, state=state,
-                                on_epoch_end=epoch_end, measure=measure,
-                                progress=progress is not False)
-        except (RuntimeError, KeyError, TypeError, ValueError) as e:
-            if state is None or isinstance(e, BertflowError):
-                raise
-            raise BertflowError(f"{job.checkpoint} does not fit this run ({first_line(e)})") \
-                from None
+        head = FlowHead.fit(x, encoder=origin["encoder"], pooling=origin["pooling"],
+                            max_length=origin["max_length"], **job.recipe.fit_options(),
+                            corpus=origin["corpus"], hook=hook, state=state,
+                            on_epoch_end=epoch_end, measure=measure,
+                            progress=progress is not False)
         if main:
             head.save(job.out)
         fitted = True

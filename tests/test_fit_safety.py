@@ -170,6 +170,21 @@ def test_a_run_does_not_read_back_the_checkpoints_it_wrote(tmp_path, capsys, npy
     assert reads == [] and read(tmp_path / "state.pt").state.epoch == 3
 
 
+def test_a_failure_of_a_resumed_fit_is_not_blamed_on_the_checkpoint(tmp_path, capsys, npy,
+                                                                    monkeypatch):
+    import bertflow.train
+
+    base = ["fit", npy, "--pooling", "cls", "--checkpoint", tmp_path / "state.pt", *SMALL]
+    assert run(capsys, *base, "--out", tmp_path / "a")[0] == 0
+
+    def out_of_memory(*args):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(bertflow.train._Trainer, "train", out_of_memory)
+    refused(capsys, [*base, "--epochs", "2", "--resume", "--out", tmp_path / "b"],
+            "unexpected RuntimeError: CUDA out of memory")
+
+
 def test_checkpoint_save_and_read(tmp_path):
     from bertflow.checkpoint import Checkpoint, open_checkpoint
 
