@@ -20,7 +20,7 @@ from .train import TrainState
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "open_checkpoint"]
 
 CHECKPOINT_FORMAT = "bertflow-train-state"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 
 
 @dataclass(frozen=True)

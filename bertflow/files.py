@@ -146,7 +146,7 @@ def atomic_file(path: Path, suffix: str = ".tmp",
             yield tmp
             fsync(tmp)
         if recheck is not None:
-            recheck(path)
+            recheck(path, tmp) if isinstance(recheck, Checked) else recheck(path)
         os.replace(tmp, path)
         fsync(path.parent)
     finally:
@@ -176,12 +176,13 @@ class Checked:
         self.seen = self._now()
         check(self.path)
 
-    def __call__(self, renamed: Path | None = None) -> None:
-        """Check `path` again where anything watched changed (`renamed`: what is replaced)."""
+    def __call__(self, renamed: Path, placed: Path) -> None:
+        """Check `path` again where anything watched changed; `placed` then replaces `renamed`."""
         now = self._now()
         while now != self.seen:
             self.check(self.path)
             self.seen, now = now, self._now()
+        self.seen[self.watched.index(Path(renamed))] = identity(placed)  # kept by the rename
 
     def unchanged(self, path: Path) -> None:
         """Refuse `path` (one watched) unless it is what the check last saw, or nothing: for a

@@ -78,23 +78,22 @@ def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class RunLogs:
-    """A run's folder in `logdir`: the resumed checkpoint's (`recorded`), else a new
-    TIME-seedN; `made`: the folders made for it, innermost first."""
+    """A run's folder in `logdir`: the resumed checkpoint's (`recorded`; then `resumed`), else
+    a new TIME-seedN; `made`: the folders made for it, innermost first."""
 
     def __init__(self, logdir: Path, seed: int, recorded: str | None):
         self.made = [p for p in (logdir, *logdir.parents) if not p.exists()]
         self.writer: Any = None
-        resumed = bool(recorded) and recorded == Path(recorded).name and recorded not in (
-            ".", "..")
+        self.resumed = bool(recorded) and recorded == Path(recorded).name != ".."
         logdir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for n in itertools.count(1):
-            self.folder = logdir / (recorded if resumed else
+            self.folder = logdir / (recorded if self.resumed else
                                     f"{stamp}-seed{seed}{f'-{n}' if n > 1 else ''}")
             try:
                 self.folder.mkdir()
             except FileExistsError:
-                if resumed:
+                if self.resumed:
                     return
                 continue
             self.made.insert(0, self.folder)

@@ -16,7 +16,7 @@ from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LEN
 from .corpus import Corpus
 from .embeddings import EmbeddingFile, open_embeddings
 from .encoder import Encoder, load_encoder
-from .errors import BertflowError, first_line
+from .errors import BertflowError
 from .files import Checked, check_outputs, refuse_link
 from .folders import HEAD_FOLDER
 from .head import FlowHead
@@ -186,9 +186,10 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
     recorded = checkpoint.saved.logs if state is not None else None
     logs = RunLogs(job.logdir, job.recipe.train.seed, recorded) \
         if job.logdir is not None and main else None
-    steps = [state.step if state is not None else 0]  # the last step of each epoch done
+    last = state  # the last epoch's state: the resumed one, then each epoch's as it ends
 
     def epoch_end(done: TrainState) -> None:
+        nonlocal last
         if say is not None:
             e = done.history.epochs[-1]
             dev = f", dev Spearman {e['dev_spearman']:.2f}" if "dev_spearman" in e else ""
@@ -197,22 +198,16 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
         if checkpoint is not None and main:
             Checkpoint(done, run, logs.folder.name if logs else recorded).save(
                 checkpoint.path, recheck=checkpoint.checked)
-        steps.append(done.step)
+        last = done
 
     fitted = False
     try:
         hook = logs.open(state) if logs is not None else None
-        try:
-            head = FlowHead.fit(x, encoder=origin["encoder"], pooling=origin["pooling"],
-                                max_length=origin["max_length"], **job.recipe.fit_options(),
-                                corpus=origin["corpus"], hook=hook, state=state,
-                                on_epoch_end=epoch_end, measure=measure,
-                                progress=progress is not False)
-        except (RuntimeError, KeyError, TypeError, ValueError) as e:
-            if state is None or isinstance(e, BertflowError):
-                raise
-            raise BertflowError(f"{job.checkpoint} does not fit this run ({first_line(e)})") \
-                from None
+        head = FlowHead.fit(x, encoder=origin["encoder"], pooling=origin["pooling"],
+                            max_length=origin["max_length"], **job.recipe.fit_options(),
+                            corpus=origin["corpus"], hook=hook, state=state,
+                            on_epoch_end=epoch_end, measure=measure,
+                            progress=progress is not False)
         if main:
             head.save(job.out)
         fitted = True
@@ -220,12 +215,11 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
             hparams = {**run, "encoder": origin["encoder"].name if origin["encoder"] else None,
                        "data": origin["corpus"].get("file"),
                        "corpus_size": head.training_info["corpus"]["size"]}
-            log_hparams(hook.writer, hparams, head.history, steps[-1])
+            log_hparams(hook.writer, hparams, head.history, last.step if last else 0)
     finally:
         if logs is not None:  # a checkpoint saved or resumed names the folder: kept
-            saved = checkpoint is not None and len(steps) > 1
-            resumed = state is not None and logs.folder.name == recorded
-            logs.close(keep=fitted or saved or resumed)
+            saved = checkpoint is not None and last is not state
+            logs.close(keep=fitted or saved or logs.resumed)
     return FittedHead(head, logs.folder if logs else None) if main else None
 
 

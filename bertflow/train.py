@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from . import distributed
 from .config import DictConfig
-from .errors import BertflowError
+from .errors import BertflowError, first_line
 from .flow import bits_per_dim, log_likelihood
 from .isotropy import mean_pair_cosine
 from .rows import Rows, as_rows, moments
@@ -121,7 +121,7 @@ def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tenso
     """A seeded split of `range(n)` into (train, validation) indices."""
     order = _permutation(n, torch.Generator().manual_seed(seed))
     n_val = min(n - 2, max(1, round(n * val_fraction))) if val_fraction > 0 else 0
-    if n - n_val < 2:
+    if n < 2:  # else `n_val` leaves 2 training rows
         raise BertflowError(f"need at least 2 training rows, got {n} in all")
     return order[n_val:], order[:n_val]
 
@@ -170,8 +170,11 @@ class _Trainer:
         self.optimizer = _optimizer(model, config)
         self.total_steps = math.ceil(len(self.train_idx) / config.batch_size) * config.epochs
         if state is not None:
-            model.load_state_dict(state.model)
-            self.optimizer.load_state_dict(state.optimizer)
+            try:
+                model.load_state_dict(state.model)
+                self.optimizer.load_state_dict(state.optimizer)
+            except (RuntimeError, KeyError, TypeError, ValueError) as e:
+                raise BertflowError(f"the state does not fit this run ({first_line(e)})") from None
         else:  # the data-dependent initialisation (ActNorm) on the first training rows
             model.train()
             with torch.no_grad():
@@ -231,9 +234,12 @@ class _Trainer:
             if self.config.schedule == "cosine" else self.config.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if self.config.max_grad_norm or self.hook is not None:  # no limit: scales by 1 exactly
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                 self.config.max_grad_norm or math.inf)
+        if self.config.max_grad_norm:
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        elif self.hook is not None:  # measured only, as `clip_grad_norm_` measures it
+            norms = [torch.linalg.vector_norm(p.grad) for p in self.model.parameters()
+                     if p.grad is not None]
+            grad_norm = torch.linalg.vector_norm(torch.stack(norms))
         self.optimizer.step()
         if self.hook is not None:
             self.hook.scalars(self.step, {

@@ -159,6 +159,32 @@ def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, ca
     assert code == 0, err
 
 
+def test_a_run_does_not_read_back_the_checkpoints_it_wrote(tmp_path, capsys, npy, monkeypatch):
+    import bertflow.checkpoint
+
+    reads, read = [], bertflow.checkpoint._read
+    monkeypatch.setattr(bertflow.checkpoint, "_read", lambda path: reads.append(path) or read(path))
+    code, _, err = run(capsys, "fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
+                       "--checkpoint", tmp_path / "state.pt", *SMALL, "--epochs", "3")
+    assert code == 0, err
+    assert reads == [] and read(tmp_path / "state.pt").state.epoch == 3
+
+
+def test_a_failure_of_a_resumed_fit_is_not_blamed_on_the_checkpoint(tmp_path, capsys, npy,
+                                                                    monkeypatch):
+    import bertflow.train
+
+    base = ["fit", npy, "--pooling", "cls", "--checkpoint", tmp_path / "state.pt", *SMALL]
+    assert run(capsys, *base, "--out", tmp_path / "a")[0] == 0
+
+    def out_of_memory(*args):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(bertflow.train._Trainer, "train", out_of_memory)
+    refused(capsys, [*base, "--epochs", "2", "--resume", "--out", tmp_path / "b"],
+            "unexpected RuntimeError: CUDA out of memory")
+
+
 def test_checkpoint_save_and_read(tmp_path):
     from bertflow.checkpoint import Checkpoint, open_checkpoint
 
@@ -186,10 +212,10 @@ def test_a_checkpoint_of_another_version_or_without_the_format_is_refused(tmp_pa
     from bertflow.checkpoint import CHECKPOINT_FORMAT
 
     saved = {"run": {}, "logs": None, "state": {"epoch": 1}}
-    torch.save({"format": CHECKPOINT_FORMAT, "format_version": 2, **saved}, tmp_path / "v2.pt")
+    torch.save({"format": CHECKPOINT_FORMAT, "format_version": 1, **saved}, tmp_path / "v1.pt")
     torch.save(saved, tmp_path / "unmarked.pt")
-    for name, message in [("v2.pt", "v2.pt is a bertflow training checkpoint of format "
-                           "version 2; this bertflow reads version 1"),
+    for name, message in [("v1.pt", "v1.pt is a bertflow training checkpoint of format "
+                           "version 1; this bertflow reads version 2"),
                           ("unmarked.pt", "unmarked.pt is not a bertflow training checkpoint")]:
         refused(capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
                          "--checkpoint", tmp_path / name, "--resume", *SMALL], message)

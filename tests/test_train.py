@@ -175,6 +175,18 @@ def test_split_is_seeded_and_disjoint():
     assert set(train.tolist()).isdisjoint(val.tolist())
     again = split_indices(100, 0.1, seed=3)
     assert torch.equal(train, again[0])
+    for n in (0, 1):  # no 2 training rows, whatever the held-out fraction
+        for fraction in (0.0, 0.5):
+            with pytest.raises(BertflowError, match="need at least 2 training rows"):
+                split_indices(n, fraction, seed=3)
+
+
+def test_a_state_of_another_model_is_refused():
+    x = correlated_gaussian(200, 8)
+    states: list[TrainState] = []
+    fit(Glow(8, FlowConfig(levels=1, depth=2)), x, on_epoch_end=states.append)
+    with pytest.raises(BertflowError, match="the state does not fit this run"):
+        fit(Glow(8, FlowConfig(levels=1, depth=3)), x, TrainConfig(epochs=2), state=states[0])
 
 
 @pytest.mark.parametrize(
