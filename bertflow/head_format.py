@@ -61,14 +61,15 @@ class SavedHead:
             if max_length is not None:
                 check_max_length(max_length)
             training = config["training"]
-            if not isinstance(training, dict) or dim < 1:
-                raise ValueError("bad training record or dim")
+            if not isinstance(training, dict) or not 1 <= out_dim <= dim:
+                raise ValueError("bad training record, dim or out_dim")
+            standardized = bool(config["standardize"])
+            whitened = flow is not None and bool(config["linear"])
         except (KeyError, TypeError, ValueError) as e:
             problem = f"{type(e).__name__}: {first_line(e)}"
             raise BertflowError(f"{path / CONFIG} is malformed ({problem})") from None
-        return cls(dim, method, flow, out_dim, encoder, pooling, max_length,
-                   bool(config["standardize"]), flow is not None and bool(config["linear"]),
-                   training)
+        return cls(dim, method, flow, out_dim, encoder, pooling, max_length, standardized,
+                   whitened, training)
 
 
 def read_head(path: str | os.PathLike) -> tuple[SavedHead, dict[str, Tensor]]:
