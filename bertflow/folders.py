@@ -165,9 +165,10 @@ def ready_heads() -> dict[str, Path]:
 def head_folder(path: str | os.PathLike) -> Path:
     """The folder of head `path`: a folder, or the name of a ready head."""
     path = Path(path)
-    if not path.is_dir() and str(path) in ready_heads():
-        path = ready_heads()[str(path)]
-    if not path.is_dir():
+    if path.is_dir():
+        return path
+    ready = ready_heads()
+    if str(path) not in ready:
         raise BertflowError(f"no flow head folder at {path}, nor a ready head of that name "
-                            f"({', '.join(ready_heads()) or 'none installed'})")
-    return path
+                            f"({', '.join(ready) or 'none installed'})")
+    return ready[str(path)]

@@ -17,7 +17,7 @@ from .encoder import Encoder, EncoderId, resolve_encoder
 from .errors import BertflowError, first_line
 from .files import check_finite
 from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
-from .folders import HEAD_FOLDER
+from .folders import HEAD_FOLDER, write_manifest
 from .head_format import FORMAT, FORMAT_VERSION, read_head, write_head
 from .linear import LinearMap, fit_map
 from .rows import Moments, Rows, as_rows, moments
@@ -249,12 +249,15 @@ class FlowHead(nn.Module):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the head to folder `path` atomically, replacing only a head there."""
-        return HEAD_FOLDER.write(path, self.write)
+        return HEAD_FOLDER.write(path, lambda tmp: self.write(tmp, manifest=False))
 
-    def write(self, folder: Path) -> None:
-        """Write the head's files into an existing folder (`save` makes that atomic)."""
+    def write(self, folder: Path, manifest: bool = True) -> None:
+        """Write the head's files, and their manifest, into an existing folder (`save` makes
+        that atomic, its manifest written once)."""
         self.check_finite()
         write_head(folder, self.state_dict(), self.config())
+        if manifest:
+            write_manifest(folder, FORMAT)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FlowHead:

@@ -10,14 +10,16 @@ from typing import Any
 from safetensors.torch import load_file, save
 from torch import Tensor
 
-from .encoder import EncoderId, check_max_length, check_pooling
+from .batches import check_max_length
+from .encoder import check_pooling
+from .encoder_id import EncoderId
 from .errors import BertflowError, first_line
 from .files import sha256_file, write_json
 from .flow import FlowConfig
-from .folders import HEAD_FOLDER, head_folder, ready_heads, write_manifest
+from .folders import HEAD_FOLDER, head_folder
 from .linear import LINEAR_METHODS
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "SavedHead", "read_head", "ready_heads", "write_head"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "SavedHead", "read_head", "write_head"]
 
 FORMAT, FORMAT_VERSION = HEAD_FOLDER.kind, HEAD_FOLDER.version
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -97,11 +99,10 @@ def read_head(path: str | os.PathLike) -> tuple[SavedHead, dict[str, Tensor]]:
 
 
 def write_head(folder: Path, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:
-    """Write `tensors`, `config` (with the weights' sha256) and their manifest into `folder`."""
+    """Write `tensors` and `config` (with the weights' sha256) into `folder`, no manifest."""
     data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                 metadata={"format": FORMAT})
     (folder / WEIGHTS).write_bytes(data)
     write_json(folder / CONFIG, {**config, "weights": {"file": WEIGHTS,
                                                        "sha256": sha256_file(folder / WEIGHTS)}})
-    write_manifest(folder, FORMAT)
 

@@ -13,10 +13,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import distributed
+from .batches import check_max_length
 from .cache import EmbeddingCache
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING
 from .corpus import Corpus
-from .encoder import Encoder, EncoderId, check_max_length, check_pooling, resolve_encoder
+from .encoder import Encoder, check_pooling, resolve_encoder
+from .encoder_id import EncoderId
 from .errors import BertflowError, first_line
 from .files import check_finite, read_json, sha256_file, write_json
 from .folders import INDEX_FOLDER
