@@ -191,20 +191,21 @@ def _eval(args: argparse.Namespace) -> None:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
     head = _load_head(args)
     encoder = _load_encoder(args, head)
-    common = {"max_length": args.max_length or DEFAULT_MAX_LENGTH, "progress": _progress(args),
-              "batch_size": args.encode_batch_size}
+    common = {"progress": _progress(args), "batch_size": args.encode_batch_size}
     method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
     fit_on = args.fit_on or ["target"]
     if head is not None:
         rows = evaluate.evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
-                                      name=str(args.head), pooling=args.pooling, **common)
+                                      name=str(args.head), pooling=args.pooling,
+                                      max_length=args.max_length, **common)
     else:
         if method == "flow":
             _check_flow(args, encoder)
         rows = evaluate.evaluate_method(tasks, missing, method, encoder,
                                         EmbeddingCache(args.cache), pooling=pooling,
                                         fit_on=fit_on, k=args.k, d=args.d,
-                                        recipe=flow_options(args), **common)
+                                        recipe=flow_options(args), **common,
+                                        max_length=args.max_length or DEFAULT_MAX_LENGTH)
     if args.json is not None:
         write_json(args.json, rows, recheck=out)
     for aggregation in ("all", "wmean"):
@@ -233,7 +234,7 @@ def _diagnose(args: argparse.Namespace) -> None:
         _check_flow(args, encoder)
     paths, before, after = diagnose(
         sentences, args.out, encoder, head=head, pooling=args.pooling,
-        max_length=args.max_length or DEFAULT_MAX_LENGTH, corpus=corpus,
+        max_length=args.max_length, corpus=corpus,
         cache=EmbeddingCache(args.cache), recipe=flow_options(args),
         batch_size=args.encode_batch_size, progress=_progress(args), data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
@@ -304,9 +305,8 @@ def _index(args: argparse.Namespace) -> None:
     _check_paths(args)
     head = _load_head(args)
     items = read_sentences(args.corpus)
-    max_length = args.max_length or (head.max_length if head else None) or DEFAULT_MAX_LENGTH
     index = Index.build(items, _load_encoder(args, head), head=head, pooling=args.pooling,
-                        max_length=max_length, batch_size=args.encode_batch_size,
+                        max_length=args.max_length, batch_size=args.encode_batch_size,
                         cache=EmbeddingCache(args.cache), kind=args.kind, dims=args.dims,
                         progress=_progress(args))
     if index is None:  # another process of a torchrun job builds it

@@ -150,12 +150,11 @@ def _cell(row: dict[str, Any] | None) -> str:
 
 def evaluate_head(tasks: dict[str, Task], missing: Sequence[str], head: FlowHead,
                   encoder: Encoder, cache: EmbeddingCache, *, name: str,
-                  pooling: str | None = None, max_length: int = DEFAULT_MAX_LENGTH,
+                  pooling: str | None = None, max_length: int | None = None,
                   batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
-    """`evaluate` a fitted head on embeddings of `encoder` with its pooling and max length."""
-    head.check(dim=encoder.width(head.pooling or DEFAULT_POOLING), encoder=encoder.id,
-               pooling=pooling)
-    pooling, max_length = head.pooling or DEFAULT_POOLING, head.max_length or max_length
+    """`evaluate` a fitted head on embeddings of `encoder` with its pooling and max length
+    (`FlowHead.settings`)."""
+    pooling, max_length = head.settings(encoder, pooling, max_length)
     corpus = head.training_info.get("corpus") or {}
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": head.method, "head": name,
               "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from . import __version__, st_api
-from .constants import BEFORE, DEFAULT_BATCH_SIZE, POOLINGS
+from .constants import BEFORE, DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING, POOLINGS
 from .encoder import Encoder, EncoderId, resolve_encoder
 from .errors import BertflowError, first_line
 from .files import check_finite
@@ -136,6 +136,14 @@ class FlowHead(nn.Module):
             raise BertflowError(f"head was fit on {self.pooling} pooling, "
                                 f"but these embeddings use {pooling} pooling")
 
+    def settings(self, encoder: Encoder, pooling: str | None = None,
+                 max_length: int | None = None) -> tuple[str, int]:
+        """The pooling and max length to embed with on `encoder` (`check`ed): the head's,
+        else those given, else the defaults."""
+        chosen = self.pooling or pooling or DEFAULT_POOLING
+        self.check(dim=encoder.width(chosen), encoder=encoder.id, pooling=pooling)
+        return chosen, self.max_length or max_length or DEFAULT_MAX_LENGTH
+
     @torch.no_grad()
     def transform(self, x: np.ndarray | Tensor, batch_size: int = 8192) -> np.ndarray:
         """Map embeddings (rows, dim) to their latents, float32, checked first."""
@@ -174,8 +182,7 @@ class FlowHead(nn.Module):
         output = st_api.output_options(options)
         sentences, single = st_api.as_sentences(sentences)
         encoder = resolve_encoder(encoder, self.encoder, "auto" if device is None else device)
-        self.check(dim=encoder.width(self.pooling), encoder=encoder.id)
-        x = encoder.encode(sentences, self.pooling, self.max_length or 128, batch_size, progress,
+        x = encoder.encode(sentences, *self.settings(encoder), batch_size, progress,
                            device=device, **options)
         return st_api.convert(self.transform(x), single, **output)
 

@@ -15,7 +15,7 @@ import numpy as np
 from . import distributed
 from .batches import check_max_length
 from .cache import EmbeddingCache
-from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING
+from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .corpus import Corpus
 from .encoder import Encoder, check_pooling, resolve_encoder
 from .encoder_id import EncoderId
@@ -70,7 +70,7 @@ class Index:
     @classmethod
     def from_embeddings(cls, x: np.ndarray, items: Sequence[str], *,
                         head: FlowHead | None = None, encoder: EncoderId | None = None,
-                        pooling: str = DEFAULT_POOLING, max_length: int = 128,
+                        pooling: str = DEFAULT_POOLING, max_length: int = DEFAULT_MAX_LENGTH,
                         kind: str = "flat", dims: int | None = None, hnsw_m: int = 32) -> Index:
         """Index pooled embeddings `x` of `items`, after `head`, keeping `dims` components."""
         faiss = _faiss()
@@ -108,17 +108,16 @@ class Index:
 
     @classmethod
     def build(cls, sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
-              *, head: FlowHead | None = None, pooling: str | None = None, max_length: int = 128,
+              *, head: FlowHead | None = None, pooling: str | None = None,
+              max_length: int | None = None,
               batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
               progress: bool | None = None, **options: Any) -> Index | None:
         """Embed `sentences`, then index them; under torchrun, rank 0 alone gets the index."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         if head is not None:
-            pooling = pooling or head.pooling
-            max_length = head.max_length or max_length
-            head.check(dim=encoder.width(pooling or DEFAULT_POOLING), encoder=encoder.id,
-                       pooling=pooling)
-        pooling = check_pooling(pooling or DEFAULT_POOLING)
+            pooling, max_length = head.settings(encoder, pooling, max_length)
+        pooling, max_length = check_pooling(pooling or DEFAULT_POOLING), \
+            max_length or DEFAULT_MAX_LENGTH
         if cache is None:
             x = encoder.encode(sentences, pooling, max_length, batch_size, progress)
         else:
