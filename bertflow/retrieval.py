@@ -81,9 +81,10 @@ class Index:
             raise BertflowError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
         check_pooling(pooling)
         if head is not None:
-            head.check(dim=x.shape[1], encoder=encoder, pooling=pooling)
-            x = head.transform(x)  # checks its input
-        check_finite(x, "the embeddings to index")
+            head.check(encoder=encoder, pooling=pooling)
+            x = head.transform(x)  # checks its width, input and output
+        else:
+            check_finite(x, "the embeddings to index")
         dim = x.shape[1]
         if dims is not None and not 1 <= dims <= min(dim, len(items)):
             raise BertflowError(f"dims must be between 1 and {min(dim, len(items))} (the "
@@ -112,7 +113,9 @@ class Index:
               max_length: int | None = None,
               batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
               progress: bool | None = None, **options: Any) -> Index | None:
-        """Embed `sentences`, then index them; under torchrun, rank 0 alone gets the index."""
+        """Embed `sentences`, then index them. Under torchrun, with a `cache` the processes
+        share the encoding and rank 0 alone gets the index (the others None); without one,
+        each process encodes every sentence and gets the index."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         if head is not None:
             pooling, max_length = head.settings(encoder, pooling, max_length)
@@ -136,9 +139,11 @@ class Index:
         width = self.head.dim if self.head is not None else self.config["dim"]
         if x.ndim != 2 or x.shape[1] != width:
             raise BertflowError(f"index expects {width}-d embeddings, got {x.shape}")
-        z = self.head.transform(x) if self.head is not None else x  # checks its input
-        check_finite(z, "the query embeddings")
-        return self.faiss_index.search(np.ascontiguousarray(z, dtype=np.float32),
+        if self.head is not None:
+            x = self.head.transform(x)  # checks its input and output
+        else:
+            check_finite(x, "the query embeddings")
+        return self.faiss_index.search(np.ascontiguousarray(x, dtype=np.float32),
                                        min(k, len(self.items)))
 
     def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
