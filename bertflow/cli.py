@@ -101,14 +101,14 @@ def _check_paths(args: argparse.Namespace, output: str = "out") -> None:
 
 def _recorded_encoder_folder(head: Path) -> Path | None:
     """The existing encoder folder the config of head folder `head` records (unchecked)."""
+    from .encoder_id import recorded_folder
     from .files import read_json
 
     try:
         record = read_json(head / "config.json").get("encoder")
     except BertflowError:
         return None
-    kind, _, where = str(record.get("source") if isinstance(record, dict) else "").partition(":")
-    return Path(where) if kind == "folder" and Path(where).is_dir() else None
+    return recorded_folder(record.get("source") if isinstance(record, dict) else None)
 
 
 def _encode(args: argparse.Namespace) -> None:
@@ -132,7 +132,7 @@ def _encode(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from .card import summary
+    from .card import nll_text, summary
     from .runs import FitJob, fit_head
 
     job = FitJob(args.input, args.out, args.method, args.k, args.d, recipe=flow_options(args),
@@ -149,7 +149,7 @@ def _fit(args: argparse.Namespace) -> None:
         return
     info = fitted.head.training_info
     print(f"wrote {args.out}: best epoch {info['best_epoch']} of {info['epochs_run']}, "
-          f"val NLL {info['val_nll']:.3f} nats ({info['val_bits_per_dim']:.4f} bits/dim)")
+          f"val NLL {nll_text(info) or 'unknown'}")
     if fitted.logs is not None:
         print(f"TensorBoard logs in {fitted.logs}")
 
