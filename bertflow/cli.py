@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .commands import build_parser as _parser
-from .constants import DEFAULT_MAX_LENGTH, DEFAULT_POOLING
+from .constants import DEFAULT_POOLING
 from .errors import BertflowError, PeerError, one_line
 from .options import check_options, flow_options
 
@@ -191,21 +191,20 @@ def _eval(args: argparse.Namespace) -> None:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
     head = _load_head(args)
     encoder = _load_encoder(args, head)
-    common = {"progress": _progress(args), "batch_size": args.encode_batch_size}
+    common = {"max_length": args.max_length, "progress": _progress(args),
+              "batch_size": args.encode_batch_size}
     method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
     fit_on = args.fit_on or ["target"]
     if head is not None:
         rows = evaluate.evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
-                                      name=str(args.head), pooling=args.pooling,
-                                      max_length=args.max_length, **common)
+                                      name=str(args.head), pooling=args.pooling, **common)
     else:
         if method == "flow":
             _check_flow(args, encoder)
         rows = evaluate.evaluate_method(tasks, missing, method, encoder,
                                         EmbeddingCache(args.cache), pooling=pooling,
                                         fit_on=fit_on, k=args.k, d=args.d,
-                                        recipe=flow_options(args), **common,
-                                        max_length=args.max_length or DEFAULT_MAX_LENGTH)
+                                        recipe=flow_options(args), **common)
     if args.json is not None:
         write_json(args.json, rows, recheck=out)
     for aggregation in ("all", "wmean"):

@@ -85,9 +85,8 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
     PLOTS_FOLDER.check_destination(out)  # before any work, and again when writing
     stsb = None if data is None else list(read_stsb_splits(Path(data) / "STSBenchmark",
                                                            STSB_SPLITS).values())
-    if head is not None:
-        pooling, max_length = head.settings(encoder, pooling, max_length)
-    pooling, max_length = pooling or DEFAULT_POOLING, max_length or DEFAULT_MAX_LENGTH
+    pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
+        else (pooling or DEFAULT_POOLING, max_length or DEFAULT_MAX_LENGTH)
     embed = (cache or EmbeddingCache()).embedder(encoder, pooling, max_length, batch_size,
                                                  progress)
     x = embed(sentences)

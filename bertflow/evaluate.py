@@ -164,7 +164,7 @@ def evaluate_head(tasks: dict[str, Task], missing: Sequence[str], head: FlowHead
 
 def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str,
                     encoder: Encoder, cache: EmbeddingCache, *, pooling: str = DEFAULT_POOLING,
-                    max_length: int = DEFAULT_MAX_LENGTH, fit_on: FitOn = "target",
+                    max_length: int | None = None, fit_on: FitOn = "target",
                     k: int | None = None, d: int | None = None,
                     recipe: Recipe | dict[str, Any] | None = None,
                     batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
@@ -180,7 +180,7 @@ def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str,
 
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": method,
               **make().describe(), "fit_on": fit_label}
-    embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
+    embed = cache.embedder(encoder, pooling, max_length or DEFAULT_MAX_LENGTH, batch_size, progress)
     return evaluate(tasks, missing, embed, make, sentences, labels, also)
 
 

@@ -165,10 +165,9 @@ def ready_heads() -> dict[str, Path]:
 def head_folder(path: str | os.PathLike) -> Path:
     """The folder of head `path`: a folder, or the name of a ready head."""
     path = Path(path)
-    if path.is_dir():
-        return path
-    ready = ready_heads()
-    if str(path) not in ready:
+    ready = {} if path.is_dir() else ready_heads()
+    path = ready.get(str(path), path)
+    if not path.is_dir():
         raise BertflowError(f"no flow head folder at {path}, nor a ready head of that name "
                             f"({', '.join(ready) or 'none installed'})")
-    return ready[str(path)]
+    return path

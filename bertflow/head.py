@@ -259,8 +259,7 @@ class FlowHead(nn.Module):
         return HEAD_FOLDER.write(path, lambda tmp: self.write(tmp, manifest=False))
 
     def write(self, folder: Path, manifest: bool = True) -> None:
-        """Write the head's files, and their manifest, into an existing folder (`save` makes
-        that atomic, its manifest written once)."""
+        """Write the head's files and manifest into an existing folder (`save`: atomically)."""
         self.check_finite()
         write_head(folder, self.state_dict(), self.config())
         if manifest:

@@ -65,13 +65,12 @@ class SavedHead:
             training = config["training"]
             if not isinstance(training, dict) or not 1 <= out_dim <= dim:
                 raise ValueError("bad training record, dim or out_dim")
-            standardized = bool(config["standardize"])
-            whitened = flow is not None and bool(config["linear"])
+            return cls(dim, method, flow, out_dim, encoder, pooling, max_length,
+                       bool(config["standardize"]), flow is not None and bool(config["linear"]),
+                       training)
         except (KeyError, TypeError, ValueError) as e:
             problem = f"{type(e).__name__}: {first_line(e)}"
             raise BertflowError(f"{path / CONFIG} is malformed ({problem})") from None
-        return cls(dim, method, flow, out_dim, encoder, pooling, max_length, standardized,
-                   whitened, training)
 
 
 def read_head(path: str | os.PathLike) -> tuple[SavedHead, dict[str, Tensor]]:

@@ -38,8 +38,7 @@ class LinearMap(nn.Module):
         for name, tensor in (("mean", mean), ("weight", weight)):
             self.register_buffer(name, tensor.detach().to(
                 torch.float32, memory_format=torch.contiguous_format, copy=True))
-        # log|det W|, constant: computed here and after loading, not on every forward; W⁻¹
-        # (float64) on the first `inverse` after either
+        # constants: log|det W| computed here and after loading, W⁻¹ at the next `inverse`
         self.register_buffer("log_det", self._slogdet(), persistent=False)
         self.register_buffer("inverse_weight", None, persistent=False)
         self.register_load_state_dict_post_hook(LinearMap._loaded)

@@ -110,17 +110,15 @@ class Index:
     @classmethod
     def build(cls, sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
               *, head: FlowHead | None = None, pooling: str | None = None,
-              max_length: int | None = None,
-              batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
-              progress: bool | None = None, **options: Any) -> Index | None:
+              max_length: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+              cache: EmbeddingCache | None = None, progress: bool | None = None,
+              **options: Any) -> Index | None:
         """Embed `sentences`, then index them. Under torchrun, with a `cache` the processes
         share the encoding and rank 0 alone gets the index (the others None); without one,
         each process encodes every sentence and gets the index."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
-        if head is not None:
-            pooling, max_length = head.settings(encoder, pooling, max_length)
-        pooling, max_length = check_pooling(pooling or DEFAULT_POOLING), \
-            max_length or DEFAULT_MAX_LENGTH
+        pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
+            else (check_pooling(pooling or DEFAULT_POOLING), max_length or DEFAULT_MAX_LENGTH)
         if cache is None:
             x = encoder.encode(sentences, pooling, max_length, batch_size, progress)
         else:
