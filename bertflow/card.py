@@ -20,6 +20,8 @@ _POOLING_TEXT = {
     "last2": "the mean over tokens of the average of the last two layers' states",
     "static": "the mean of the input word embeddings (no context), special tokens excluded",
 }
+_BEFORE_TEXT = {"standardisation": "a standardisation per dimension, then ",
+                "whitening": "a full whitening, then ", "nothing": ""}
 
 
 def summary(head: FlowHead) -> str:
@@ -46,15 +48,13 @@ def details(head: FlowHead) -> list[tuple[str, str]]:
                    if k in corpus), "?")
     source = f"{corpus['file']}: " if corpus.get("file") else ""
     config = training.get("config") if isinstance(training.get("config"), dict) else {}
-    before = "standardisation" if head.standardize is not None else \
-        "whitening" if head.glow is not None and head.linear is not None else "nothing"
     rows = [
         ("dim", str(head.dim) if head.out_dim == head.dim else f"{head.dim} → {head.out_dim}"),
         ("encoder", str(head.encoder) if head.encoder else "unknown"),
         ("pooling", head.pooling or "unknown"),
         ("max length", str(head.max_length)),
         ("method", summary(head)),
-        ("before", before if head.glow is not None else None),
+        ("before", _before(head) if head.glow is not None else None),
         ("parameters", f"{sum(t.numel() for t in head.state_dict().values()):,}"),
         ("corpus", f"{source}{corpus.get('size', '?')} rows, sha256 {digest[:16]}"),
         ("seed", str(training["seed"]) if "seed" in training else None),
@@ -64,6 +64,12 @@ def details(head: FlowHead) -> list[tuple[str, str]]:
         ("training options", ", ".join(f"{k}={v}" for k, v in config.items()) or None),
     ]
     return [(k, v) for k, v in rows if v is not None]
+
+
+def _before(head: FlowHead) -> str:
+    """What a flow head applies before its Glow: standardisation, whitening or nothing."""
+    return "standardisation" if head.standardize is not None else \
+        "whitening" if head.linear is not None else "nothing"
 
 
 def nll_text(record: dict[str, Any]) -> str | None:
@@ -77,24 +83,26 @@ def nll_text(record: dict[str, Any]) -> str | None:
 def model_card(head: FlowHead, encoder: Encoder, max_length: int, normalized: bool,
                name: str = "PATH") -> str:
     """The README.md of a saved pipeline (`encoder` → pooling → `head` → [unit length])."""
-    identity = encoder.id
-    what = ("a standardisation per dimension, then " if head.standardize is not None
-            else "a full whitening, then " if head.linear is not None else "")
+    identity, flow = encoder.id, head.glow is not None
     lines = [
         "---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
         "tags:", "- bertflow", "- sentence-transformers", "- sentence-similarity",
-        "- normalizing-flow", "---", "",
-        f"# bertflow pipeline: {identity.name}, {head.pooling} pooling, BERT-flow head", "",
-        "Sentence embeddings made isotropic by a normalizing flow (BERT-flow), exported by "
-        f"bertflow {__version__} as a sentence-transformers pipeline of these modules:", "",
+        *(["- normalizing-flow"] if flow else []), "---", "",
+        f"# bertflow pipeline: {identity.name}, {head.pooling} pooling, "
+        f"{'BERT-flow' if flow else head.method} head", "",
+        "Sentence embeddings " + ("made isotropic by a normalizing flow (BERT-flow)" if flow
+                                  else f"post-processed by a linear map ({head.method})") +
+        f", exported by bertflow {__version__} as a sentence-transformers pipeline of these "
+        "modules:", "",
         f"1. **Encoder**: `{identity.name}` (weights fingerprint `{identity.fingerprint}`), "
         f"frozen: {encoder.num_layers} layers, {encoder.dim}-d hidden states, input cut at "
         f"{max_length} tokens.",
         f"2. **Pooling**: `{head.pooling}`, {_POOLING_TEXT[str(head.pooling)]}.",
         f"3. **Head**: {summary(head)}, fit in closed form on the pooled embeddings "
-        f"({head.dim}-d in, {head.out_dim}-d out)." if head.glow is None else
-        f"3. **Head**: a BERT-flow head, {what}a Glow normalizing flow that maps the "
-        f"{head.dim}-d pooled embeddings to latents distributed as a standard normal.",
+        f"({head.dim}-d in, {head.out_dim}-d out)." if not flow else
+        f"3. **Head**: a BERT-flow head, {_BEFORE_TEXT[_before(head)]}a Glow normalizing flow "
+        f"that maps the {head.dim}-d pooled embeddings to latents distributed as a standard "
+        "normal.",
         *(["4. **Normalize**: each vector scaled to unit length."] if normalized else []),
         "", f"The output has {head.out_dim} dimensions; compare vectors by cosine similarity "
         "(`model.similarity`).", "",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .commands import build_parser as _parser
-from .constants import DEFAULT_MAX_LENGTH, DEFAULT_POOLING
+from .constants import DEFAULT_POOLING
 from .errors import BertflowError, PeerError, one_line
 from .options import check_options, flow_options
 
@@ -101,14 +101,14 @@ def _check_paths(args: argparse.Namespace, output: str = "out") -> None:
 
 def _recorded_encoder_folder(head: Path) -> Path | None:
     """The existing encoder folder the config of head folder `head` records (unchecked)."""
+    from .encoder_id import recorded_folder
     from .files import read_json
 
     try:
         record = read_json(head / "config.json").get("encoder")
     except BertflowError:
         return None
-    kind, _, where = str(record.get("source") if isinstance(record, dict) else "").partition(":")
-    return Path(where) if kind == "folder" and Path(where).is_dir() else None
+    return recorded_folder(record.get("source") if isinstance(record, dict) else None)
 
 
 def _encode(args: argparse.Namespace) -> None:
@@ -132,7 +132,7 @@ def _encode(args: argparse.Namespace) -> None:
 
 
 def _fit(args: argparse.Namespace) -> None:
-    from .card import summary
+    from .card import nll_text, summary
     from .runs import FitJob, fit_head
 
     job = FitJob(args.input, args.out, args.method, args.k, args.d, recipe=flow_options(args),
@@ -149,7 +149,7 @@ def _fit(args: argparse.Namespace) -> None:
         return
     info = fitted.head.training_info
     print(f"wrote {args.out}: best epoch {info['best_epoch']} of {info['epochs_run']}, "
-          f"val NLL {info['val_nll']:.3f} nats ({info['val_bits_per_dim']:.4f} bits/dim)")
+          f"val NLL {nll_text(info) or 'unknown'}")
     if fitted.logs is not None:
         print(f"TensorBoard logs in {fitted.logs}")
 
@@ -191,7 +191,7 @@ def _eval(args: argparse.Namespace) -> None:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
     head = _load_head(args)
     encoder = _load_encoder(args, head)
-    common = {"max_length": args.max_length or DEFAULT_MAX_LENGTH, "progress": _progress(args),
+    common = {"max_length": args.max_length, "progress": _progress(args),
               "batch_size": args.encode_batch_size}
     method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
     fit_on = args.fit_on or ["target"]
@@ -233,7 +233,7 @@ def _diagnose(args: argparse.Namespace) -> None:
         _check_flow(args, encoder)
     paths, before, after = diagnose(
         sentences, args.out, encoder, head=head, pooling=args.pooling,
-        max_length=args.max_length or DEFAULT_MAX_LENGTH, corpus=corpus,
+        max_length=args.max_length, corpus=corpus,
         cache=EmbeddingCache(args.cache), recipe=flow_options(args),
         batch_size=args.encode_batch_size, progress=_progress(args), data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
@@ -304,9 +304,8 @@ def _index(args: argparse.Namespace) -> None:
     _check_paths(args)
     head = _load_head(args)
     items = read_sentences(args.corpus)
-    max_length = args.max_length or (head.max_length if head else None) or DEFAULT_MAX_LENGTH
     index = Index.build(items, _load_encoder(args, head), head=head, pooling=args.pooling,
-                        max_length=max_length, batch_size=args.encode_batch_size,
+                        max_length=args.max_length, batch_size=args.encode_batch_size,
                         cache=EmbeddingCache(args.cache), kind=args.kind, dims=args.dims,
                         progress=_progress(args))
     if index is None:  # another process of a torchrun job builds it

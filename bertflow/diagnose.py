@@ -74,7 +74,7 @@ def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
 
 def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder, *,
              head: FlowHead | None = None, pooling: str | None = None,
-             max_length: int = DEFAULT_MAX_LENGTH, corpus: Sequence[str] | None = None,
+             max_length: int | None = None, corpus: Sequence[str] | None = None,
              cache: EmbeddingCache | None = None, recipe: Recipe | dict[str, Any] | None = None,
              batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None,
              data: str | os.PathLike | None = None, say: Callable[[str], None] | None = None,
@@ -85,11 +85,8 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
     PLOTS_FOLDER.check_destination(out)  # before any work, and again when writing
     stsb = None if data is None else list(read_stsb_splits(Path(data) / "STSBenchmark",
                                                            STSB_SPLITS).values())
-    if head is not None:
-        head.check(dim=encoder.width(head.pooling or pooling or DEFAULT_POOLING),
-                   encoder=encoder.id, pooling=pooling)
-    pooling = (head.pooling if head else None) or pooling or DEFAULT_POOLING
-    max_length = (head.max_length if head else None) or max_length
+    pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
+        else (pooling or DEFAULT_POOLING, max_length or DEFAULT_MAX_LENGTH)
     embed = (cache or EmbeddingCache()).embedder(encoder, pooling, max_length, batch_size,
                                                  progress)
     x = embed(sentences)

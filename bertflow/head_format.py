@@ -10,14 +10,16 @@ from typing import Any
 from safetensors.torch import load_file, save
 from torch import Tensor
 
-from .encoder import EncoderId, check_max_length, check_pooling
+from .batches import check_max_length
+from .encoder import check_pooling
+from .encoder_id import EncoderId
 from .errors import BertflowError, first_line
 from .files import sha256_file, write_json
 from .flow import FlowConfig
-from .folders import HEAD_FOLDER, head_folder, ready_heads, write_manifest
+from .folders import HEAD_FOLDER, head_folder
 from .linear import LINEAR_METHODS
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "SavedHead", "read_head", "ready_heads", "write_head"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "SavedHead", "read_head", "write_head"]
 
 FORMAT, FORMAT_VERSION = HEAD_FOLDER.kind, HEAD_FOLDER.version
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -61,14 +63,14 @@ class SavedHead:
             if max_length is not None:
                 check_max_length(max_length)
             training = config["training"]
-            if not isinstance(training, dict) or dim < 1:
-                raise ValueError("bad training record or dim")
+            if not isinstance(training, dict) or not 1 <= out_dim <= dim:
+                raise ValueError("bad training record, dim or out_dim")
+            return cls(dim, method, flow, out_dim, encoder, pooling, max_length,
+                       bool(config["standardize"]), flow is not None and bool(config["linear"]),
+                       training)
         except (KeyError, TypeError, ValueError) as e:
             problem = f"{type(e).__name__}: {first_line(e)}"
             raise BertflowError(f"{path / CONFIG} is malformed ({problem})") from None
-        return cls(dim, method, flow, out_dim, encoder, pooling, max_length,
-                   bool(config["standardize"]), flow is not None and bool(config["linear"]),
-                   training)
 
 
 def read_head(path: str | os.PathLike) -> tuple[SavedHead, dict[str, Tensor]]:
@@ -96,11 +98,10 @@ def read_head(path: str | os.PathLike) -> tuple[SavedHead, dict[str, Tensor]]:
 
 
 def write_head(folder: Path, tensors: dict[str, Tensor], config: dict[str, Any]) -> None:
-    """Write `tensors`, `config` (with the weights' sha256) and their manifest into `folder`."""
+    """Write `tensors` and `config` (with the weights' sha256) into `folder`, no manifest."""
     data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                 metadata={"format": FORMAT})
     (folder / WEIGHTS).write_bytes(data)
     write_json(folder / CONFIG, {**config, "weights": {"file": WEIGHTS,
                                                        "sha256": sha256_file(folder / WEIGHTS)}})
-    write_manifest(folder, FORMAT)
 

@@ -38,8 +38,9 @@ class LinearMap(nn.Module):
         for name, tensor in (("mean", mean), ("weight", weight)):
             self.register_buffer(name, tensor.detach().to(
                 torch.float32, memory_format=torch.contiguous_format, copy=True))
-        # log|det W|, constant: computed here and after loading, not on every forward
+        # constants: log|det W| computed here and after loading, W⁻¹ at the next `inverse`
         self.register_buffer("log_det", self._slogdet(), persistent=False)
+        self.register_buffer("inverse_weight", None, persistent=False)
         self.register_load_state_dict_post_hook(LinearMap._loaded)
 
     @property
@@ -61,7 +62,7 @@ class LinearMap(nn.Module):
 
     @staticmethod
     def _loaded(module: LinearMap, incompatible_keys: Any) -> None:
-        module.log_det = module._slogdet()
+        module.log_det, module.inverse_weight = module._slogdet(), None
 
     def map(self, x: Tensor) -> Tensor:
         """x → z alone, in the wider of the dtypes of x and of the map."""
@@ -77,9 +78,11 @@ class LinearMap(nn.Module):
         """z → (x, log|det W⁻¹| per row), for full whitening only (W⁻¹ in float64)."""
         if not self.invertible:
             raise BertflowError(f"a {self.method} head projects: it has no inverse")
+        if self.inverse_weight is None:
+            self.inverse_weight = torch.linalg.inv(self.weight.double())
         dtype = torch.promote_types(z.dtype, self.weight.dtype)
-        inverse = torch.linalg.inv(self.weight.double()).to(dtype)
-        return z.to(dtype) @ inverse + self.mean, (-self.log_det).expand(z.shape[0]).to(dtype)
+        x = z.to(dtype) @ self.inverse_weight.to(dtype) + self.mean
+        return x, (-self.log_det).expand(z.shape[0]).to(dtype)
 
     def extra_repr(self) -> str:
         return f"{self.method}, {self.features} → {self.out_features}"

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .batches import check_max_length
 from .card import model_card
-from .constants import DEFAULT_POOLING, POOLINGS
+from .constants import DEFAULT_MAX_LENGTH, DEFAULT_POOLING, POOLINGS
 from .encoder import Encoder, check_pooling, load_encoder, pool, resolve_encoder
 from .encoder_id import EncoderId
 from .errors import BertflowError, first_line
@@ -39,8 +39,8 @@ class EncoderModule(InputModule):
     config_file_name = "bertflow_encoder.json"
     config_keys = ["name", "max_length"]
 
-    def __init__(self, encoder: Encoder | str | os.PathLike, max_length: int = 128,
-                 name: str | None = None):
+    def __init__(self, encoder: Encoder | str | os.PathLike,
+                 max_length: int = DEFAULT_MAX_LENGTH, name: str | None = None):
         super().__init__()
         if not isinstance(encoder, Encoder):
             encoder = load_encoder(encoder)
@@ -166,7 +166,8 @@ def build_pipeline(head: FlowHead | str | os.PathLike, encoder: Encoder | str | 
     if head.pooling is None:
         raise BertflowError("this head does not record its pooling; cannot build a pipeline")
     encoder = resolve_encoder(encoder, head.encoder)
-    modules = [EncoderModule(encoder, head.max_length or 128), PoolingModule(head.pooling),
+    pooling, max_length = head.settings(encoder)
+    modules = [EncoderModule(encoder, max_length), PoolingModule(pooling),
                HeadModule(head), *([Normalize()] if normalize else [])]
     return SentenceTransformer(modules=modules, device="cpu")  # HeadModule checks the head
 

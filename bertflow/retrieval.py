@@ -13,10 +13,12 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import distributed
+from .batches import check_max_length
 from .cache import EmbeddingCache
-from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING
+from .constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .corpus import Corpus
-from .encoder import Encoder, EncoderId, check_max_length, check_pooling, resolve_encoder
+from .encoder import Encoder, check_pooling, resolve_encoder
+from .encoder_id import EncoderId
 from .errors import BertflowError, first_line
 from .files import check_finite, read_json, sha256_file, write_json
 from .folders import INDEX_FOLDER
@@ -68,7 +70,7 @@ class Index:
     @classmethod
     def from_embeddings(cls, x: np.ndarray, items: Sequence[str], *,
                         head: FlowHead | None = None, encoder: EncoderId | None = None,
-                        pooling: str = DEFAULT_POOLING, max_length: int = 128,
+                        pooling: str = DEFAULT_POOLING, max_length: int = DEFAULT_MAX_LENGTH,
                         kind: str = "flat", dims: int | None = None, hnsw_m: int = 32) -> Index:
         """Index pooled embeddings `x` of `items`, after `head`, keeping `dims` components."""
         faiss = _faiss()
@@ -79,9 +81,10 @@ class Index:
             raise BertflowError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
         check_pooling(pooling)
         if head is not None:
-            head.check(dim=x.shape[1], encoder=encoder, pooling=pooling)
-            x = head.transform(x)  # checks its input
-        check_finite(x, "the embeddings to index")
+            head.check(encoder=encoder, pooling=pooling)
+            x = head.transform(x)  # checks its width, input and output
+        else:
+            check_finite(x, "the embeddings to index")
         dim = x.shape[1]
         if dims is not None and not 1 <= dims <= min(dim, len(items)):
             raise BertflowError(f"dims must be between 1 and {min(dim, len(items))} (the "
@@ -106,17 +109,16 @@ class Index:
 
     @classmethod
     def build(cls, sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
-              *, head: FlowHead | None = None, pooling: str | None = None, max_length: int = 128,
-              batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
-              progress: bool | None = None, **options: Any) -> Index | None:
-        """Embed `sentences`, then index them; under torchrun, rank 0 alone gets the index."""
+              *, head: FlowHead | None = None, pooling: str | None = None,
+              max_length: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+              cache: EmbeddingCache | None = None, progress: bool | None = None,
+              **options: Any) -> Index | None:
+        """Embed `sentences`, then index them. Under torchrun, with a `cache` the processes
+        share the encoding and rank 0 alone gets the index (the others None); without one,
+        each process encodes every sentence and gets the index."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
-        if head is not None:
-            pooling = pooling or head.pooling
-            max_length = head.max_length or max_length
-            head.check(dim=encoder.width(pooling or DEFAULT_POOLING), encoder=encoder.id,
-                       pooling=pooling)
-        pooling = check_pooling(pooling or DEFAULT_POOLING)
+        pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
+            else (check_pooling(pooling or DEFAULT_POOLING), max_length or DEFAULT_MAX_LENGTH)
         if cache is None:
             x = encoder.encode(sentences, pooling, max_length, batch_size, progress)
         else:
@@ -135,9 +137,11 @@ class Index:
         width = self.head.dim if self.head is not None else self.config["dim"]
         if x.ndim != 2 or x.shape[1] != width:
             raise BertflowError(f"index expects {width}-d embeddings, got {x.shape}")
-        z = self.head.transform(x) if self.head is not None else x  # checks its input
-        check_finite(z, "the query embeddings")
-        return self.faiss_index.search(np.ascontiguousarray(z, dtype=np.float32),
+        if self.head is not None:
+            x = self.head.transform(x)  # checks its input and output
+        else:
+            check_finite(x, "the query embeddings")
+        return self.faiss_index.search(np.ascontiguousarray(x, dtype=np.float32),
                                        min(k, len(self.items)))
 
     def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,

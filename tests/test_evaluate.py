@@ -120,6 +120,24 @@ def test_target_and_a_file_fit_each_task_on_its_own_sentences_and_the_files(
         np.testing.assert_array_equal(x, np.concatenate([own, embed(extra)]))
 
 
+def test_a_head_without_a_recorded_pooling_is_scored_on_the_pooling_given(
+        data, tiny_encoder, tmp_path):
+    """`eval --head H --pooling last2`, H recording no pooling: last2 embeddings, so labelled."""
+    from bertflow import FlowHead
+    from bertflow.cache import EmbeddingCache
+    from bertflow.evaluate import evaluate_head
+
+    tasks, missing = load_tasks(data, ["STS-B"])
+    x = tiny_encoder.encode(tasks["STS-B"].unlabeled, "last2")
+    head = FlowHead.fit_linear(x, "abtt", encoder=tiny_encoder.id)
+    cache = EmbeddingCache(tmp_path / "cache")
+    rows = evaluate_head(tasks, missing, head, tiny_encoder, cache, name="h", pooling="last2")
+    head.pooling = "last2"
+    recorded = evaluate_head(tasks, missing, head, tiny_encoder, cache, name="h")
+    assert {r["pooling"] for r in rows} == {"last2"}
+    assert [r["spearman"] for r in rows] == [r["spearman"] for r in recorded]
+
+
 def test_pair_measures_take_the_pairs_with_gold_of_at_least_four():
     sentences = ["a", "b", "c", "d", "e"]
     vectors = np.array([[1.0, 0], [2, 0], [0, 1], [0, -3], [-1, 0]])

@@ -150,6 +150,26 @@ def test_malformed_configs_are_refused(head, tmp_path):
         FlowHead.load(tmp_path / "missing")
 
 
+def test_missing_fields_and_bad_out_dim_are_malformed(head, tmp_path):
+    """One line naming the config, never a bare KeyError or torch's RuntimeError."""
+    folder = tmp_path / "head"
+    head.save(folder)
+    config = json.loads((folder / "config.json").read_text())
+    for field in ("standardize", "linear"):
+        rewrite(folder, "config.json", json.dumps({k: v for k, v in config.items() if k != field}))
+        with pytest.raises(BertflowError, match=r"config.json is malformed \(KeyError"):
+            FlowHead.load(folder)
+    linear = tmp_path / "linear"
+    FlowHead.fit_linear(np.random.default_rng(0).normal(size=(40, 12)), "whitening-k",
+                        k=4).save(linear)
+    config = json.loads((linear / "config.json").read_text())
+    for out_dim in (-3, 0, 13):
+        rewrite(linear, "config.json",
+                json.dumps({**config, "linear": {**config["linear"], "out_dim": out_dim}}))
+        with pytest.raises(BertflowError, match=r"config.json is malformed \(ValueError"):
+            FlowHead.load(linear)
+
+
 def test_weights_that_are_not_safetensors_are_refused(head, tmp_path):
     """A pickle in place of the weights is never unpickled, even with a matching checksum."""
     folder = tmp_path / "head"

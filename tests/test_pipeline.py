@@ -187,3 +187,15 @@ def test_the_export_writes_bertflows_model_card(tmp_path, heads, tiny_encoder):
     card = (folder / "README.md").read_text(encoding="utf-8")
     assert " rows, sha256 " in card and "`cls`" in card
     assert "unit length" not in card
+
+
+def test_a_linear_heads_model_card_names_its_map_not_a_flow(tmp_path, tiny_encoder):
+    from bertflow import FlowHead
+
+    x = tiny_encoder.encode(SENTENCES * 3, "mean")
+    head = FlowHead.fit_linear(x, "abtt", encoder=tiny_encoder.id, pooling="mean")
+    folder = save_pipeline(build_pipeline(head, tiny_encoder), tmp_path / "st")
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert "mean pooling, abtt head" in card and "linear map (abtt)" in card
+    for text in ("BERT-flow", "normalizing", "Glow"):
+        assert text not in card, text
