@@ -40,7 +40,7 @@ class LinearMap(nn.Module):
                 torch.float32, memory_format=torch.contiguous_format, copy=True))
         # constants: log|det W| computed here and after loading, W⁻¹ at the next `inverse`
         self.register_buffer("log_det", self._slogdet(), persistent=False)
-        self.register_buffer("inverse_weight", None, persistent=False)
+        self.inverse_weight: Tensor | None = None  # float64, not a buffer: `.to` never rounds it
         self.register_load_state_dict_post_hook(LinearMap._loaded)
 
     @property
@@ -81,7 +81,7 @@ class LinearMap(nn.Module):
         if self.inverse_weight is None:
             self.inverse_weight = torch.linalg.inv(self.weight.double())
         dtype = torch.promote_types(z.dtype, self.weight.dtype)
-        x = z.to(dtype) @ self.inverse_weight.to(dtype) + self.mean
+        x = z.to(dtype) @ self.inverse_weight.to(z.device, dtype) + self.mean
         return x, (-self.log_det).expand(z.shape[0]).to(dtype)
 
     def extra_repr(self) -> str:

@@ -308,3 +308,13 @@ def test_directions_without_variance_are_centred_not_blown_up(x):
         make_method("whitening").fit(np.ones((20, 3)))
     with pytest.raises(BertflowError, match="do not vary: there is nothing to whiten"):
         fit_map(np.ones((20, 3)))
+
+
+def test_the_inverse_stays_float64_across_casts_of_the_head():
+    """W⁻¹ is kept once, in float64: a map cast to float32 and back inverts as before."""
+    x = np.random.default_rng(0).normal(size=(200, 6)) @ np.diag([1, 2, 3, 4, 5, 60])
+    linear = fit_map(x.astype(np.float32), "whitening").double()
+    z = linear.map(torch.from_numpy(x))
+    first = linear.inverse(z)[0]
+    second = linear.float().double().inverse(z)[0]
+    assert torch.equal(first, second)
