@@ -115,7 +115,8 @@ def read_sts_subset(folder: str | os.PathLike, subset: str) -> Pairs:
         if len(fields) != 3:
             raise BertflowError(f"{inputs} line {number} is malformed: expected 2 tab-separated "
                                 f"sentences, found {len(fields) - 1} fields")
-    return _read_pairs(f"{folder.name} {subset}", scores, scored, (0, 1, 2), ": not a score")
+    return _read_pairs(f"{folder.name} {subset}", scores, scored, (0, 1, 2),
+                       ": {!r} is not a score")
 
 
 def _read_pairs(name: str, path: Path, lines: list[tuple[int, list[str]]],
@@ -126,7 +127,8 @@ def _read_pairs(name: str, path: Path, lines: list[tuple[int, list[str]]],
         try:
             score, a, b = float(fields[columns[0]]), fields[columns[1]], fields[columns[2]]
         except (IndexError, ValueError):
-            raise BertflowError(f"{path} line {number} is malformed{expected}") from None
+            bad = expected.format(fields[columns[0]][:40] if len(fields) > columns[0] else "")
+            raise BertflowError(f"{path} line {number} is malformed{bad}") from None
         if not math.isfinite(score):
             raise BertflowError(f"{path} line {number}: gold score "
                                 f"{fields[columns[0]].strip()[:40]!r} is not a finite number")
@@ -206,16 +208,14 @@ def score(subsets: Sequence[Pairs], sentences: Sequence[str],
     any one subset, for ``wmean``) is None, its reason under ``undefined``: no NaN."""
     row = {s: i for i, s in enumerate(sentences)}
     similarities = [cosine(*pair_vectors(pairs, row, vectors)) for pairs in subsets]
-    reasons = [f"{reason} in {pairs.name}" for pairs, s in zip(subsets, similarities, strict=True)
-               if (reason := undefined(s, pairs.gold))]
-    per_subset = [spearman(s, pairs.gold) for pairs, s in zip(subsets, similarities, strict=True)]
-    sizes = [len(pairs) for pairs in subsets]
-    predicted_all = np.concatenate(similarities)
-    gold_all = np.concatenate([pairs.gold for pairs in subsets])
-    why = {"all": undefined(predicted_all, gold_all), "wmean": "; ".join(reasons) or None}
+    each = list(zip(subsets, similarities, strict=True))
+    reasons = [f"{reason} in {p.name}" for p, s in each if (reason := undefined(s, p.gold))]
+    predicted, gold = np.concatenate(similarities), np.concatenate([p.gold for p in subsets])
+    why = {"all": undefined(predicted, gold), "wmean": "; ".join(reasons) or None}
     return {
-        "all": None if why["all"] else spearman(predicted_all, gold_all),
-        "wmean": None if why["wmean"] else float(np.average(per_subset, weights=sizes)),
+        "all": None if why["all"] else float(spearmanr(predicted, gold).statistic) * 100,
+        "wmean": None if why["wmean"] else float(np.average(
+            [spearmanr(s, p.gold)[0] * 100 for p, s in each], weights=[len(p) for p in subsets])),
         "undefined": {k: v for k, v in why.items() if v is not None},
     }
 
@@ -245,7 +245,7 @@ def positive_pairs(subsets: Iterable[Pairs], threshold: float = POSITIVE_GOLD) -
 
 
 def _lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file, ended by `\\n`, `\\r\\n` or a lone `\\r`."""
+    """The lines of a UTF-8 text file (`split_lines`), a leading byte-order mark dropped."""
     if not path.is_file():
         raise BertflowError(f"no such file: {path}")
     data = path.read_bytes()
@@ -254,7 +254,7 @@ def _lines(path: Path) -> list[str]:
     except UnicodeDecodeError as e:
         line = len(split_lines(data[: e.start].decode("utf-8") + "."))
         raise BertflowError(f"{path} is not UTF-8 text (bad byte on line {line})") from None
-    return split_lines(text)
+    return split_lines(text.removeprefix("\ufeff"))
 
 
 def _tab_lines(path: Path, allow_empty: bool = False) -> list[tuple[int, list[str]]]:

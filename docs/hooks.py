@@ -11,9 +11,6 @@ def public_names(init: Path) -> dict[str, str]:
     """Each public name of the package -> the dotted path it is defined at."""
     where: dict[str, str] = {}
     for node in ast.parse(init.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            where.update({a.asname or a.name: f"bertflow.{node.module}.{a.name}"
-                          for a in node.names})
         target = node.targets[0] if isinstance(node, ast.Assign) else None
         if isinstance(target, ast.Name) and target.id in ("_WHERE", "_MODULES"):
             value = ast.literal_eval(node.value)

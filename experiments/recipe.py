@@ -59,9 +59,11 @@ from bertflow.files import read_sentences, write_json
 from bertflow.methods import make_method
 from bertflow.recipes import Recipe
 
-# the texts a trial's flow is fit on, and the kind of corpus (`bertflow.recipes.CORPORA`) each is
-TEXTS = {"target": "target", "wiki": "generic", "snli": "generic", "union": "target+generic",
-         "target+wiki": "target+generic"}
+# the texts a trial's flow is fit on: the kind of corpus each is (`bertflow.recipes.CORPORA`)
+# and the sentence sets it joins ("target": the task's own)
+TEXTS = {"target": ("target", ("target",)), "wiki": ("generic", ("wiki",)),
+         "snli": ("generic", ("snli",)), "union": ("target+generic", ("wiki", "snli", "target")),
+         "target+wiki": ("target+generic", ("target", "wiki"))}
 
 
 @dataclass(frozen=True)
@@ -145,9 +147,8 @@ class Data:
         """`passes` stochastic passes over set `name`, stacked; each pass stored once."""
         from release_differences import dropout_pass
 
-        out = []
+        out, digest = [], corpus_sha256(self.sets[name])[:16]
         for i in range(passes):
-            digest = corpus_sha256(self.sets[name])[:16]
             path = self.dropout_dir / f"{self.encoder.id.fingerprint}-{digest}-{i}.npz"
             if not path.exists():
                 arrays = dropout_pass(self.encoder, self.sets[name], 128, seed=1000 + i)
@@ -158,8 +159,7 @@ class Data:
         return np.concatenate(out)
 
     def corpus(self, trial: Trial, target: str, pooling: str) -> np.ndarray:
-        names = {"target": [target], "wiki": ["wiki"], "snli": ["snli"],
-                 "union": ["wiki", "snli", target], "target+wiki": [target, "wiki"]}[trial.corpus]
+        names = [target if n == "target" else n for n in TEXTS[trial.corpus][1]]
         if trial.dropout:
             return np.concatenate([self.dropped(n, pooling, trial.dropout) for n in names])
         return np.concatenate([self.embed(n, pooling) for n in names])
@@ -180,7 +180,7 @@ def as_recipe(trial: Trial) -> Recipe:
     say (the encoder's dropout, the release's clipping)."""
     if trial.dropout or trial.release_clip:
         raise ValueError(f"no recipe has dropout or the release's clipping: {trial}")
-    return Recipe(trial.flow, replace(trial.train, seed=0), trial.before, TEXTS[trial.corpus])
+    return Recipe(trial.flow, replace(trial.train, seed=0), trial.before, TEXTS[trial.corpus][0])
 
 
 def scores(data: Data, pooling: str, fit: Callable[[str], Any], shared: bool) -> dict:
@@ -228,7 +228,7 @@ class Runner:
 
         return self._row(pooling, trial.key(), seed,
                          lambda: scores(self.data, pooling, fit,
-                                        trial.corpus in ("wiki", "snli")), labels)
+                                        TEXTS[trial.corpus][0] == "generic"), labels)
 
     def dev(self, pooling: str, rows: list[dict]) -> Callable[[Trial, str, str], float]:
         """`choose`'s STS-B dev (seed 0) of `pooling`, each row it reads appended to `rows`."""
@@ -247,7 +247,7 @@ class Runner:
 
         key = json.dumps({"baseline": method, "corpus": corpus})
         return self._row(pooling, key, 0, lambda: scores(
-            self.data, pooling, fit, corpus in ("wiki", "snli") or method == "raw"), labels)
+            self.data, pooling, fit, TEXTS[corpus][0] == "generic" or method == "raw"), labels)
 
 
 def choose(dev: Callable[[Trial, str, str], float], spread: float) -> tuple[Trial, list[str]]:

@@ -291,12 +291,13 @@ def dropout_pass(encoder: Encoder, sentences: Sequence[str], max_length: int,
                 rows = order[start : start + batch_size]
                 batch = encoder.tokenize([sentences[i] for i in rows], max_length,
                                          padding=True, return_tensors="pt")
+                batch = {k: v.to(encoder.device) for k, v in batch.items()}
                 inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
                 hidden = model(**inputs, output_hidden_states=True).hidden_states
                 words = model.get_input_embeddings()(batch["input_ids"])
                 for p in POOLINGS:
                     out[p][rows] = pool(hidden, words, batch["attention_mask"],
-                                        batch["special_tokens_mask"], p).numpy()
+                                        batch["special_tokens_mask"], p).cpu().numpy()
     finally:
         model.eval()
     return out
@@ -313,7 +314,8 @@ def _check_dropout_pass(encoder: Encoder, sentences: Sequence[str]) -> None:
 def _pooler(encoder: Encoder, cls: np.ndarray) -> np.ndarray:
     dense = encoder.model.pooler.dense
     with torch.no_grad():
-        return torch.tanh(dense(torch.from_numpy(np.array(cls, np.float32)))).numpy()
+        cls = torch.from_numpy(np.array(cls, np.float32)).to(encoder.device)
+        return torch.tanh(dense(cls)).cpu().numpy()
 
 
 def _table(rows: list[dict], seeds: Sequence[int]) -> str:

@@ -3,8 +3,9 @@
 1. Retrieval: for STS-B test and SICK-R test, every sentence of a pair with gold ≥ 4 is a
    query and its partners in such pairs are the relevant items, searched with a flat FAISS
    index among all sentences of that test set. Recall@1, recall@10 and MRR for raw pooling,
-   BERT-whitening and the flow (the release's defaults, and the settings of the pooling's
-   recipe), each fit on the task's own sentences without scores, per pooling.
+   BERT-whitening and the flow (the release's defaults), each fit on the task's own sentences
+   without scores, and the pooling's recipe fit on its text (`Recipe.corpus`: the task's
+   sentences with the generic sample, or the generic sample alone), per pooling.
 2. Smaller vectors: the same search on STS-B with k dimensions kept, for the flow followed by
    PCA (`Index(dims=k)`) against whitening-k and raw pooling followed by PCA.
 3. Density: a head fit on the STS-B train+dev sentences scores the unseen STS-B test sentences
@@ -48,12 +49,13 @@ def main() -> None:
     def embed(sentences, pooling):
         return cache.embedder(encoder, pooling)(sentences)
 
-    rows = retrieval(tasks, embed)
+    generic = read_sentences(args.generic)
+    rows = retrieval(tasks, generic, embed)
     if "STS-B" in tasks:
         rows += smaller_vectors(tasks["STS-B"], embed)
         train = sts.sentences_of(sts.read_stsb_splits(args.data / "STSBenchmark",
                                                       ("train", "dev")).values())
-        rows += density(tasks["STS-B"], train, read_sentences(args.generic), embed)
+        rows += density(tasks["STS-B"], train, generic, embed)
 
     minutes = (time.perf_counter() - began) / 60
     args.out.mkdir(parents=True, exist_ok=True)
@@ -62,15 +64,16 @@ def main() -> None:
     print(f"{len(rows)} rows in {minutes:.1f} min")
 
 
-def retrieval(tasks: dict, embed) -> list[dict]:
-    """1. Recall@1, recall@10 and MRR of each method, fit on the task's own sentences."""
+def retrieval(tasks: dict, generic: list[str], embed) -> list[dict]:
+    """1. Recall@1, recall@10 and MRR of each method, fit on the task's own sentences (the
+    recipe's flow on its text: with, or as, the `generic` sentences)."""
     rows = []
     for name, task in tasks.items():
         items = task.sentences()
         relevant = relevant_pairs(task.test[0])
         for pooling in POOLINGS:
-            fit_x, x = embed(task.unlabeled, pooling), embed(items, pooling)
-            for label, method in _methods(pooling):
+            target, x = embed(task.unlabeled, pooling), embed(items, pooling)
+            for label, method, fit_x in _methods(pooling, target, embed(generic, pooling)):
                 z = method.fit(fit_x).transform(x)
                 scores = retrieval_scores(Index.from_embeddings(z, items), z, relevant)
                 rows.append(_row({"part": "retrieval", "task": name, "pooling": pooling,
@@ -142,18 +145,24 @@ def _row(row: dict) -> dict:
     return row
 
 
-def _methods(pooling: str):
-    yield "raw", make_method("raw")
-    yield "whitening", make_method("whitening")
-    yield "flow", make_method("flow")
-    yield "flow (recipe)", make_method("flow", **recommended(pooling).fit_options())
+def _methods(pooling: str, target: np.ndarray, generic: np.ndarray):
+    """(label, method, what it is fit on): the recipe's flow on its text, the rest on the
+    `target` sentences."""
+    yield "raw", make_method("raw"), target
+    yield "whitening", make_method("whitening"), target
+    yield "flow", make_method("flow"), target
+    recipe = recommended(pooling)
+    text = {"target": target, "generic": generic}
+    yield ("flow (recipe)", make_method("flow", **recipe.fit_options()),
+           np.concatenate([text[part] for part in recipe.corpus.split("+")]))
 
 
 def _markdown(rows: list[dict], encoder: str, minutes: float, missing: list[str]) -> str:
     out = [f"# Retrieval, smaller vectors and density ({encoder})\n",
            f"Made by `python experiments/retrieval.py` in {minutes:.0f} min. "
            f"Absent from the data folder: {', '.join(missing) or 'none'}.\n",
-           "\n## Retrieval (flat index, cosine; methods fit on the task's sentences, no scores)\n",
+           "\n## Retrieval (flat index, cosine; methods fit on the task's sentences, no scores, "
+           "the recipe's flow on its text)\n",
            "| task | pooling | method | recall@1 | recall@10 | MRR | queries | candidates |",
            "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in (r for r in rows if r["part"] == "retrieval"):

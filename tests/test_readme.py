@@ -106,6 +106,9 @@ def test_the_api_reference_covers_the_public_names():
 
     names = hooks.public_names(REPO / "bertflow" / "__init__.py")
     assert set(names) == set(bertflow.__all__) - {"__version__"}
+    for name, path in names.items():  # each path the reference renders is where the name is
+        module, _, attribute = path.rpartition(".")
+        assert getattr(importlib.import_module(module), attribute) is getattr(bertflow, name)
     assert hooks.MARK in (REPO / "docs" / "api.md").read_text(encoding="utf-8")
 
 

@@ -1,3 +1,4 @@
+import importlib
 import json
 import sys
 
@@ -11,15 +12,18 @@ from bertflow.recipes import RECIPES, Recipe, recommended
 from .conftest import REPO
 
 
-@pytest.fixture(scope="module")
-def experiment():
-    """experiments/recipe.py, imported as its own folder's scripts import each other."""
+def _script(name: str):
+    """experiments/NAME.py, imported as its own folder's scripts import each other."""
     sys.path.insert(0, str(REPO / "experiments"))
     try:
-        import recipe
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(REPO / "experiments"))
-    return recipe
+
+
+@pytest.fixture(scope="module")
+def experiment():
+    return _script("recipe")
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +88,23 @@ def test_a_flow_fit_on_other_text_than_its_recipe_s_says_so():
     assert note.endswith("together (--fit-on target FILE); this flow was fit on target")
     assert "--fit-on target FILE" in corpus_note("mean", ["news.txt"])
     assert corpus_note("mean", ["target", "a + b.txt"]) is None  # a file name is not parsed
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_retrieval_fits_the_recipe_s_flow_on_the_recipe_s_text(pooling):
+    """experiments/retrieval.py's "flow (recipe)" row is fit on the text its recipe names
+    (target sentences and the generic sample, or the generic sample alone); the others on the
+    target sentences."""
+    target, generic = np.zeros((3, 2)), np.ones((5, 2))
+    fit_on = {label: x for label, _, x in _script("retrieval")._methods(pooling, target, generic)}
+    assert all(x is target for label, x in fit_on.items() if label != "flow (recipe)")
+    parts = {"target": [target], "generic": [generic], "target+generic": [target, generic]}
+    np.testing.assert_array_equal(fit_on["flow (recipe)"],
+                                  np.concatenate(parts[recommended(pooling).corpus]))
+
+
+def test_the_dropout_pass_runs_on_the_encoder_s_device(tiny_encoder):
+    """release_differences.dropout_pass (recipe.py's dropout levers) without dropout gives the
+    library's embeddings wherever the encoder is loaded (CUDA where there is one)."""
+    sentences = [f"sentence number {i} is here ." for i in range(20)]
+    _script("release_differences")._check_dropout_pass(tiny_encoder, sentences)

@@ -16,6 +16,7 @@ from bertflow.sts import (
     read_stsb_splits,
     score,
     sentences_of,
+    undefined,
 )
 
 
@@ -76,7 +77,8 @@ def test_sts_subset_skips_empty_gold_lines(tmp_path):
     [
         ("a\tb\nc d\n", "1\n2\n", "STS.input.headlines.txt line 2 is malformed"),
         ("a\tb\nc\td\te\n", "1\n2\n", "STS.input.headlines.txt line 2 is malformed"),
-        ("a\tb\nc\td\n", "1\nfive\n", "STS.gs.headlines.txt line 2 is malformed"),
+        ("a\tb\nc\td\n", "1\nfive\n",
+         "STS.gs.headlines.txt line 2 is malformed: 'five' is not a score"),
         ("a\tb\nc\td\n", "1\n", "has 1 lines but"),
     ],
 )
@@ -85,6 +87,27 @@ def test_malformed_sts_subsets_name_file_and_line(tmp_path, inputs, golds, messa
     (tmp_path / "STS.gs.headlines.txt").write_text(golds)
     with pytest.raises(BertflowError, match=message):
         read_sts_subset(tmp_path, "headlines")
+
+
+def test_sts_files_may_start_with_a_byte_order_mark(tmp_path):
+    """As `files.iter_sentences` reads a sentence file: a leading BOM is not text."""
+    (tmp_path / "STS.input.headlines.txt").write_text("\ufeffa\tb\nc\td\n", encoding="utf-8")
+    (tmp_path / "STS.gs.headlines.txt").write_text("\ufeff1\n2\n", encoding="utf-8")
+    pairs = read_sts_subset(tmp_path, "headlines")
+    assert pairs.first == ["a", "c"] and pairs.gold.tolist() == [1, 2]
+
+
+def test_score_asks_once_per_subset_whether_spearman_is_defined(monkeypatch):
+    import bertflow.sts as sts
+
+    asked = []
+    monkeypatch.setattr(sts, "undefined", lambda *a: asked.append(1) or undefined(*a))
+    x = np.random.default_rng(0).normal(size=(8, 3))
+    sentences = [str(i) for i in range(8)]
+    subsets = [Pairs(n, sentences[i:i + 2], sentences[i + 2:i + 4], np.array([1.0, 2.0]))
+               for n, i in (("a", 0), ("b", 4))]
+    assert score(subsets, sentences, x)["wmean"] is not None
+    assert len(asked) == 3  # each subset, and the pooled pairs
 
 
 def test_malformed_stsb_and_sick_name_file_and_line(tmp_path):
