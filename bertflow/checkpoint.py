@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from .errors import BertflowError
-from .files import atomic_file
+from .files import Checked, atomic_file, refuse_link
 from .train import TrainState
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "open_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointFile",
+           "open_checkpoint"]
 
 CHECKPOINT_FORMAT = "bertflow-train-state"
 CHECKPOINT_VERSION = 2
@@ -55,6 +56,48 @@ class Checkpoint:
         if self.run != run and not (extended and self.extends(run)):
             raise BertflowError(f"{path} was written by a run with other settings or data"
                                 + ("; not overwriting it" if keep else ""))
+
+
+class CheckpointFile:
+    """`--checkpoint`: read before any work and again (`checked`) before a save where it changed;
+    another file is refused, and a checkpoint of another run once the run is known."""
+
+    def __init__(self, path: Path, resume: bool):
+        self.path, self.resume = path, resume
+        self.run: dict[str, Any] = {}  # once known
+        refuse_link(path)
+        self.checked = Checked(path, self._check)
+
+    def _check(self, path: Path) -> None:
+        keep = not self.resume or bool(self.run)  # the file would be replaced
+        self.saved = open_checkpoint(path, keep=keep)
+        if self.saved is not None and self.run:
+            self.saved.check(path, self.run, extended=self.resume, keep=keep)
+
+    def state_for(self, run: dict[str, Any],
+                  say: Callable[[str], None] | None) -> TrainState | None:
+        """The saved state where resuming `run` (or extending it), else None; `say` tells which."""
+        saved, self.run = self.saved, run
+        if saved is not None:
+            saved.check(self.path, run, extended=self.resume, keep=not self.resume)
+        state = saved.state if saved is not None and self.resume else None
+        if say is not None and state is not None and saved.run != run:
+            train = run["train"]
+            stopped = bool(train["patience"]) and state.bad_epochs >= train["patience"]
+            say(f"extending the run in {self.path} from {saved.run['train']['epochs']} to "
+                f"{train['epochs']} epochs: from step {state.step + 1} on, the learning rate "
+                f"follows the cosine over {train['epochs']} epochs" + (
+                    f" (but it stopped early, after {train['patience']} epochs without a "
+                    "better held-out NLL: it ends there)" if stopped else ""))
+        if say is not None and state is None and (saved is not None or self.resume):
+            say(f"{self.path} holds an earlier state of this run: starting afresh (--resume "
+                "continues it)" if saved is not None else
+                f"no checkpoint at {self.path} yet: starting afresh")
+        return state
+
+    def save(self, state: TrainState, logs: str | None) -> None:
+        """Save `state` of the run, rechecking the file where it changed since last read."""
+        Checkpoint(state, self.run, logs).save(self.path, recheck=self.checked)
 
 
 def open_checkpoint(path: str | os.PathLike, keep: bool = False) -> Checkpoint | None:

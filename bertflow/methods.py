@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .config import DictConfig
 from .constants import METHODS
 from .errors import BertflowError
 from .flow import FlowConfig, StandardScaler
@@ -15,102 +16,51 @@ from .head import FlowHead
 from .linear import linear_method
 from .train import TrainConfig
 
-__all__ = ["METHODS", "Fitted", "FlowMethod", "LinearMethod", "Method", "Raw", "ScalerOnly",
-           "make_method"]
+__all__ = ["METHODS", "Fitted", "Method", "make_method"]
 
 
+@dataclass
 class Method:
-    """Fit on embeddings, then maps embeddings to the vectors cosine is taken on."""
+    """A method of `METHODS`, fit on embeddings, then mapping embeddings to the vectors cosine is
+    taken on. ``raw`` keeps them as they are; ``standardize`` is a flow head's scaler without the
+    flow; the rest fit a `head` with `options`: the flow by `FlowHead.fit`, the linear baselines
+    by `FlowHead.fit_linear` (`k` of whitening-k, `d` of abtt)."""
 
-    name: str
+    name: str = "raw"
+    options: dict[str, Any] = field(default_factory=dict)
     head: FlowHead | None = None
+    scaler: StandardScaler | None = None
 
     def fit(self, x: np.ndarray) -> Method:
+        if self.name == "standardize":
+            self.scaler = StandardScaler.from_data(torch.from_numpy(np.asarray(x, np.float64)))
+        elif self.name == "flow":
+            self.head = FlowHead.fit(x, **self.options)
+        elif self.name != "raw":
+            self.head = FlowHead.fit_linear(x, self.name, **self.options)
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
+        if self.name == "raw":
+            return np.asarray(x, dtype=np.float32)
+        if self.scaler is not None:
+            with torch.no_grad():
+                return self.scaler(torch.from_numpy(np.array(x, dtype=np.float32)))[0].numpy()
         if self.head is None:
             raise BertflowError(f"fit the {self.name} before transforming")
         return self.head.transform(x)
 
     def describe(self) -> dict[str, Any]:
-        return {}
+        """The options that a row of results records: `k`, `d`, or the flow's settings."""
+        return {key: value.to_dict() if isinstance(value, DictConfig) else value
+                for key, value in self.options.items() if key != "progress"}
 
 
-@dataclass
-class Raw(Method):
-    """The pooled embeddings as they are."""
-
-    name: str = "raw"
-
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x, dtype=np.float32)
-
-
-@dataclass
-class ScalerOnly(Method):
-    r"""$\tilde x = (x - \mu) / \sigma$ per feature: a flow head's scaler without the flow."""
-
-    name: str = "standardize"
-    scaler: StandardScaler | None = None
-
-    def fit(self, x: np.ndarray) -> ScalerOnly:
-        self.scaler = StandardScaler.from_data(torch.from_numpy(np.asarray(x, dtype=np.float64)))
-        return self
-
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        if self.scaler is None:
-            raise BertflowError("fit the scaler before transforming")
-        with torch.no_grad():
-            return self.scaler(torch.from_numpy(np.array(x, dtype=np.float32)))[0].numpy()
-
-
-@dataclass
 class Fitted(Method):
     """A head already fit."""
 
-    head: FlowHead
-    name: str = "flow"
-
-
-@dataclass
-class LinearMethod(Method):
-    """A linear baseline as a head (`FlowHead.fit_linear`); whitening given `k` is whitening-k."""
-
-    name: str = "whitening"
-    k: int | None = None
-    d: int | None = None
-    head: FlowHead | None = None
-
-    def __post_init__(self) -> None:
-        self.name = linear_method(self.name, self.k, self.d)
-
-    def fit(self, x: np.ndarray) -> LinearMethod:
-        self.head = FlowHead.fit_linear(x, self.name, k=self.k, d=self.d)
-        return self
-
-    def describe(self) -> dict[str, Any]:
-        return {"whitening-k": {"k": self.k}, "abtt": {"d": self.d}}.get(self.name, {})
-
-
-@dataclass
-class FlowMethod(Method):
-    """The flow head fit by maximum likelihood (`FlowHead.fit`)."""
-
-    flow: FlowConfig = field(default_factory=FlowConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    before: str = "standardize"
-    name: str = "flow"
-    head: FlowHead | None = None
-    progress: bool = False
-
-    def fit(self, x: np.ndarray) -> FlowMethod:
-        self.head = FlowHead.fit(x, flow=self.flow, train=self.train, before=self.before,
-                                 progress=self.progress)
-        return self
-
-    def describe(self) -> dict[str, Any]:
-        return {"flow": self.flow.to_dict(), "train": self.train.to_dict(), "before": self.before}
+    def __init__(self, head: FlowHead):
+        super().__init__("flow", head=head)
 
 
 def make_method(name: str, *, k: int | None = None, d: int | None = None,
@@ -120,10 +70,7 @@ def make_method(name: str, *, k: int | None = None, d: int | None = None,
     if name not in METHODS:
         raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     name = linear_method(name, k, d)
-    if name == "raw":
-        return Raw()
-    if name == "standardize":
-        return ScalerOnly()
     if name == "flow":
-        return FlowMethod(flow or FlowConfig(), train or TrainConfig(), before, progress=progress)
-    return LinearMethod(name, k, d)
+        return Method(name, {"flow": flow or FlowConfig(), "train": train or TrainConfig(),
+                             "before": before, "progress": progress})
+    return Method(name, {"whitening-k": {"k": k}, "abtt": {"d": d}}.get(name, {}))

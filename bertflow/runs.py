@@ -11,13 +11,13 @@ from typing import Any, NamedTuple
 from . import distributed
 from .cache import EmbeddingCache, training_embeddings
 from .card import nll_text
-from .checkpoint import Checkpoint, open_checkpoint
+from .checkpoint import CheckpointFile
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
 from .corpus import Corpus
 from .embeddings import EmbeddingFile, open_embeddings
 from .encoder import Encoder, load_encoder
 from .errors import BertflowError
-from .files import Checked, check_outputs, refuse_link
+from .files import check_outputs
 from .folders import HEAD_FOLDER
 from .head import FlowHead
 from .logs import RunLogs, log_hparams
@@ -75,7 +75,7 @@ def fit_head(job: FitJob, *, say: Say | None = None,
                    "--dev-sts": job.dev_sts},
                   grows={"--logdir": ["--out"]})  # logs: a new subfolder
     flow = job.method == "flow"
-    checkpoint = _CheckpointFile(job) if job.checkpoint is not None and flow else None
+    checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
     job, x, origin = _source(job, progress)
     if not flow:
@@ -140,45 +140,8 @@ class _CheckingCache(EmbeddingCache):
         return super().files(corpus, encoder, pooling, *args, **kwargs)
 
 
-class _CheckpointFile:
-    """--checkpoint, read before any work and again (`checked`) before a save if it changed:
-    another file is refused, and a checkpoint of another run once the run is known."""
-
-    def __init__(self, job: FitJob):
-        self.path, self.resume = job.checkpoint, job.resume
-        self.run: dict[str, Any] | None = None
-        refuse_link(self.path)
-        self.checked = Checked(self.path, self._check)
-
-    def _check(self, path: Path) -> None:
-        keep = not self.resume or self.run is not None  # the file would be replaced
-        self.saved = open_checkpoint(path, keep=keep)
-        if self.saved is not None and self.run is not None:
-            self.saved.check(path, self.run, extended=self.resume, keep=keep)
-
-    def state_for(self, run: dict[str, Any], say: Say | None) -> TrainState | None:
-        """The checkpoint's state where resuming this run (or extending it), else None."""
-        saved, self.run = self.saved, run
-        if saved is not None:
-            saved.check(self.path, run, extended=self.resume, keep=not self.resume)
-        state = saved.state if saved is not None and self.resume else None
-        if say is not None and state is not None and saved.run != run:
-            train = run["train"]
-            stopped = bool(train["patience"]) and state.bad_epochs >= train["patience"]
-            say(f"extending the run in {self.path} from {saved.run['train']['epochs']} to "
-                f"{train['epochs']} epochs: from step {state.step + 1} on, the learning rate "
-                f"follows the cosine over {train['epochs']} epochs" + (
-                    f" (but it stopped early, after {train['patience']} epochs without a "
-                    "better held-out NLL: it ends there)" if stopped else ""))
-        if say is not None and state is None and (saved is not None or self.resume):
-            say(f"{self.path} holds an earlier state of this run: starting afresh (--resume "
-                "continues it)" if saved is not None else
-                f"no checkpoint at {self.path} yet: starting afresh")
-        return state
-
-
 def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
-           state: TrainState | None, checkpoint: _CheckpointFile | None, measure: Any,
+           state: TrainState | None, checkpoint: CheckpointFile | None, measure: Any,
            say: Say | None, progress: bool | None) -> FittedHead | None:
     """Fit, checkpointing and logging each epoch, and save the head. A failed run leaves
     `--logdir` as it was unless a checkpoint can resume it."""
@@ -196,8 +159,7 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
             say(f"epoch {int(e['epoch'])}/{job.recipe.train.epochs}: train "
                 f"{e['train_nll']:.3f} val {nll_text(e)}, val cosine {e['val_cosine']:.3f}{dev}")
         if checkpoint is not None and main:
-            Checkpoint(done, run, logs.folder.name if logs else recorded).save(
-                checkpoint.path, recheck=checkpoint.checked)
+            checkpoint.save(done, logs.folder.name if logs else recorded)
         last = done
 
     fitted = False
