@@ -39,8 +39,7 @@ def evaluate(tasks: dict[str, Task], missing: Sequence[str], embed: Embed,
              labels: dict[str, Any], also: Sequence[str] = ()) -> Results:
     """Rows for every task and their average, per aggregation, with `labels` and `MEASURES`;
     `make()` is fit on each task's sentences and `also` (`fit_on` ``"target"``), once on the
-    sentences `fit_on`, or not at all (None). An undefined Spearman is None, why in ``undefined``.
-    """
+    sentences `fit_on`, or not at all (None). An undefined Spearman is None (see ``undefined``)."""
     shared = None
     if fit_on is None:
         shared = make()
@@ -55,7 +54,11 @@ def evaluate(tasks: dict[str, Task], missing: Sequence[str], embed: Embed,
         if name not in tasks:
             continue
         task = tasks[name]
-        method = shared if shared is not None else make().fit(_target(embed, task, also))
+        method = shared
+        if method is None:  # fit on the task's own sentences, then `also` (embedded apart)
+            own = embed(task.unlabeled)
+            method = make().fit(np.concatenate([own, np.asarray(embed(also), own.dtype)])
+                                if also else own)
         sentences = task.sentences()
         vectors = method.transform(embed(sentences))
         scores = score(task.test, sentences, vectors)
@@ -66,12 +69,6 @@ def evaluate(tasks: dict[str, Task], missing: Sequence[str], embed: Embed,
                 row["undefined"] = scores["undefined"][a]
             rows.append(row)
     return rows + summarise(rows, labels)
-
-
-def _target(embed: Embed, task: Task, also: Sequence[str]) -> np.ndarray:
-    """A task's own sentences' embeddings, then those of `also` (embedded apart, cached once)."""
-    own = embed(task.unlabeled)
-    return np.concatenate([own, np.asarray(embed(also), own.dtype)]) if also else own
 
 
 def fit_sources(fit_on: FitOn) -> tuple[str | list[str], list[str], str]:
@@ -113,13 +110,14 @@ def pair_measures(subsets: Sequence[Pairs], sentences: Sequence[str],
 
 def format_table(rows: Results, aggregation: str = "all") -> str:
     """A markdown table: one line per (encoder, pooling, method, fit data), a column per task."""
-    keys = list(dict.fromkeys(_key(r) for r in rows))
+    cells: dict[tuple[str, ...], dict[str, str]] = {_key(r): {} for r in rows}
+    for r in rows:
+        if r["aggregation"] == aggregation:
+            cells[_key(r)][r["task"]] = _cell(r)
     lines = ["| encoder | pooling | method | fit on | " + " | ".join([*TASKS, "avg"]) + " |",
              "|---|---|---|---|" + "---:|" * (len(TASKS) + 1)]
-    for key in keys:
-        cells = {r["task"]: r for r in rows if r["aggregation"] == aggregation
-                 and _key(r) == key}
-        values = [_cell(cells.get(task)) for task in [*TASKS, "avg"]]
+    for key, line in cells.items():
+        values = [line.get(task, "") for task in [*TASKS, "avg"]]
         lines.append("| " + " | ".join(key) + " | " + " | ".join(values) + " |")
     return "\n".join(lines)
 
@@ -137,9 +135,7 @@ def _key(row: dict[str, Any]) -> tuple[str, str, str, str]:
     return row["encoder"], row["pooling"], method, row["fit_on"]
 
 
-def _cell(row: dict[str, Any] | None) -> str:
-    if row is None:
-        return ""
+def _cell(row: dict[str, Any]) -> str:
     if row.get("missing"):
         return "missing"
     if row.get("undefined"):
@@ -152,8 +148,7 @@ def evaluate_head(tasks: dict[str, Task], missing: Sequence[str], head: FlowHead
                   encoder: Encoder, cache: EmbeddingCache, *, name: str,
                   pooling: str | None = None, max_length: int | None = None,
                   batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
-    """`evaluate` a fitted head on embeddings of `encoder` with its pooling and max length
-    (`FlowHead.settings`)."""
+    """`evaluate` a fitted head with its pooling and max length (`FlowHead.settings`)."""
     pooling, max_length = head.settings(encoder, pooling, max_length)
     corpus = head.training_info.get("corpus") or {}
     labels = {"encoder": encoder.id.name, "pooling": pooling, "method": head.method, "head": name,

@@ -20,8 +20,7 @@ _SPECTRAL = 2048  # held-out rows whose spectrum is measured (two SVDs each epoc
 
 
 class TensorBoard:
-    """A `train.Hook` writing to a `SummaryWriter`: each step's `train/` scalars, each epoch's
-    NLLs and measures, and the isotropy of the held-out inputs and latents."""
+    """A `train.Hook` writing each step's scalars and each epoch's record to a `SummaryWriter`."""
 
     def __init__(self, writer: Any):
         self.writer = writer

@@ -62,8 +62,7 @@ class Moments:
         return np.sqrt(self.squares / max(self.count - 1, 1))
 
     def check_varies(self, what: str = "the rows") -> None:
-        """Refuse a table whose rows are all the same (a spread under 1e-9 of the mean's size
-        is the streamed mean's rounding)."""
+        """Refuse a table whose rows are all the same (to the streamed mean's rounding)."""
         if (np.sqrt(self.squares / max(self.count, 1)) <= 1e-9 * np.abs(self.mean)).all():
             raise BertflowError(
                 f"{what} are constant: every row is the same (all {len(self.mean)} features are "

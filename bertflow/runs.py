@@ -31,8 +31,7 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class FitJob:
-    """The arguments of `bertflow fit`: `source` (a text file or an encoded `.npy`), the head
-    folder `out`, `method` (a flow, or a baseline with `k` or `d`); a flow's `recipe` is a
+    """The arguments of `bertflow fit` (`source`: a text file or an encoded `.npy`); `recipe` is a
     `Recipe` or the changes to the pooling's recommended one (`Recipe.updated`)."""
 
     source: Path
@@ -198,8 +197,7 @@ def _read_dev(data: Path) -> Any:
 
 def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
                  progress: bool | None) -> Callable[[Any], dict[str, float]]:
-    """The Spearman × 100 of STS-B dev's latent cosines (NaN where undefined), its sentences
-    embedded as the training embeddings were."""
+    """The Spearman × 100 of STS-B dev's latent cosines (NaN where undefined)."""
     import numpy as np
     import torch
 

@@ -234,12 +234,9 @@ class _Trainer:
             if self.config.schedule == "cosine" else self.config.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if self.config.max_grad_norm:
-            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
-        elif self.hook is not None:  # measured only, as `clip_grad_norm_` measures it
-            norms = [torch.linalg.vector_norm(p.grad) for p in self.model.parameters()
-                     if p.grad is not None]
-            grad_norm = torch.linalg.vector_norm(torch.stack(norms))
+        if self.config.max_grad_norm or self.hook is not None:  # without a ceiling: measured
+            grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                 self.config.max_grad_norm or math.inf)
         self.optimizer.step()
         if self.hook is not None:
             self.hook.scalars(self.step, {
@@ -299,16 +296,14 @@ def _evaluate(model: nn.Module, batch: Callable[[Tensor], Tensor], indices: Tens
     """Held-out measures over `indices`, a block at a time, and the first `_SAMPLE` latents."""
     model.eval()
     nll = log_det_sum = 0.0
-    n = len(indices)
-    z = None
+    n, kept = len(indices), []
     for start in range(0, n, _EVAL_ROWS):
         z_block, log_det = model(batch(indices[start : start + _EVAL_ROWS]))
         nll -= log_likelihood(z_block, log_det).double().sum().item()
         log_det_sum += log_det.double().sum().item()
-        if z is None:
-            z = z_block.new_empty(min(n, _SAMPLE), z_block.shape[1])
-        if start < len(z):
-            z[start : start + len(z_block)] = z_block[: len(z) - start]
+        if start < _SAMPLE:
+            kept.append(z_block[: _SAMPLE - start])
+    z = torch.cat(kept)
     return {"val_nll": nll / n, "val_bits_per_dim": bits_per_dim(nll / n, z.shape[1]),
             "val_log_det": log_det_sum / n, "val_cosine": mean_pair_cosine(z, seed=seed)}, z
 
@@ -324,12 +319,9 @@ def _copy_state(model: nn.Module) -> dict[str, Tensor]:
 
 
 def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    params, lr, eps, decay = model.parameters(), config.lr, config.eps, config.weight_decay
-    if not config.bias_correction:
-        return _AdamWeightDecay(params, lr=lr, eps=eps, weight_decay=decay)
-    if decay:
-        return torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=decay)
-    return torch.optim.Adam(params, lr=lr, eps=eps)
+    adam = torch.optim.AdamW if config.weight_decay else torch.optim.Adam
+    return (adam if config.bias_correction else _AdamWeightDecay)(
+        model.parameters(), lr=config.lr, eps=config.eps, weight_decay=config.weight_decay)
 
 
 class _AdamWeightDecay(torch.optim.Optimizer):
