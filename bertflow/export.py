@@ -17,8 +17,7 @@ from torch import Tensor, nn
 from .errors import BertflowError, first_line
 from .files import Checked, atomic_file, refuse_link
 from .folders import PIPELINE_FOLDER
-from .head import FlowHead
-from .head_format import FORMAT
+from .head import FORMAT, FlowHead
 
 __all__ = ["INPUT_NAME", "OUTPUT_NAME", "check_destination", "export_onnx", "export_program"]
 
