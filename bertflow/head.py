@@ -185,7 +185,8 @@ class FlowHead(nn.Module):
         st_api.check_options(options, device)
         if self.pooling is None:
             raise BertflowError("this head does not record its pooling; encode, then transform")
-        output = st_api.output_options(options)
+        names = ("convert_to_numpy", "convert_to_tensor", "normalize_embeddings")  # `convert`'s
+        output = {name: options.pop(name) for name in names if name in options}
         sentences, single = st_api.as_sentences(sentences)
         encoder = resolve_encoder(encoder, self.encoder, "auto" if device is None else device)
         x = encoder.encode(sentences, *self.settings(encoder), batch_size, progress,
