@@ -17,8 +17,7 @@ from torch import Tensor, nn
 from .errors import BertflowError, first_line
 from .files import Checked, atomic_file, refuse_link
 from .folders import PIPELINE_FOLDER
-from .head import FlowHead
-from .head_format import FORMAT
+from .head import FORMAT, FlowHead
 
 __all__ = ["INPUT_NAME", "OUTPUT_NAME", "check_destination", "export_onnx", "export_program"]
 
@@ -57,8 +56,6 @@ def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
 def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = None) -> Path:
     """Write the head as one ONNX file: ``embeddings`` (batch, dim) → ``z``, both float32."""
     out = Checked(path, lambda p: check_destination(p, "onnx"))  # onnx is installed
-    import onnx
-
     logger = logging.getLogger("torch.onnx")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -73,11 +70,9 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
         raise BertflowError(f"ONNX export needs onnxscript: {first_line(e)}") from None
     finally:
         logger.setLevel(level)
+    program.model.metadata_props[MARKER] = json.dumps(head.config())
     with atomic_file(out.path, recheck=out) as tmp:
         program.save(str(tmp), external_data=False)
-        model = onnx.load(str(tmp))
-        onnx.helper.set_model_props(model, {MARKER: json.dumps(head.config())})
-        onnx.save(model, str(tmp))
     return out.path
 
 

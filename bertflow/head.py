@@ -9,21 +9,27 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
+from safetensors.torch import save as save_tensors
 from torch import Tensor, nn
 
 from . import __version__, st_api
+from .batches import check_max_length
 from .constants import BEFORE, DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING, POOLINGS
-from .encoder import Encoder, EncoderId, resolve_encoder
+from .encoder import Encoder, EncoderId, check_pooling, resolve_encoder
 from .errors import BertflowError, first_line
-from .files import check_finite
+from .files import check_finite, sha256_file, write_json
 from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
-from .folders import HEAD_FOLDER, write_manifest
-from .head_format import FORMAT, FORMAT_VERSION, read_head, write_head
-from .linear import LinearMap, fit_map
+from .folders import HEAD_FOLDER, head_folder, write_manifest
+from .linear import LINEAR_METHODS, LinearMap, fit_map
 from .rows import Moments, Rows, as_rows, moments
 from .train import TrainConfig, fit
 
-__all__ = ["FlowHead"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead"]
+
+FORMAT, FORMAT_VERSION = HEAD_FOLDER.kind, HEAD_FOLDER.version
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
+_DTYPES = {"torch.float32", "torch.int64", "torch.bool"}
 
 
 class FlowHead(nn.Module):
@@ -179,7 +185,8 @@ class FlowHead(nn.Module):
         st_api.check_options(options, device)
         if self.pooling is None:
             raise BertflowError("this head does not record its pooling; encode, then transform")
-        output = st_api.output_options(options)
+        names = ("convert_to_numpy", "convert_to_tensor", "normalize_embeddings")  # `convert`'s
+        output = {name: options.pop(name) for name in names if name in options}
         sentences, single = st_api.as_sentences(sentences)
         encoder = resolve_encoder(encoder, self.encoder, "auto" if device is None else device)
         x = encoder.encode(sentences, *self.settings(encoder), batch_size, progress,
@@ -261,24 +268,17 @@ class FlowHead(nn.Module):
     def write(self, folder: Path, manifest: bool = True) -> None:
         """Write the head's files and manifest into an existing folder (`save`: atomically)."""
         self.check_finite()
-        write_head(folder, self.state_dict(), self.config())
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        (folder / WEIGHTS).write_bytes(save_tensors(tensors, metadata={"format": FORMAT}))
+        weights = {"file": WEIGHTS, "sha256": sha256_file(folder / WEIGHTS)}
+        write_json(folder / CONFIG, {**self.config(), "weights": weights})
         if manifest:
             write_manifest(folder, FORMAT)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FlowHead:
         """Rebuild a head from its folder, or a ready head by name; nothing is unpickled."""
-        saved, tensors = read_head(path)
-        dim = saved.dim  # a head of the shape `saved` describes, with placeholder weights
-        scaler = StandardScaler(torch.zeros(dim), torch.ones(dim)) if saved.standardized else None
-        linear = None
-        if saved.flow is None:
-            linear = LinearMap(torch.zeros(dim), torch.zeros(dim, saved.out_dim), saved.method)
-        elif saved.whitened:
-            linear = LinearMap(torch.zeros(dim), torch.eye(dim), "whitening")
-        head = cls(Glow(dim, saved.flow) if saved.flow is not None else None, scaler,
-                   linear=linear, encoder=saved.encoder, pooling=saved.pooling,
-                   max_length=saved.max_length, training_info=saved.training)
+        head, tensors = _read(head_folder(path))
         try:
             head.load_state_dict(tensors, strict=True)
         except RuntimeError as e:
@@ -318,3 +318,64 @@ def _training_rows(x: np.ndarray | Tensor | Rows,
     stats.check_varies("the training embeddings")
     corpus = corpus if corpus is not None else {"embeddings_sha256": stats.sha256}
     return data, stats, {**corpus, "size": int(data.shape[0])}
+
+
+def _read(path: Path) -> tuple[FlowHead, dict[str, Tensor]]:
+    """A head of the shape the config at `path` describes (checked field by field), with
+    placeholder weights, and the tensors of its weights file."""
+    config = HEAD_FOLDER.read(path)
+    try:
+        weights = config["weights"]
+        if not isinstance(weights, dict) or weights.get("file") != WEIGHTS:
+            raise ValueError(f"weights are not {WEIGHTS}")
+        method, dim = config["method"], int(config["dim"])
+        if method == "flow":  # every field of the flow, factor_out included, is recorded
+            flow, out_dim = FlowConfig.from_dict(config["flow"]), dim
+            if set(config["flow"]) != set(flow.to_dict()):
+                raise ValueError("the flow config is incomplete")
+        elif method in LINEAR_METHODS:
+            flow, out_dim = None, int(config["linear"]["out_dim"])
+        else:
+            raise ValueError(f"unknown method {method!r}")
+        encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
+        pooling, max_length = config["pooling"], config["max_length"]
+        if pooling is not None:
+            check_pooling(pooling)
+        if max_length is not None:
+            check_max_length(max_length)
+        training = config["training"]
+        if not isinstance(training, dict) or not 1 <= out_dim <= dim:
+            raise ValueError("bad training record, dim or out_dim")
+        standardized = bool(config["standardize"])
+        whitened = flow is not None and bool(config["linear"])  # a full whitening, then the Glow
+    except (KeyError, TypeError, ValueError) as e:
+        problem = f"{type(e).__name__}: {first_line(e)}"
+        raise BertflowError(f"{path / CONFIG} is malformed ({problem})") from None
+    file = path / WEIGHTS
+    if not file.is_file():
+        raise BertflowError(f"{path} is missing {WEIGHTS}")
+    # refuse a config asking for far more weights than the file holds
+    count = flow.parameters(dim) if flow is not None else dim * (out_dim + 1)
+    count += 2 * dim * standardized + (dim + 1) * dim * whitened
+    size = file.stat().st_size
+    if 4 * count > 2 * size + (1 << 20):
+        raise BertflowError(f"{file} does not fit its config: it holds {size:,} bytes, the "
+                            f"config asks for {count:,} weights")
+    try:
+        tensors = load_file(str(file))
+    except Exception as e:
+        raise BertflowError(f"{file} is not a valid safetensors file ({first_line(e)})") from None
+    kinds = sorted({str(t.dtype) for t in tensors.values()} - _DTYPES)
+    if kinds:
+        raise BertflowError(f"{file} does not fit its config: it holds tensors of type "
+                            f"{', '.join(kinds)}")
+    scaler = StandardScaler(torch.zeros(dim), torch.ones(dim)) if standardized else None
+    linear = None
+    if flow is None:
+        linear = LinearMap(torch.zeros(dim), torch.zeros(dim, out_dim), method)
+    elif whitened:
+        linear = LinearMap(torch.zeros(dim), torch.eye(dim), "whitening")
+    head = FlowHead(Glow(dim, flow) if flow is not None else None, scaler, linear=linear,
+                    encoder=encoder, pooling=pooling, max_length=max_length,
+                    training_info=training)
+    return head, tensors

@@ -15,9 +15,9 @@ from .errors import BertflowError
 from .files import check_finite
 from .rows import Rows, as_rows
 
-__all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "abtt_weight", "covariance",
-           "default_d", "default_k", "fit_map", "linear_method", "linear_options",
-           "principal_directions", "whitening_weight"]
+__all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "covariance", "default_d", "default_k",
+           "fit_map", "linear_method", "linear_options", "principal_directions",
+           "whitening_weight"]
 
 _BLOCK = 8192
 NO_VARIANCE = 1e-7  # a principal direction whose variance is below this share of the largest's
@@ -142,15 +142,6 @@ def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = N
     return vectors / np.sqrt(np.where(live, values, values[0]))
 
 
-def abtt_weight(cov: np.ndarray, d: int = 1) -> np.ndarray:
-    r"""$W = I - U_d U_d^\top$ (float64): remove the top `d` principal directions."""
-    dim = cov.shape[0]
-    if not 0 <= d < dim:
-        raise BertflowError(f"all-but-the-top d={d} must be in [0, dimension {dim})")
-    top = principal_directions(cov, d)[1]
-    return np.eye(dim) - top @ top.T
-
-
 def default_k(dim: int) -> int:
     """Components whitening-k keeps by default: a third (BERT-whitening's 256 of 768)."""
     return max(1, dim // 3)
@@ -191,7 +182,11 @@ def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = 
     options = linear_options(method, dim, k, d)
     mean, cov = covariance(x, what)
     if method == "abtt":
-        weight = abtt_weight(cov, options["d"])
+        d = options["d"]
+        if not 0 <= d < dim:
+            raise BertflowError(f"all-but-the-top d={d} must be in [0, dimension {dim})")
+        top = principal_directions(cov, d)[1]
+        weight = np.eye(dim) - top @ top.T  # I - U_d U_dᵀ: the top d directions removed
     else:
         weight = whitening_weight(cov, options.get("k"), rows, what)
     return LinearMap(torch.from_numpy(mean), torch.from_numpy(weight), method)

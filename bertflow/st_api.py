@@ -11,8 +11,8 @@ from torch import Tensor
 
 from .errors import BertflowError
 
-__all__ = ["SIMILARITY_FN_NAME", "as_sentences", "check_options", "convert", "output_options",
-           "similarity", "similarity_pairwise"]
+__all__ = ["SIMILARITY_FN_NAME", "as_sentences", "check_options", "convert", "similarity",
+           "similarity_pairwise"]
 
 SIMILARITY_FN_NAME = "cosine"
 # options of SentenceTransformer.encode that would change the embeddings, with the value under
@@ -47,12 +47,6 @@ def check_options(options: dict[str, Any], device: Any = None) -> None:
                                 f"bertflow (only {name}={neutral!r})")
     if isinstance(device, (list, tuple)):
         raise BertflowError("encode on several devices is not supported; give one device")
-
-
-def output_options(options: dict[str, Any]) -> dict[str, bool]:
-    """Take `convert`'s options out of `options`, the keyword arguments of an `encode` call."""
-    names = ("convert_to_numpy", "convert_to_tensor", "normalize_embeddings")
-    return {name: options.pop(name) for name in names if name in options}
 
 
 def convert(x: np.ndarray, single: bool, convert_to_numpy: bool = True,

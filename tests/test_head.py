@@ -191,7 +191,7 @@ def test_failed_save_leaves_the_previous_head_intact(head, tmp_path, monkeypatch
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("bertflow.head_format.write_json", boom)
+    monkeypatch.setattr("bertflow.head.write_json", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         head.save(folder)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
