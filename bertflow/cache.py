@@ -14,7 +14,7 @@ import numpy as np
 
 from . import distributed
 from .corpus import Corpus
-from .embeddings import EmbeddingFile, embeddings_meta, other_request, read_meta
+from .embeddings import EmbeddingFile, embeddings_meta, finished, read_meta
 from .encoder import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POOLING,
@@ -25,7 +25,7 @@ from .encoder import (
     load_encoder,
 )
 from .errors import BertflowError
-from .outputs import check_destination, place_embeddings
+from .outputs import check_destination, lock, place
 from .writer import write_embeddings
 
 __all__ = ["EmbeddingCache", "default_cache", "encode_to", "training_embeddings"]
@@ -43,8 +43,7 @@ class EmbeddingCache:
     """A folder of embeddings keyed by (encoder weights, precision, pooling, max_length,
     corpus). An entry is used only when its sidecar matches the request and the file its
     checksum; anything else is encoded again by the streaming writer, which continues an
-    interrupted entry where it can and lets two processes asking for one entry encode it once.
-    """
+    interrupted entry where it can and lets two processes asking for one entry encode it once."""
 
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root) if root is not None else default_cache()
@@ -65,24 +64,9 @@ class EmbeddingCache:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
         return self.root / f"{meta['pooling']}-{digest}.npy"
 
-    def meta(self, corpus: Corpus, encoder: Encoder, pooling: str,
-             max_length: int = 128) -> dict[str, Any]:
-        """The sidecar of the entry for this request (a max length beyond the encoder's is
-        refused: an entry records the length applied)."""
-        return embeddings_meta(encoder.id, pooling, encoder.check_max_length(max_length),
-                               corpus.sha256, len(corpus), encoder.width(pooling),
-                               encoder.precision)
-
     def get(self, meta: dict[str, Any]) -> EmbeddingFile | None:
         """The cached file for `meta`, checked, or None."""
-        path = self.path(meta)
-        try:
-            stored = read_meta(path)
-            if stored is None or other_request(stored, meta) is not None:
-                return None
-            return EmbeddingFile(path).verify()
-        except BertflowError:
-            return None
+        return finished(self.path(meta), meta)
 
     def files(self, corpus: Corpus, encoder: Encoder, pooling: str | Sequence[str],
               max_length: int = 128, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -90,7 +74,7 @@ class EmbeddingCache:
         """The cached embeddings of `corpus` with each pooling, encoding (in one pass) only
         those that are missing."""
         poolings = [pooling] if isinstance(pooling, str) else list(pooling)
-        metas = {p: self.meta(corpus, encoder, p, max_length) for p in poolings}
+        metas = {p: embeddings_meta(corpus, encoder, p, max_length) for p in poolings}
         found = {p: self.get(m) for p, m in metas.items()}
         missing = {p: self.path(metas[p]) for p, f in found.items() if f is None}
         if missing:
@@ -119,7 +103,8 @@ class EmbeddingCache:
         if self.get(meta) is not None:
             return target
         try:
-            place_embeddings(EmbeddingFile(path), target, copy=False)
+            with lock(target, wait=False):
+                place(EmbeddingFile(path), target, copy=False)
         except (OSError, BertflowError):
             return None
         return target
@@ -129,15 +114,14 @@ def encode_to(path: str | os.PathLike, corpus: Corpus, encoder: Encoder, pooling
               max_length: int = 128, batch_size: int = DEFAULT_BATCH_SIZE, *,
               cache: EmbeddingCache | None = None, resume: bool = False, restart: bool = False,
               progress: bool | None = None) -> bool:
-    """Write the embeddings of `corpus` to `path` with `write_embeddings` (its lock, and its
-    rules for what a stopped run left there), taking them from `cache` when it has them and
-    filing them there when it does not; whether they were encoded (under torchrun, rank 0
-    knows; the other ranks say True)."""
+    """Write the embeddings of `corpus` to `path` by `write_embeddings` (its lock and its rules
+    for a stopped run), copied from `cache` when it has them, else filed there; whether they were
+    encoded (under torchrun only rank 0 knows: the others say True)."""
     check_batch_size(batch_size)
     path = check_destination(path)
     cached = None
     if cache is not None and distributed.is_main():
-        cached = cache.get(cache.meta(corpus, encoder, check_pooling(pooling), max_length))
+        cached = cache.get(embeddings_meta(corpus, encoder, check_pooling(pooling), max_length))
     write_embeddings({pooling: path}, corpus, encoder, max_length, batch_size, resume=resume,
                      restart=restart, progress=progress,
                      copies=None if cached is None else {pooling: cached})
@@ -152,12 +136,11 @@ def training_embeddings(source: str | os.PathLike, *, encoder: str | os.PathLike
                         batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
                         device: str = "auto", dtype: str = "float32",
                         progress: bool | None = None) -> tuple[EmbeddingFile, dict[str, Any]]:
-    """The embeddings of the text file `source` to fit a head to (a `.npy` is read by
-    `runs`, not here), and where they came from: encoder (an `EncoderId`), pooling, max length,
-    the digest of the data (``data``), what a head records of its corpus (``corpus``) and the
-    `Encoder` that embedded it (``loaded``). It is encoded with `encoder` (default: the
-    package's) on `device` in `dtype` with `pooling` (default first_last), through `cache`
-    (default: the default one)."""
+    """The embeddings of the text file `source` to fit a head to, encoded by `encoder` (default:
+    the package's) on `device` in `dtype` with `pooling` (default first_last) through `cache`
+    (default: the default one), and where they came from: encoder (an `EncoderId`), pooling, max
+    length, the data's digest (``data``), what a head records of its corpus (``corpus``) and
+    the `Encoder` that embedded them (``loaded``)."""
     check_max_length(max_length)  # and against the encoder when one encodes the text
     source = Path(source)
     corpus = Corpus.from_file(source)

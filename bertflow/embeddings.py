@@ -14,13 +14,14 @@ import numpy as np
 
 from .batches import check_max_length
 from .constants import DTYPES
+from .corpus import Corpus
 from .encoder import Encoder, check_pooling
 from .encoder_id import EncoderId
 from .errors import BertflowError, first_line
 from .files import check_finite, meta_path, read_json, sha256_file
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "TRANSFORMED", "EmbeddingFile", "embeddings_meta",
-           "open_embeddings", "other_request", "read_header", "read_meta"]
+           "finished", "open_embeddings", "other_request", "read_header", "read_meta"]
 
 FORMAT = "bertflow-embeddings"
 FORMAT_VERSION = 2
@@ -28,12 +29,15 @@ TRANSFORMED = "bertflow-transformed"  # vectors a head transformed (`outputs.wri
 _READ_ROWS = 16384
 
 
-def embeddings_meta(encoder: EncoderId, pooling: str, max_length: int, corpus: str, count: int,
-                    dim: int, precision: str = "float32") -> dict[str, Any]:
-    """The record that identifies a set of embeddings: who made them, how, and from what."""
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "encoder": encoder.to_dict(),
-            "pooling": pooling, "max_length": max_length, "precision": precision,
-            "corpus_sha256": corpus, "count": count, "dim": dim, "dtype": "float32"}
+def embeddings_meta(corpus: Corpus, encoder: Encoder, pooling: str,
+                    max_length: int) -> dict[str, Any]:
+    """The record that identifies the embeddings of `corpus` by `encoder` with `pooling`: who
+    made them, how, and from what (a max length beyond the encoder's is refused)."""
+    max_length = encoder.check_max_length(max_length)
+    return {"format": FORMAT, "format_version": FORMAT_VERSION, "encoder": encoder.id.to_dict(),
+            "pooling": pooling, "max_length": max_length, "precision": encoder.precision,
+            "corpus_sha256": corpus.sha256, "count": len(corpus), "dim": encoder.width(pooling),
+            "dtype": "float32"}
 
 
 def other_request(stored: dict[str, Any], meta: dict[str, Any]) -> str | None:
@@ -85,6 +89,17 @@ def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
     except BertflowError as e:
         raise BertflowError(f"{path} is malformed: {e}") from None
     return meta
+
+
+def finished(npy: str | os.PathLike, meta: dict[str, Any]) -> EmbeddingFile | None:
+    """The embeddings at `npy`, verified, if its sidecar records the request `meta`; else None."""
+    try:
+        stored = read_meta(npy)
+        if stored is None or other_request(stored, meta) is not None:
+            return None
+        return EmbeddingFile(npy).verify()
+    except BertflowError:
+        return None
 
 
 class EmbeddingFile:
@@ -152,8 +167,7 @@ class EmbeddingFile:
         if expected is not None and digest.hexdigest() != expected:
             raise BertflowError(
                 f"{meta_path(self.path)} does not describe {self.path} (checksum differs): "
-                "one of the two was replaced or altered; encode again"
-            )
+                "one of the two was replaced or altered; encode again")
         if self.meta is not None and (self.meta["count"], self.meta["dim"]) != self.shape:
             raise BertflowError(f"{self.path} has shape {self.shape} but its sidecar says "
                                 f"({self.meta['count']}, {self.meta['dim']})")
@@ -201,8 +215,7 @@ def open_embeddings(path: str | os.PathLike, *, pooling: str | None = None,
                                 f"{encoder.id} makes {encoder.width(pooling)}-d ones")
         digest = file.sha256 or sha256_file(path)
         return file, {"encoder": encoder.id if encoder else None, "pooling": pooling,
-                      "max_length": max_length, "data": digest,
-                      "corpus": {"npy_sha256": digest}}
+                      "max_length": max_length, "data": digest, "corpus": {"npy_sha256": digest}}
     made_by = EncoderId.from_dict(meta["encoder"])
     if encoder is not None and encoder.id.fingerprint != made_by.fingerprint:
         raise BertflowError(f"{path} was made by encoder {made_by}, not by --encoder "
@@ -211,9 +224,8 @@ def open_embeddings(path: str | os.PathLike, *, pooling: str | None = None,
         raise BertflowError(f"{path} holds {meta['pooling']} pooling, but --pooling {pooling} "
                             "was given")
     digest = str(meta.get("corpus_sha256"))
-    return file, {"encoder": made_by, "pooling": meta["pooling"],
-                  "max_length": meta["max_length"], "data": digest,
-                  "corpus": {"sha256": digest}}
+    return file, {"encoder": made_by, "pooling": meta["pooling"], "max_length": meta["max_length"],
+                  "data": digest, "corpus": {"sha256": digest}}
 
 
 def read_header(f: Any, path: Path) -> tuple[tuple[int, int], np.dtype, int, bool]:

@@ -79,9 +79,8 @@ def _raw_lines(f: Any) -> Iterator[bytes]:
         *lines, tail = _NEWLINE.split(data[:end])
         tail += data[end:]
         yield from lines
-    if tail:
-        lines = _NEWLINE.split(tail)
-        yield from lines[:-1] if lines[-1] == b"" else lines
+    if tail:  # a last line, its ending (a \r at most) optional
+        yield tail.removesuffix(b"\r")
 
 
 def check_finite(array: np.ndarray, what: str, chunk: int = 65536, offset: int = 0) -> None:
@@ -165,9 +164,9 @@ def identity(path: str | os.PathLike) -> tuple[int, int, int, int] | None:
 
 class Checked:
     """An output that `check(path)` (raising where not) says may be replaced, checked when made,
-    noting what is at `path` and `also` (files the check reads: a sidecar). As `atomic_file`'s
-    recheck it checks again where any changed meanwhile, until none did: only a file made
-    between that last look and the rename is replaced unchecked."""
+    noting what is at `path` and `also` (files the check reads: a sidecar) in `seen`, `path`'s
+    first. As `atomic_file`'s recheck it checks again where any changed meanwhile, until none
+    did: only a file made between that last look and the rename is replaced unchecked."""
 
     def __init__(self, path: str | os.PathLike, check: Callable[[Path], object],
                  also: Collection[str | os.PathLike] = ()):
@@ -184,14 +183,6 @@ class Checked:
             self.seen, now = now, self._now()
         self.seen[self.watched.index(Path(renamed))] = identity(placed)  # kept by the rename
 
-    def unchanged(self, path: Path) -> None:
-        """Refuse `path` (one watched) unless it is what the check last saw, or nothing: for a
-        file renamed into place after another that the check reads (data after its sidecar)."""
-        now = identity(path)
-        if now is not None and now != self.seen[self.watched.index(Path(path))]:
-            raise BertflowError(f"{path} was made or changed by another process while this "
-                                "one wrote it; not replacing it")
-
     def _now(self) -> list[tuple[int, int, int, int] | None]:
         return [identity(p) for p in self.watched]
 
@@ -199,17 +190,12 @@ class Checked:
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike,
                      recheck: Callable[[Path], object] | None = None) -> Iterator[Path]:
-    """Yield an empty temporary folder; on success it replaces `path` in one step.
-
-    On Linux the swap is one `renameat2(RENAME_EXCHANGE)`: a process killed at any moment
-    leaves the old folder or the new one at `path`, even after a power loss (the new folder's
-    files are flushed before the swap). `recheck(path)` decides whether a folder another
-    process made meanwhile may be replaced.
-    """
+    """Yield an empty temporary folder that, on success, replaces the folder (or nothing) at
+    `path`, checked by the caller, in one step: on Linux one `renameat2(RENAME_EXCHANGE)`, so
+    that a kill at any moment leaves the old folder or the new one, even after a power loss (the
+    new folder's files are flushed first). `recheck(path)` decides whether a folder another
+    process made meanwhile may be replaced."""
     path = Path(path)
-    refuse_link(path)
-    if path.exists() and not path.is_dir():
-        raise BertflowError(f"{path} exists and is not a folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     tmp = Path(tempfile.mkdtemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=path.parent))
@@ -351,12 +337,11 @@ os.umask(_UMASK)
 
 def check_outputs(outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping[str, Any],
                   grows: Mapping[str, Collection[str]] | None = None) -> None:
-    """Refuse, in one line naming both, an output that is one of `inputs` (also through a hard
-    or symbolic link), lies inside one, or holds one; and two outputs that overlap so, except
+    """Refuse, before any work and in one line naming both, an output that is one of `inputs`
+    (also through a link), lies inside one or holds one; and two outputs that overlap so, except
     where `grows` maps an output folder the command only adds to (a log folder) to the outputs
     that may lie inside it. Paths are named by option or role (``--out``, ``the corpus``); an
-    input may be a list of paths; a `.npy` stands with its sidecar; None is left out. Checked
-    before any work, so that no command writes over what it reads."""
+    input may be a list; a `.npy` stands with its sidecar; None is left out."""
     given_outputs, given_inputs = _with_sidecars(outputs), _with_sidecars(inputs)
     for i, (flag, out) in enumerate(given_outputs):
         others = [(name, path, "an input") for name, path in given_inputs]

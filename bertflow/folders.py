@@ -51,8 +51,11 @@ class FolderFormat:
         present = _files(path) if path.is_dir() else set()
         if not present:
             return path
-        manifest = _manifest(path)
-        other = manifest.get("kind") if manifest else None
+        try:
+            manifest = _manifest(path)
+        except BertflowError:
+            manifest = {}
+        other = manifest.get("kind")
         if other != self.kind:
             what = f"{_name(str(other))}, not" if other else "a non-empty folder but not"
             raise BertflowError(f"{path} is {what} {self.name}; not replacing it")
@@ -77,7 +80,7 @@ class FolderFormat:
         path = Path(path)
         if not (path / MANIFEST).is_file():
             return None
-        manifest = _manifest(path, strict=True)
+        manifest = _manifest(path)
         files = manifest["files"]
         if manifest.get("kind") != self.kind:
             raise BertflowError(f"{path} is {_name(str(manifest.get('kind')))}, not {self.name}")
@@ -112,16 +115,11 @@ def _name(kind: str) -> str:
     return _FORMATS[kind].name if kind in _FORMATS else f"a {kind} folder"
 
 
-def _manifest(path: Path, strict: bool = False) -> dict[str, Any] | None:
-    """The manifest of `path`, or None (`strict`: the error) if it is not a bertflow one."""
-    try:
-        manifest = read_json(path / MANIFEST)
-        if manifest.get("format") != _FORMAT or not isinstance(manifest.get("files"), dict):
-            raise BertflowError(f"{path / MANIFEST} is not a bertflow manifest")
-    except BertflowError:
-        if strict:
-            raise
-        return None
+def _manifest(path: Path) -> dict[str, Any]:
+    """The manifest of `path`, checked to be a bertflow one."""
+    manifest = read_json(path / MANIFEST)
+    if manifest.get("format") != _FORMAT or not isinstance(manifest.get("files"), dict):
+        raise BertflowError(f"{path / MANIFEST} is not a bertflow manifest")
     return manifest
 
 
@@ -147,10 +145,9 @@ HEAD_FOLDER = FolderFormat("bertflow-head", "a flow head", "head", 2, "config.js
 INDEX_FOLDER = FolderFormat("bertflow-index", "an index", "index", 2, "config.json")
 PIPELINE_FOLDER = FolderFormat("bertflow-pipeline", "a bertflow sentence-transformers export",
                                "sentence-transformers export")
-PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plots",
-                            files=("spectrum.png", "cosines.png", "token_norms.png",
-                                   "projection.png", "alignment_uniformity.png",
-                                   "token_projection.png", "token_spectrum.png"))
+PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plots", files=(
+    "spectrum.png", "cosines.png", "token_norms.png", "projection.png", "alignment_uniformity.png",
+    "token_projection.png", "token_spectrum.png"))
 _FORMATS = {f.kind: f for f in (HEAD_FOLDER, INDEX_FOLDER, PIPELINE_FOLDER, PLOTS_FOLDER)}
 
 

@@ -1,9 +1,8 @@
 """A `.npy` output beside its sidecar: where one may be written (`check_destination`), one
 writer at a time (`lock`), and the writes of a finished array (`write_transformed`, `place`).
-
-The sidecar is renamed into place before the data: a process killed at any point leaves the old
-pair, the new pair, or a new sidecar beside data (or none) that its checksum does not describe,
-which readers refuse and a rerun replaces."""
+The sidecar is renamed into place before the data: a kill at any point leaves the old pair, the
+new pair, or a new sidecar beside data (or none) that its checksum does not describe, which
+readers refuse and a rerun replaces."""
 
 from __future__ import annotations
 
@@ -33,8 +32,8 @@ from .files import (
     write_json,
 )
 
-__all__ = ["check_destination", "lock", "partial_path", "place", "place_embeddings",
-           "record_paths", "write_transformed"]
+__all__ = ["check_destination", "lock", "partial_path", "place", "record_paths",
+           "write_transformed"]
 
 
 def partial_path(path: Path) -> Path:
@@ -155,13 +154,12 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
     z = np.ascontiguousarray(z, dtype=np.float32)
     placed = None  # what this call renamed onto the sidecar
 
-    def keep_new_data(p: Path) -> None:
-        try:
-            checked.unchanged(p)
-        except BertflowError:
+    def keep_new_data(p: Path) -> None:  # p is `path`, which `checked` watches first
+        if identity(p) not in (None, checked.seen[0]):
             if identity(sidecar) == placed:
                 sidecar.unlink()
-            raise
+            raise BertflowError(f"{p} was made or changed by another process while this one "
+                                "wrote it; not replacing it")
 
     header, data = io.BytesIO(), memoryview(z).cast("B")
     np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(z))
@@ -181,15 +179,9 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
     return meta
 
 
-def place_embeddings(source: EmbeddingFile, path: str | os.PathLike, *, copy: bool) -> None:
-    """Put the finished embeddings `source` at `path` with their sidecar, under the lock (refused
-    while another process writes `path`); what a stopped run left there is let be."""
-    with lock(Path(path), wait=False):
-        place(source, Path(path), copy)
-
-
 def place(source: EmbeddingFile, path: Path, copy: bool) -> None:
-    """`place_embeddings` where the lock is held: a hard link, else with `copy` a copy."""
+    """Put the finished embeddings `source` at `path` (its `lock` held) with their sidecar: a hard
+    link, else with `copy` a copy; what a stopped run left there is let be."""
     with atomic_file(path) as temporary:
         temporary.unlink()
         try:

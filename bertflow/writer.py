@@ -1,12 +1,10 @@
 """The streaming writer: a corpus encoded chunk by chunk into `.npy` embeddings, resumably, by
-one process or several (torchrun).
-
-Rows go into `EMB.npy.partial`, preallocated, and after every chunk each process records how far
-it got, with a checksum of those rows, in `EMB.npy.progress-R-of-N.json`. A stopped run (an
-error, kill -9, a full disk) is continued once the records agree with the partial file, to the
-very bytes of an uninterrupted run. Then the sidecar is written with the data's sha256 and the
-partial file renamed onto `EMB.npy`: a kill at any point leaves a run to finish or the pair.
-"""
+one process or several (torchrun). Rows go into `EMB.npy.partial`, preallocated; after every
+chunk each process records how far it got, with a checksum of those rows, in
+`EMB.npy.progress-R-of-N.json`, so that a stopped run (an error, kill -9, a full disk) continues
+to the very bytes of an uninterrupted one. Last the sidecar is written with the data's sha256,
+then the partial file renamed onto `EMB.npy`: a kill at any point leaves a run to finish or the
+pair."""
 
 from __future__ import annotations
 
@@ -23,8 +21,8 @@ from tqdm.auto import tqdm
 from . import distributed
 from .constants import PROGRESS_FROM
 from .corpus import Corpus
-from .embeddings import EmbeddingFile, embeddings_meta, other_request, read_header, read_meta
-from .encoder import CHUNK_SIZE, Encoder, check_batch_size, check_pooling
+from .embeddings import EmbeddingFile, embeddings_meta, finished, other_request, read_header
+from .encoder import CHUNK_SIZE, Encoder, check_batch_size
 from .errors import BertflowError, PeerError
 from .files import (
     disk_errors,
@@ -46,25 +44,23 @@ def write_embeddings(targets: Mapping[str, str | os.PathLike], corpus: Corpus, e
                      max_length: int = 128, batch_size: int = 32, *, resume: bool = False,
                      restart: bool = False, wait: bool = False, progress: bool | None = None,
                      copies: Mapping[str, EmbeddingFile] | None = None) -> dict[str, dict]:
-    """Encode `corpus` once with every pooling in `targets` (pooling → `.npy` path) and write
-    each to its path; the sidecars written.
+    """Encode `corpus` once with every pooling in `targets` (pooling → `.npy` path), write each
+    to its path and return the sidecars.
 
     A stopped run at a target is refused unless `resume` continues it (its records must be of
     this request and agree with the partial file) or `restart` discards it; one with every row
     in is finished either way; both (the cache's way) continue what can be, else start afresh.
     With `resume`, a complete target is kept. `copies` maps a pooling to a finished file of the
-    same request, put at its target instead. `wait` waits for another writer of a target
-    rather than refusing. Under torchrun every rank calls this: rank 0 prepares and finishes the
-    files (its errors raised on every rank); each rank encodes its share of the chunks.
-    """
+    same request, put at its target instead; `wait` waits for another writer of a target rather
+    than refusing. Under torchrun rank 0 prepares and finishes the files (its errors raised on
+    every rank) and each rank encodes its share of the chunks."""
     rank, world = distributed.rank(), distributed.world_size()
     encoder.check_max_length(max_length)
     check_batch_size(batch_size)
     copies = copies or {}
-    outputs = {p: _Output(Path(path), embeddings_meta(
-        encoder.id, check_pooling(p), max_length, corpus.sha256, len(corpus), encoder.width(p),
-        encoder.precision), {"chunk_size": CHUNK_SIZE, "batch_size": batch_size, "world": world})
-        for p, path in targets.items()}
+    outputs = {p: _Output(Path(path), embeddings_meta(corpus, encoder, p, max_length),
+                          {"chunk_size": CHUNK_SIZE, "batch_size": batch_size, "world": world})
+               for p, path in targets.items()}
     with contextlib.ExitStack() as locks:
 
         def prepare() -> None:
@@ -107,26 +103,21 @@ def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encod
         return
     show = len(corpus) >= PROGRESS_FROM if progress is None else progress
     label = f"encoding (rank {rank})" if world > 1 else "encoding"
-    files = {p: open(o.partial, "r+b") for p, o in outputs.items()}  # noqa: SIM115
-    offsets = {p: read_header(files[p], o.partial)[2] for p, o in outputs.items()}
-    try:
-        with tqdm(total=stop - start, initial=done - start, desc=label, unit="sent",
-                  disable=not show or rank != 0) as bar:
-            for chunk in corpus.chunks(done, stop, CHUNK_SIZE):
-                vectors = encoder.encode_chunk(chunk, list(outputs), max_length, batch_size,
-                                               bar.update)
-                # an output a kill left a chunk ahead of the others already holds these rows
-                behind = [p for p in outputs if reached[p][0] == done]
-                for p in behind:
-                    checksum = outputs[p].write(files[p], offsets[p], done, vectors[p],
-                                                reached[p][1])
-                    reached[p] = (done + len(chunk), checksum)
-                for p in behind:
-                    outputs[p].record(rank, *reached[p])
-                done += len(chunk)
-    finally:
-        for f in files.values():
-            f.close()
+    with contextlib.ExitStack() as opened:
+        files = {p: opened.enter_context(open(o.partial, "r+b")) for p, o in outputs.items()}
+        offsets = {p: read_header(files[p], o.partial)[2] for p, o in outputs.items()}
+        bar = opened.enter_context(tqdm(total=stop - start, initial=done - start, desc=label,
+                                        unit="sent", disable=not show or rank != 0))
+        for chunk in corpus.chunks(done, stop, CHUNK_SIZE):
+            vectors = encoder.encode_chunk(chunk, list(outputs), max_length, batch_size, bar.update)
+            # an output a kill left a chunk ahead of the others already holds these rows
+            behind = [p for p in outputs if reached[p][0] == done]
+            for p in behind:
+                checksum = outputs[p].write(files[p], offsets[p], done, vectors[p], reached[p][1])
+                reached[p] = (done + len(chunk), checksum)
+            for p in behind:
+                outputs[p].record(rank, *reached[p])
+            done += len(chunk)
 
 
 def _share(count: int, rank: int, world: int, chunk: int) -> tuple[int, int]:
@@ -153,6 +144,9 @@ class _Output:
     def __init__(self, path: Path, meta: dict[str, Any], layout: dict[str, int]):
         self.path, self.meta, self.layout = path, meta, layout
         self.partial = partial_path(path)
+
+    def share(self, rank: int) -> tuple[int, int]:
+        return _share(self.meta["count"], rank, self.layout["world"], self.layout["chunk_size"])
 
     def record_path(self, rank: int) -> Path:
         return self.path.with_name(
@@ -183,7 +177,7 @@ class _Output:
             except BertflowError:
                 if not restart:
                     raise
-        if copy is None and not records and resume and self._complete():
+        if copy is None and not records and resume and finished(self.path, self.meta):
             return
         self.partial.unlink(missing_ok=True)  # first: records without it are litter
         for record in records:
@@ -195,15 +189,14 @@ class _Output:
 
     def _start(self) -> None:
         """Write a record per process and the partial file, preallocated at its final size."""
-        count, dim, world = self.meta["count"], self.meta["dim"], self.layout["world"]
-        for rank in range(world):
-            self.record(rank, _share(count, rank, world, self.layout["chunk_size"])[0], _NO_ROWS)
+        count, dim = self.meta["count"], self.meta["dim"]
+        for rank in range(self.layout["world"]):
+            self.record(rank, self.share(rank)[0], _NO_ROWS)
         try:
             with (disk_errors(f"preparing {self.partial} ({count * dim * 4 / 2**20:.0f} MiB)"),
                   open(self.partial, "wb") as f):
-                np.lib.format.write_array_header_1_0(f, {
-                    "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
-                    "fortran_order": False, "shape": (count, dim)})
+                np.lib.format.write_array_header_1_0(
+                    f, {"descr": "<f4", "fortran_order": False, "shape": (count, dim)})
                 os.posix_fallocate(f.fileno(), 0, f.tell() + count * dim * 4)
                 os.fsync(f.fileno())
             fsync(self.path.parent)
@@ -230,10 +223,9 @@ class _Output:
         return _chained(checksum, data)
 
     def record(self, rank: int, done: int, checksum: str) -> None:
-        rows = _share(self.meta["count"], rank, self.layout["world"], self.layout["chunk_size"])
         write_json(self.record_path(rank), {
-            "format": PROGRESS, "request": self.meta, "layout": self.layout, "rows": list(rows),
-            "done": done, "rows_sha256": checksum})
+            "format": PROGRESS, "request": self.meta, "layout": self.layout,
+            "rows": list(self.share(rank)), "done": done, "rows_sha256": checksum})
 
     def finish(self) -> None:
         """Check that every share is done, write the sidecar with the partial file's sha256,
@@ -292,14 +284,11 @@ class _Output:
         ranks = {self.record_path(r).name: r for r in range(self.layout["world"])}
         if {r.name for r in records} != set(ranks):
             found = ", ".join(r.name for r in records)
-            raise BertflowError(
-                f"{self.path}'s progress records ({found}) are not those of a "
-                f"{self.layout['world']}-process run; resume with as many processes as the "
-                "run had, or start afresh with --restart")
+            raise BertflowError(f"{self.path}'s progress records ({found}) are not those of a "
+                                f"{self.layout['world']}-process run; resume with as many "
+                                "processes as the run had, or start afresh with --restart")
         for record, value in records.items():
-            share = _share(self.meta["count"], ranks[record.name], self.layout["world"],
-                           self.layout["chunk_size"])
-            if value["rows"] != list(share):
+            if value["rows"] != list(self.share(ranks[record.name])):
                 raise BertflowError(f"{record} is malformed; start afresh with --restart")
 
     def _check_rows(self, records: dict[Path, dict[str, Any]]) -> None:
@@ -324,16 +313,6 @@ class _Output:
                     raise BertflowError(f"{record} does not agree with {self.partial}: rows "
                                         f"{start} to {done} are not the ones it recorded; "
                                         "start afresh with --restart")
-
-    def _complete(self) -> bool:
-        try:
-            meta = read_meta(self.path)
-            if meta is None or other_request(meta, self.meta) is not None:
-                return False
-            EmbeddingFile(self.path).verify()
-        except BertflowError:
-            return False
-        return True
 
 
 def _well_formed(record: dict[str, Any]) -> bool:

@@ -5,6 +5,7 @@ import pytest
 
 from bertflow.cache import EmbeddingCache
 from bertflow.corpus import Corpus, corpus_sha256
+from bertflow.embeddings import embeddings_meta
 from bertflow.files import meta_path
 
 from .conftest import SENTENCES
@@ -31,7 +32,7 @@ def counting(tiny_encoder):
 
 def entry(cache, encoder):
     """Where `cache` keeps the cls embeddings of SENTENCES."""
-    return cache.path(cache.meta(Corpus.from_sentences(SENTENCES), encoder, "cls", 128))
+    return cache.path(embeddings_meta(Corpus.from_sentences(SENTENCES), encoder, "cls", 128))
 
 
 def test_same_request_is_read_back_not_encoded_again(tmp_path, counting):
