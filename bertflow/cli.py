@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -84,31 +85,23 @@ def _check_inputs(args: argparse.Namespace) -> None:
 def _check_paths(args: argparse.Namespace, output: str = "out") -> None:
     """Refuse the output (argument `output`) where it is, holds or lies inside an input."""
     from .cache import EmbeddingCache
-    from .files import check_outputs
+    from .encoder_id import recorded_folder
+    from .files import check_outputs, read_json
     from .folders import head_folder
 
     inputs = {name: Path(getattr(args, dest)) for dest, (name, _) in _INPUTS.items()
               if getattr(args, dest, None) is not None}
     if "--head" in inputs:
-        inputs["--head"] = head = head_folder(inputs["--head"])
-        if "--encoder" not in inputs:
-            inputs["the head's encoder"] = _recorded_encoder_folder(head)
+        inputs["--head"] = head_folder(inputs["--head"])
+    if "--head" in inputs and "--encoder" not in inputs:
+        with contextlib.suppress(BertflowError):  # the existing encoder folder it records
+            record = read_json(inputs["--head"] / "config.json").get("encoder")
+            if isinstance(record, dict):
+                inputs["the head's encoder"] = recorded_folder(record.get("source"))
     inputs["--fit-on"] = [p for p in getattr(args, "fit_on", None) or [] if p != "target"]
     if hasattr(args, "cache") and not getattr(args, "no_cache", False):
         inputs["the embedding cache"] = EmbeddingCache(args.cache).root
     check_outputs({f"--{output}": getattr(args, output)}, inputs)
-
-
-def _recorded_encoder_folder(head: Path) -> Path | None:
-    """The existing encoder folder the config of head folder `head` records (unchecked)."""
-    from .encoder_id import recorded_folder
-    from .files import read_json
-
-    try:
-        record = read_json(head / "config.json").get("encoder")
-    except BertflowError:
-        return None
-    return recorded_folder(record.get("source") if isinstance(record, dict) else None)
 
 
 def _encode(args: argparse.Namespace) -> None:
@@ -124,7 +117,7 @@ def _encode(args: argparse.Namespace) -> None:
     cache = None if args.no_cache else EmbeddingCache(args.cache)
     encoded = encode_to(args.out, corpus, encoder, args.pooling, args.max_length,
                         args.encode_batch_size, cache=cache, resume=args.resume,
-                        restart=args.restart, progress=_progress(args))
+                        restart=args.restart, progress=args.progress)
     if distributed.is_main():
         print(f"wrote {args.out}: {len(corpus)} × {encoder.width(args.pooling)} "
               f"({encoder.id.name}, {args.pooling}, {encoder.precision}"
@@ -140,8 +133,8 @@ def _fit(args: argparse.Namespace) -> None:
                  batch_size=args.encode_batch_size, device=args.device, dtype=args.dtype,
                  cache=args.cache, checkpoint=args.checkpoint, resume=args.resume,
                  logdir=args.logdir, dev_sts=args.dev_sts)
-    say = None if args.quiet else functools.partial(print, file=sys.stderr)
-    fitted = fit_head(job, say=say, progress=_progress(args))
+    say = None if args.progress is False else functools.partial(print, file=sys.stderr)
+    fitted = fit_head(job, say=say, progress=args.progress)
     if fitted is None:  # another process of a torchrun job
         return
     if args.method != "flow":
@@ -162,13 +155,13 @@ def _transform(args: argparse.Namespace) -> None:
 
     _check_paths(args)
     out = Checked(args.out, check_destination, also=[meta_path(args.out)])
-    # --pooling: how the sentences are encoded, or how the embeddings were (`head.check`)
-    head = _load_head(args) if args.sentences is not None else FlowHead.load(args.head)
-    if args.sentences is not None:
-        z = head.encode(read_sentences(args.sentences), _load_encoder(args, head),
-                        args.encode_batch_size, progress=_progress(args))
+    if args.sentences is not None:  # --pooling: how the sentences are encoded
+        head, encoder = _head_and_encoder(args)
+        z = head.encode(read_sentences(args.sentences), encoder, args.encode_batch_size,
+                        progress=args.progress)
         source = {"sentences_sha256": sha256_file(args.sentences)}
-    else:
+    else:  # --pooling: how the embeddings were (`head.check`)
+        head = FlowHead.load(args.head)
         given = _load_encoder(args) if args.encoder else None
         x, origin = open_embeddings(args.embeddings, pooling=args.pooling, encoder=given)
         head.check(x.dim, origin["encoder"], origin["pooling"])
@@ -189,20 +182,16 @@ def _eval(args: argparse.Namespace) -> None:
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
-    head = _load_head(args)
-    encoder = _load_encoder(args, head)
-    common = {"max_length": args.max_length, "progress": _progress(args),
-              "batch_size": args.encode_batch_size}
     method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
     fit_on = args.fit_on or ["target"]
+    head, encoder = _head_and_encoder(args, flow=method == "flow")
+    common = {"cache": EmbeddingCache(args.cache), "max_length": args.max_length,
+              "progress": args.progress, "batch_size": args.encode_batch_size}
     if head is not None:
-        rows = evaluate.evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
-                                      name=str(args.head), pooling=args.pooling, **common)
+        rows = evaluate.evaluate_head(tasks, missing, head, encoder, name=str(args.head),
+                                      pooling=args.pooling, **common)
     else:
-        if method == "flow":
-            _check_flow(args, encoder)
-        rows = evaluate.evaluate_method(tasks, missing, method, encoder,
-                                        EmbeddingCache(args.cache), pooling=pooling,
+        rows = evaluate.evaluate_method(tasks, missing, method, encoder, pooling=pooling,
                                         fit_on=fit_on, k=args.k, d=args.d,
                                         recipe=flow_options(args), **common)
     if args.json is not None:
@@ -227,15 +216,11 @@ def _diagnose(args: argparse.Namespace) -> None:
     _check_paths(args)
     sentences = read_sentences(args.sentences)
     corpus = read_sentences(args.corpus) if args.corpus else None
-    head = _load_head(args)
-    encoder = _load_encoder(args, head)
-    if head is None:
-        _check_flow(args, encoder)
+    head, encoder = _head_and_encoder(args, flow=True)
     paths, before, after = diagnose(
-        sentences, args.out, encoder, head=head, pooling=args.pooling,
-        max_length=args.max_length, corpus=corpus,
-        cache=EmbeddingCache(args.cache), recipe=flow_options(args),
-        batch_size=args.encode_batch_size, progress=_progress(args), data=args.data, say=print)
+        sentences, args.out, encoder, head=head, pooling=args.pooling, max_length=args.max_length,
+        corpus=corpus, cache=EmbeddingCache(args.cache), recipe=flow_options(args),
+        batch_size=args.encode_batch_size, progress=args.progress, data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
     for key in before:
         cells = ["inf" if v is None else f"{v:.4g}" for v in (before[key], after[key])]
@@ -302,12 +287,11 @@ def _index(args: argparse.Namespace) -> None:
 
     INDEX_FOLDER.check_destination(args.out)
     _check_paths(args)
-    head = _load_head(args)
     items = read_sentences(args.corpus)
-    index = Index.build(items, _load_encoder(args, head), head=head, pooling=args.pooling,
-                        max_length=args.max_length, batch_size=args.encode_batch_size,
+    head, encoder = _head_and_encoder(args)
+    index = Index.build(items, encoder, head=head, pooling=args.pooling, max_length=args.max_length,
                         cache=EmbeddingCache(args.cache), kind=args.kind, dims=args.dims,
-                        progress=_progress(args))
+                        batch_size=args.encode_batch_size, progress=args.progress)
     if index is None:  # another process of a torchrun job builds it
         return
     index.save(args.out)
@@ -336,27 +320,23 @@ def _search(args: argparse.Namespace) -> None:
             print(f"  {rank:3d}  {hit.score:.4f}  line {hit.line:<{width}d}  {hit.item}")
 
 
-def _load_head(args: argparse.Namespace) -> Any:
-    """--head, loaded, or None; a --pooling or --max-length given must be the head's."""
+def _head_and_encoder(args: argparse.Namespace, flow: bool = False) -> tuple[Any, Any]:
+    """--head loaded (or None), whose pooling and max length those given must be, and the
+    encoder; with `flow` and no head, refuse a flow too large for the encoder's width."""
     from .head import FlowHead
-
-    if args.head is None:
-        return None
-    head = FlowHead.load(args.head)
-    for flag, given, recorded in (("--pooling", args.pooling, head.pooling),
-                                  ("--max-length", getattr(args, "max_length", None),
-                                   head.max_length)):
-        if None not in (given, recorded) and given != recorded:
-            raise BertflowError(f"{flag} {given} differs from the head's {recorded}")
-    return head
-
-
-def _check_flow(args: argparse.Namespace, encoder: Any) -> None:
-    """Refuse, before anything is encoded, a flow too large for the encoder's width."""
     from .recipes import resolve
 
-    pooling = args.pooling or DEFAULT_POOLING
-    resolve(flow_options(args), pooling).flow.check(encoder.width(pooling))
+    head = None if args.head is None else FlowHead.load(args.head)
+    for flag, given, recorded in (("--pooling", args.pooling, getattr(head, "pooling", None)),
+                                  ("--max-length", getattr(args, "max_length", None),
+                                   getattr(head, "max_length", None))):
+        if None not in (given, recorded) and given != recorded:
+            raise BertflowError(f"{flag} {given} differs from the head's {recorded}")
+    encoder = _load_encoder(args, head)
+    if flow and head is None:  # before anything is encoded
+        pooling = args.pooling or DEFAULT_POOLING
+        resolve(flow_options(args), pooling).flow.check(encoder.width(pooling))
+    return head, encoder
 
 
 def _load_encoder(args: argparse.Namespace, owner: Any = None) -> Any:
@@ -365,10 +345,6 @@ def _load_encoder(args: argparse.Namespace, owner: Any = None) -> Any:
 
     return resolve_encoder(args.encoder, getattr(owner, "encoder", None), args.device,
                            args.dtype)
-
-
-def _progress(args: argparse.Namespace) -> bool | None:
-    return False if args.quiet else None
 
 
 _RUN = {"encode": _encode, "fit": _fit, "transform": _transform, "eval": _eval,

@@ -281,7 +281,8 @@ _CACHE_HELP = "embedding cache folder (default: $BERTFLOW_CACHE, else ~/.cache/b
 
 
 def _quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    p.add_argument("--quiet", action="store_true", help="no progress bars or epoch lines")
+    p.add_argument("--quiet", action="store_const", const=False, dest="progress",
+                   help="no progress bars or epoch lines")
 
 
 def _baseline_options(p: argparse.ArgumentParser) -> None:

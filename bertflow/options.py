@@ -11,8 +11,8 @@ from .config import FLOW_CEILINGS
 from .constants import DEFAULT_BATCH_SIZE
 from .errors import BertflowError
 
-__all__ = ["ceiling", "check_flow_options", "check_no_encoding", "check_options", "flow_options",
-           "fraction", "max_length_type", "natural", "positive", "positive_float", "seed_type"]
+__all__ = ["ceiling", "check_options", "flow_options", "fraction", "max_length_type", "natural",
+           "positive", "positive_float", "seed_type"]
 
 _FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
 _TRAIN_FIELDS = ("seed", "epochs", "batch_size", "lr", "val_fraction", "patience")
@@ -29,70 +29,63 @@ def flow_options(args: argparse.Namespace) -> dict[str, Any]:
     return {**given, "before": args.before}
 
 
-def check_flow_options(args: argparse.Namespace) -> None:
-    """Refuse flow and training options with --head, or with a method other than the flow."""
-    given = [f"--{name.replace('_', '-')}" for name in ("before", *_FLOW_FIELDS, *_TRAIN_FIELDS)
-             if getattr(args, name, None) not in (None, False)]
-    if given and getattr(args, "head", None) is not None:
-        raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
-                            f"{args.head}, which is fit already")
-    if given and (getattr(args, "method", None) or "flow") != "flow":
-        raise BertflowError(f"{', '.join(given)} apply to --method flow only")
-
-
-def check_no_encoding(args: argparse.Namespace, why: str,
-                      options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
-    """Refuse the encoder's `options` given where nothing is encoded, as `why` says."""
-    given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
-             if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
-    if given:
-        raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
-
-
 def check_options(args: argparse.Namespace, launched: bool) -> None:
     """Refuse options that cannot apply together (`launched`: under torchrun)."""
     if launched and args.command not in ("encode", "fit", "index"):
         raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
                             "only encode, fit and index split their work")
-    check_flow_options(args)
+    method = getattr(args, "method", None) or "flow"
+    given = _given(args, ("before", *_FLOW_FIELDS, *_TRAIN_FIELDS))
+    if given and getattr(args, "head", None) is not None:
+        raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
+                            f"{args.head}, which is fit already")
+    if given and method != "flow":
+        raise BertflowError(f"{', '.join(given)} apply to --method flow only")
     if getattr(args, "head", None) is not None and args.command == "eval":
         if args.fit_on is not None:
             raise BertflowError("--fit-on does not apply to --head: the head is already fit")
         if args.k is not None or args.d is not None:
             raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
                                 f"not to --head {args.head}, which is fit already")
-    method = getattr(args, "method", None) or "flow"
     if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
             getattr(args, "d", None) is not None and method != "abtt"):
         raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
                             "--method abtt")
     if args.command == "transform" and args.embeddings is not None:
-        check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
+        _check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
     if args.command == "export" and args.format != "sentence-transformers" and (
             args.encoder is not None or args.normalize):
         raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
-    if args.command == "fit":
-        _check_fit_options(args, launched)
-
-
-def _check_fit_options(args: argparse.Namespace, launched: bool) -> None:
-    """Refuse encoder options where `fit` encodes nothing, and unworkable checkpoint and logs."""
+    if args.command != "fit":
+        return
     if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
         unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
-        check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
-                          unused if args.dev_sts or launched else ("device", *unused))
-    if args.method != "flow":
-        flow_only = [flag for flag, given in (("--checkpoint", args.checkpoint), ("--resume",
-                     args.resume), ("--logdir", args.logdir), ("--dev-sts", args.dev_sts)) if given]
-        if flow_only:
-            raise BertflowError(f"{', '.join(flow_only)} apply to --method flow only")
-        return
+        _check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
+                           unused if args.dev_sts or launched else ("device", *unused))
+    flow_only = _given(args, ("checkpoint", "resume", "logdir", "dev_sts"))
+    if flow_only and method != "flow":
+        raise BertflowError(f"{', '.join(flow_only)} apply to --method flow only")
     if args.checkpoint is not None and args.checkpoint.is_dir():
         raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
     if args.resume and args.checkpoint is None:
         raise BertflowError("--resume needs --checkpoint FILE")
     if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
         raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """The flags of options `names` given (neither None nor False)."""
+    return [f"--{name.replace('_', '-')}" for name in names
+            if getattr(args, name, None) not in (None, False)]
+
+
+def _check_no_encoding(args: argparse.Namespace, why: str,
+                       options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
+    """Refuse the encoder's `options` given where nothing is encoded, as `why` says."""
+    given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
+             if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
+    if given:
+        raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
 
 
 def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
