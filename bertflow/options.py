@@ -1,18 +1,14 @@
-"""Checks of parsed options that cannot apply together, the flow settings given, option types."""
+"""Checks of parsed options that cannot apply together, and the flow settings given."""
 
 from __future__ import annotations
 
 import argparse
-import math
-from collections.abc import Callable
 from typing import Any
 
-from .config import FLOW_CEILINGS
 from .constants import DEFAULT_BATCH_SIZE
 from .errors import BertflowError
 
-__all__ = ["ceiling", "check_options", "flow_options", "fraction", "max_length_type", "natural",
-           "positive", "positive_float", "seed_type"]
+__all__ = ["check_options", "flow_options"]
 
 _FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
 _TRAIN_FIELDS = ("seed", "epochs", "batch_size", "lr", "val_fraction", "patience")
@@ -86,45 +82,3 @@ def _check_no_encoding(args: argparse.Namespace, why: str,
              if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
     if given:
         raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
-
-
-def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low or (high is not None and value >= high):
-            bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
-            raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {value}")
-        return value
-
-    return parse
-
-
-def _number(wanted: str, holds: Callable[[float], bool]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        if not holds(value):
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
-        return value
-
-    return parse
-
-
-def ceiling(name: str) -> Callable[[str], int]:
-    """The type of a flow architecture option: a positive integer up to its ceiling."""
-    return _integer(1, FLOW_CEILINGS[name] + 1)
-
-
-positive = _integer(1)
-natural = _integer(0)
-max_length_type = _integer(2)
-seed_type = _integer(0, 2**32)
-positive_float = _number("positive", lambda v: v > 0)
-fraction = _number("in [0, 1)", lambda v: 0 <= v < 1)
