@@ -69,12 +69,8 @@ def partition_isotropy(x: np.ndarray) -> float:
 
 def isotropy_measures(x: np.ndarray) -> dict[str, float | None]:
     """The four measures of the embeddings alone reported beside every score; inf is None."""
-    values = {
-        "mean_cosine": mean_pair_cosine(x),
-        "effective_rank": effective_rank(x),
-        "condition_number": condition_number(x),
-        "isotropy": partition_isotropy(x),
-    }
+    values = {"mean_cosine": mean_pair_cosine(x), "effective_rank": effective_rank(x),
+              "condition_number": condition_number(x), "isotropy": partition_isotropy(x)}
     return {k: (v if math.isfinite(v) else None) for k, v in values.items()}
 
 
