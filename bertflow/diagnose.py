@@ -45,7 +45,13 @@ def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
     """Write the PNGs of `PLOTS` into folder `out`, replaced as a whole (a folder holding
     anything else is refused); `alignment_uniformity.png` only with `points`."""
     out = PLOTS_FOLDER.check_destination(out)
-    plt = _pyplot()
+    try:
+        import matplotlib
+    except ImportError:
+        raise BertflowError("diagnose draws with matplotlib: pip install 'bertflow[plots]'") \
+            from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     counts = token_frequencies(encoder, corpus)
     weights = encoder.model.get_input_embeddings().weight.detach().double().cpu().numpy()
     _, singular, directions = np.linalg.svd(weights, full_matrices=False)  # uncentred, once
@@ -136,18 +142,6 @@ def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:
     """How often each token id occurs in `corpus` under the encoder's tokenizer."""
     ids = encoder.tokenizer(list(corpus), add_special_tokens=False)["input_ids"]
     return Counter(token for sentence in ids for token in sentence)
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        raise BertflowError("diagnose draws with matplotlib: pip install 'bertflow[plots]'") \
-            from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _spectrum(plt, sides, title):

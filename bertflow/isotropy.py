@@ -95,10 +95,8 @@ def uniformity(x: np.ndarray | torch.Tensor, t: float = 2, pairs: int = 10000,
     n = x.shape[0]
     if n < 2:
         return math.nan
-    if n * (n - 1) // 2 <= pairs:
-        i, j = torch.triu_indices(n, n, offset=1)
-    else:
-        i, j = _random_pairs(n, pairs, seed)
+    every = n * (n - 1) // 2 <= pairs
+    i, j = torch.triu_indices(n, n, offset=1) if every else _random_pairs(n, pairs, seed)
     squared = (_unit(x[i]) - _unit(x[j])).pow(2).sum(1)
     return float(torch.logsumexp(-t * squared, 0) - math.log(len(squared)))
 
