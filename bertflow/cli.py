@@ -1,8 +1,10 @@
-"""The `bertflow` command: parse arguments (`bertflow.commands`), call the library, print."""
+"""The `bertflow` command: parse arguments (`bertflow.commands`), refuse those that cannot apply
+before torch is imported, call the library, print."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -11,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .commands import build_parser as _parser
-from .constants import DEFAULT_POOLING
+from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING
 from .errors import BertflowError, PeerError, one_line
-from .options import check_options, flow_options
 
 __all__ = ["build_parser", "main"]
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("BERTFLOW_DEBUG", "") not in ("", "0")
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
     try:
-        check_options(args, launched)  # and the inputs, before torch is imported
+        _check_options(args, launched)  # and the inputs, before torch is imported
         _check_inputs(args)
         from . import distributed
 
@@ -53,6 +54,80 @@ def main(argv: list[str] | None = None) -> int:
 
             distributed.leave()
     return 0
+
+
+_FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
+_TRAIN_FIELDS = ("seed", "epochs", "batch_size", "lr", "val_fraction", "patience")
+# The encoder's options, and the values allowed where nothing is encoded: the defaults, and
+# what happens anyway (the CPU, where a flow trains; float32).
+_WITHOUT_ENCODING = {"device": ("auto", "cpu"), "dtype": ("float32",),
+                     "encode_batch_size": (DEFAULT_BATCH_SIZE,), "cache": (None,)}
+
+
+def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flow, training and --before options given, as changes to the pooling's recipe."""
+    given = {part: {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+             for part, names in (("flow", _FLOW_FIELDS), ("train", _TRAIN_FIELDS))}
+    return {**given, "before": args.before}
+
+
+def _check_options(args: argparse.Namespace, launched: bool) -> None:
+    """Refuse options that cannot apply together (`launched`: under torchrun)."""
+    if launched and args.command not in ("encode", "fit", "index"):
+        raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
+                            "only encode, fit and index split their work")
+    method = getattr(args, "method", None) or "flow"
+    given = _given(args, ("before", *_FLOW_FIELDS, *_TRAIN_FIELDS))
+    if given and getattr(args, "head", None) is not None:
+        raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
+                            f"{args.head}, which is fit already")
+    if given and method != "flow":
+        raise BertflowError(f"{', '.join(given)} apply to --method flow only")
+    if getattr(args, "head", None) is not None and args.command == "eval":
+        if args.fit_on is not None:
+            raise BertflowError("--fit-on does not apply to --head: the head is already fit")
+        if args.k is not None or args.d is not None:
+            raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
+                                f"not to --head {args.head}, which is fit already")
+    if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
+            getattr(args, "d", None) is not None and method != "abtt"):
+        raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
+                            "--method abtt")
+    if args.command == "transform" and args.embeddings is not None:
+        _check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
+    if args.command == "export" and args.format != "sentence-transformers" and (
+            args.encoder is not None or args.normalize):
+        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
+    if args.command != "fit":
+        return
+    if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
+        unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
+        _check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
+                           unused if args.dev_sts or launched else ("device", *unused))
+    flow_only = _given(args, ("checkpoint", "resume", "logdir", "dev_sts"))
+    if flow_only and method != "flow":
+        raise BertflowError(f"{', '.join(flow_only)} apply to --method flow only")
+    if args.checkpoint is not None and args.checkpoint.is_dir():
+        raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
+    if args.resume and args.checkpoint is None:
+        raise BertflowError("--resume needs --checkpoint FILE")
+    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
+        raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """The flags of options `names` given (neither None nor False)."""
+    return [f"--{name.replace('_', '-')}" for name in names
+            if getattr(args, name, None) not in (None, False)]
+
+
+def _check_no_encoding(args: argparse.Namespace, why: str,
+                       options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
+    """Refuse the encoder's `options` given where nothing is encoded, as `why` says."""
+    given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
+             if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
+    if given:
+        raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
 
 
 # The files and folders a command reads, by argument: how a message names it, and what it must
@@ -84,31 +159,23 @@ def _check_inputs(args: argparse.Namespace) -> None:
 def _check_paths(args: argparse.Namespace, output: str = "out") -> None:
     """Refuse the output (argument `output`) where it is, holds or lies inside an input."""
     from .cache import EmbeddingCache
-    from .files import check_outputs
+    from .encoder_id import recorded_folder
+    from .files import check_outputs, read_json
     from .folders import head_folder
 
     inputs = {name: Path(getattr(args, dest)) for dest, (name, _) in _INPUTS.items()
               if getattr(args, dest, None) is not None}
     if "--head" in inputs:
-        inputs["--head"] = head = head_folder(inputs["--head"])
-        if "--encoder" not in inputs:
-            inputs["the head's encoder"] = _recorded_encoder_folder(head)
+        inputs["--head"] = head_folder(inputs["--head"])
+    if "--head" in inputs and "--encoder" not in inputs:
+        with contextlib.suppress(BertflowError):  # the existing encoder folder it records
+            record = read_json(inputs["--head"] / "config.json").get("encoder")
+            if isinstance(record, dict):
+                inputs["the head's encoder"] = recorded_folder(record.get("source"))
     inputs["--fit-on"] = [p for p in getattr(args, "fit_on", None) or [] if p != "target"]
     if hasattr(args, "cache") and not getattr(args, "no_cache", False):
         inputs["the embedding cache"] = EmbeddingCache(args.cache).root
     check_outputs({f"--{output}": getattr(args, output)}, inputs)
-
-
-def _recorded_encoder_folder(head: Path) -> Path | None:
-    """The existing encoder folder the config of head folder `head` records (unchecked)."""
-    from .encoder_id import recorded_folder
-    from .files import read_json
-
-    try:
-        record = read_json(head / "config.json").get("encoder")
-    except BertflowError:
-        return None
-    return recorded_folder(record.get("source") if isinstance(record, dict) else None)
 
 
 def _encode(args: argparse.Namespace) -> None:
@@ -124,7 +191,7 @@ def _encode(args: argparse.Namespace) -> None:
     cache = None if args.no_cache else EmbeddingCache(args.cache)
     encoded = encode_to(args.out, corpus, encoder, args.pooling, args.max_length,
                         args.encode_batch_size, cache=cache, resume=args.resume,
-                        restart=args.restart, progress=_progress(args))
+                        restart=args.restart, progress=args.progress)
     if distributed.is_main():
         print(f"wrote {args.out}: {len(corpus)} × {encoder.width(args.pooling)} "
               f"({encoder.id.name}, {args.pooling}, {encoder.precision}"
@@ -135,13 +202,13 @@ def _fit(args: argparse.Namespace) -> None:
     from .card import nll_text, summary
     from .runs import FitJob, fit_head
 
-    job = FitJob(args.input, args.out, args.method, args.k, args.d, recipe=flow_options(args),
+    job = FitJob(args.input, args.out, args.method, args.k, args.d, recipe=_flow_options(args),
                  encoder=args.encoder, pooling=args.pooling, max_length=args.max_length,
                  batch_size=args.encode_batch_size, device=args.device, dtype=args.dtype,
                  cache=args.cache, checkpoint=args.checkpoint, resume=args.resume,
                  logdir=args.logdir, dev_sts=args.dev_sts)
-    say = None if args.quiet else functools.partial(print, file=sys.stderr)
-    fitted = fit_head(job, say=say, progress=_progress(args))
+    say = None if args.progress is False else functools.partial(print, file=sys.stderr)
+    fitted = fit_head(job, say=say, progress=args.progress)
     if fitted is None:  # another process of a torchrun job
         return
     if args.method != "flow":
@@ -162,13 +229,13 @@ def _transform(args: argparse.Namespace) -> None:
 
     _check_paths(args)
     out = Checked(args.out, check_destination, also=[meta_path(args.out)])
-    # --pooling: how the sentences are encoded, or how the embeddings were (`head.check`)
-    head = _load_head(args) if args.sentences is not None else FlowHead.load(args.head)
-    if args.sentences is not None:
-        z = head.encode(read_sentences(args.sentences), _load_encoder(args, head),
-                        args.encode_batch_size, progress=_progress(args))
+    if args.sentences is not None:  # --pooling: how the sentences are encoded
+        head, encoder = _head_and_encoder(args)
+        z = head.encode(read_sentences(args.sentences), encoder, args.encode_batch_size,
+                        progress=args.progress)
         source = {"sentences_sha256": sha256_file(args.sentences)}
-    else:
+    else:  # --pooling: how the embeddings were (`head.check`)
+        head = FlowHead.load(args.head)
         given = _load_encoder(args) if args.encoder else None
         x, origin = open_embeddings(args.embeddings, pooling=args.pooling, encoder=given)
         head.check(x.dim, origin["encoder"], origin["pooling"])
@@ -189,22 +256,18 @@ def _eval(args: argparse.Namespace) -> None:
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
         raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
-    head = _load_head(args)
-    encoder = _load_encoder(args, head)
-    common = {"max_length": args.max_length, "progress": _progress(args),
-              "batch_size": args.encode_batch_size}
     method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
     fit_on = args.fit_on or ["target"]
+    head, encoder = _head_and_encoder(args, flow=method == "flow")
+    common = {"cache": EmbeddingCache(args.cache), "max_length": args.max_length,
+              "progress": args.progress, "batch_size": args.encode_batch_size}
     if head is not None:
-        rows = evaluate.evaluate_head(tasks, missing, head, encoder, EmbeddingCache(args.cache),
-                                      name=str(args.head), pooling=args.pooling, **common)
+        rows = evaluate.evaluate_head(tasks, missing, head, encoder, name=str(args.head),
+                                      pooling=args.pooling, **common)
     else:
-        if method == "flow":
-            _check_flow(args, encoder)
-        rows = evaluate.evaluate_method(tasks, missing, method, encoder,
-                                        EmbeddingCache(args.cache), pooling=pooling,
+        rows = evaluate.evaluate_method(tasks, missing, method, encoder, pooling=pooling,
                                         fit_on=fit_on, k=args.k, d=args.d,
-                                        recipe=flow_options(args), **common)
+                                        recipe=_flow_options(args), **common)
     if args.json is not None:
         write_json(args.json, rows, recheck=out)
     for aggregation in ("all", "wmean"):
@@ -227,15 +290,11 @@ def _diagnose(args: argparse.Namespace) -> None:
     _check_paths(args)
     sentences = read_sentences(args.sentences)
     corpus = read_sentences(args.corpus) if args.corpus else None
-    head = _load_head(args)
-    encoder = _load_encoder(args, head)
-    if head is None:
-        _check_flow(args, encoder)
+    head, encoder = _head_and_encoder(args, flow=True)
     paths, before, after = diagnose(
-        sentences, args.out, encoder, head=head, pooling=args.pooling,
-        max_length=args.max_length, corpus=corpus,
-        cache=EmbeddingCache(args.cache), recipe=flow_options(args),
-        batch_size=args.encode_batch_size, progress=_progress(args), data=args.data, say=print)
+        sentences, args.out, encoder, head=head, pooling=args.pooling, max_length=args.max_length,
+        corpus=corpus, cache=EmbeddingCache(args.cache), recipe=_flow_options(args),
+        batch_size=args.encode_batch_size, progress=args.progress, data=args.data, say=print)
     print(f"{'':18}{'before':>12}{'after':>12}")
     for key in before:
         cells = ["inf" if v is None else f"{v:.4g}" for v in (before[key], after[key])]
@@ -302,12 +361,11 @@ def _index(args: argparse.Namespace) -> None:
 
     INDEX_FOLDER.check_destination(args.out)
     _check_paths(args)
-    head = _load_head(args)
     items = read_sentences(args.corpus)
-    index = Index.build(items, _load_encoder(args, head), head=head, pooling=args.pooling,
-                        max_length=args.max_length, batch_size=args.encode_batch_size,
+    head, encoder = _head_and_encoder(args)
+    index = Index.build(items, encoder, head=head, pooling=args.pooling, max_length=args.max_length,
                         cache=EmbeddingCache(args.cache), kind=args.kind, dims=args.dims,
-                        progress=_progress(args))
+                        batch_size=args.encode_batch_size, progress=args.progress)
     if index is None:  # another process of a torchrun job builds it
         return
     index.save(args.out)
@@ -336,27 +394,23 @@ def _search(args: argparse.Namespace) -> None:
             print(f"  {rank:3d}  {hit.score:.4f}  line {hit.line:<{width}d}  {hit.item}")
 
 
-def _load_head(args: argparse.Namespace) -> Any:
-    """--head, loaded, or None; a --pooling or --max-length given must be the head's."""
+def _head_and_encoder(args: argparse.Namespace, flow: bool = False) -> tuple[Any, Any]:
+    """--head loaded (or None), whose pooling and max length those given must be, and the
+    encoder; with `flow` and no head, refuse a flow too large for the encoder's width."""
     from .head import FlowHead
-
-    if args.head is None:
-        return None
-    head = FlowHead.load(args.head)
-    for flag, given, recorded in (("--pooling", args.pooling, head.pooling),
-                                  ("--max-length", getattr(args, "max_length", None),
-                                   head.max_length)):
-        if None not in (given, recorded) and given != recorded:
-            raise BertflowError(f"{flag} {given} differs from the head's {recorded}")
-    return head
-
-
-def _check_flow(args: argparse.Namespace, encoder: Any) -> None:
-    """Refuse, before anything is encoded, a flow too large for the encoder's width."""
     from .recipes import resolve
 
-    pooling = args.pooling or DEFAULT_POOLING
-    resolve(flow_options(args), pooling).flow.check(encoder.width(pooling))
+    head = None if args.head is None else FlowHead.load(args.head)
+    for flag, given, recorded in (("--pooling", args.pooling, getattr(head, "pooling", None)),
+                                  ("--max-length", getattr(args, "max_length", None),
+                                   getattr(head, "max_length", None))):
+        if None not in (given, recorded) and given != recorded:
+            raise BertflowError(f"{flag} {given} differs from the head's {recorded}")
+    encoder = _load_encoder(args, head)
+    if flow and head is None:  # before anything is encoded
+        pooling = args.pooling or DEFAULT_POOLING
+        resolve(_flow_options(args), pooling).flow.check(encoder.width(pooling))
+    return head, encoder
 
 
 def _load_encoder(args: argparse.Namespace, owner: Any = None) -> Any:
@@ -365,10 +419,6 @@ def _load_encoder(args: argparse.Namespace, owner: Any = None) -> Any:
 
     return resolve_encoder(args.encoder, getattr(owner, "encoder", None), args.device,
                            args.dtype)
-
-
-def _progress(args: argparse.Namespace) -> bool | None:
-    return False if args.quiet else None
 
 
 _RUN = {"encode": _encode, "fit": _fit, "transform": _transform, "eval": _eval,

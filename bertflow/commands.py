@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
 from . import __version__
+from .config import FLOW_CEILINGS
 from .constants import (
     BEFORE,
     DEFAULT_BATCH_SIZE,
@@ -20,15 +22,6 @@ from .constants import (
     METHODS,
     POOLINGS,
     TASKS,
-)
-from .options import (
-    ceiling,
-    fraction,
-    max_length_type,
-    natural,
-    positive,
-    positive_float,
-    seed_type,
 )
 
 __all__ = ["EXPORT_FORMATS", "build_parser"]
@@ -281,7 +274,8 @@ _CACHE_HELP = "embedding cache folder (default: $BERTFLOW_CACHE, else ~/.cache/b
 
 
 def _quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    p.add_argument("--quiet", action="store_true", help="no progress bars or epoch lines")
+    p.add_argument("--quiet", action="store_const", const=False, dest="progress",
+                   help="no progress bars or epoch lines")
 
 
 def _baseline_options(p: argparse.ArgumentParser) -> None:
@@ -355,3 +349,45 @@ def _flow_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                    help="epochs without a better held-out NLL before stopping; 0 never stops "
                         "(default: the recipe's)")
     return g
+
+
+def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value >= high):
+            bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
+            raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def _number(wanted: str, holds: Callable[[float], bool]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if not holds(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
+        return value
+
+    return parse
+
+
+def ceiling(name: str) -> Callable[[str], int]:
+    """The type of a flow architecture option: a positive integer up to its ceiling."""
+    return _integer(1, FLOW_CEILINGS[name] + 1)
+
+
+positive = _integer(1)
+natural = _integer(0)
+max_length_type = _integer(2)
+seed_type = _integer(0, 2**32)
+positive_float = _number("positive", lambda v: v > 0)
+fraction = _number("in [0, 1)", lambda v: 0 <= v < 1)

@@ -45,15 +45,22 @@ def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
     """Write the PNGs of `PLOTS` into folder `out`, replaced as a whole (a folder holding
     anything else is refused); `alignment_uniformity.png` only with `points`."""
     out = PLOTS_FOLDER.check_destination(out)
-    plt = _pyplot()
+    try:
+        import matplotlib
+    except ImportError:
+        raise BertflowError("diagnose draws with matplotlib: pip install 'bertflow[plots]'") \
+            from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     counts = token_frequencies(encoder, corpus)
     weights = encoder.model.get_input_embeddings().weight.detach().double().cpu().numpy()
     _, singular, directions = np.linalg.svd(weights, full_matrices=False)  # uncentred, once
+    sides = ((before, "before", _BEFORE), (after, after_label, _AFTER))
     figures: dict[str, Callable[[], object]] = {
-        "spectrum.png": lambda: _spectrum(plt, before, after, title, after_label),
-        "cosines.png": lambda: _cosines(plt, before, after, title, after_label),
+        "spectrum.png": lambda: _spectrum(plt, sides, title),
+        "cosines.png": lambda: _cosines(plt, sides, title),
         "token_norms.png": lambda: _token_norms(plt, encoder, weights, counts, len(corpus)),
-        "projection.png": lambda: _projection(plt, before, after, title, after_label),
+        "projection.png": lambda: _projection(plt, sides, title),
         "token_projection.png": lambda: _token_projection(plt, encoder, weights, directions,
                                                           counts, len(corpus)),
         "token_spectrum.png": lambda: _token_spectrum(plt, encoder, weights, singular),
@@ -96,13 +103,21 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
                             **resolve(recipe, pooling).fit_options(),
                             progress=progress is not False)
     z = head.transform(x)
+    say = say or (lambda line: None)
     points, about = None, ""
-    if stsb is not None:
+    if stsb is None:
+        say("alignment_uniformity.png left out: it needs STS-B (a data folder in SentEval's "
+            "layout: --data DATA)")
+    else:
         points = method_points(x, stsb, embed(sentences_of(stsb)), head, flow_label=label)
         about = (f"STS-B {'+'.join(STSB_SPLITS)}: {len(positive_pairs(stsb))} pairs with gold "
                  f"≥ 4, {len(sentences_of(stsb))} sentences; methods fit on the diagnosed "
                  "sentences")
-    _report(say, points, about)
+        say(f"alignment and uniformity ({about}):")
+        say(f"  {'':24}{'alignment':>11}{'uniformity':>11}")
+        for name, v in points.items():
+            a, u = ("n/a" if v[k] is None else f"{v[k]:.3f}" for k in ("alignment", "uniformity"))
+            say(f"  {name:24}{a:>11}{u:>11}")
     title = f"{encoder.id.name}, {pooling} pooling, {len(sentences)} sentences"
     paths = plot_all(x, z, out, encoder=encoder, corpus=corpus or sentences, title=title,
                      points=points, points_title=about)
@@ -129,36 +144,10 @@ def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:
     return Counter(token for sentence in ids for token in sentence)
 
 
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        raise BertflowError("diagnose draws with matplotlib: pip install 'bertflow[plots]'") \
-            from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _report(say: Callable[[str], None] | None, points: Points | None, about: str) -> None:
-    if say is None:
-        return
-    if points is None:
-        say("alignment_uniformity.png left out: it needs STS-B (a data folder in SentEval's "
-            "layout: --data DATA)")
-        return
-    say(f"alignment and uniformity ({about}):")
-    say(f"  {'':24}{'alignment':>11}{'uniformity':>11}")
-    for label, v in points.items():
-        a, u = ("n/a" if v[k] is None else f"{v[k]:.3f}" for k in ("alignment", "uniformity"))
-        say(f"  {label:24}{a:>11}{u:>11}")
-
-
-def _spectrum(plt, before, after, title, after_label):
+def _spectrum(plt, sides, title):
     """Singular values over the largest, cut at 1e-4: dead directions are counted instead."""
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
-    for x, label, colour in ((before, "before", _BEFORE), (after, after_label, _AFTER)):
+    for x, label, colour in sides:
         s = singular_values(x)
         s = s / s[0]
         dead = int((s < 1e-4).sum())
@@ -171,10 +160,10 @@ def _spectrum(plt, before, after, title, after_label):
     return figure
 
 
-def _cosines(plt, before, after, title, after_label):
+def _cosines(plt, sides, title):
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
     bins = np.linspace(-1, 1, 81)
-    for x, label, colour in ((before, "before", _BEFORE), (after, after_label, _AFTER)):
+    for x, label, colour in sides:
         axis.hist(pair_cosines(x), bins=bins, alpha=0.6, color=colour,
                   label=f"{label} (mean {mean_pair_cosine(x):.2f})")
     axis.set(xlabel="cosine of a random sentence pair", ylabel="pairs",
@@ -237,9 +226,8 @@ def _token_projection(plt, encoder: Encoder, weights: np.ndarray, directions: np
 def _token_spectrum(plt, encoder: Encoder, weights: np.ndarray, singular: np.ndarray):
     """Singular values of the input word embeddings over the largest, uncentred and centred."""
     figure, axis = plt.subplots(figsize=(5.5, 3.8))
-    centred = np.linalg.svd(weights - weights.mean(0), compute_uv=False)
     for s, label, colour in ((singular, "uncentred (as Gao et al.)", _BEFORE),
-                             (centred, "centred", _AFTER)):
+                             (singular_values(weights), "centred", _AFTER)):
         axis.semilogy(np.arange(1, len(s) + 1), s / s[0], color=colour, label=label)
     axis.set(xlabel="index", ylabel="singular value / largest",
              title=f"Singular values of the input word embeddings\n{encoder.id.name}, "
@@ -268,13 +256,12 @@ def _alignment_uniformity(plt, points: Points, title: str):
     return figure
 
 
-def _projection(plt, before, after, title, after_label):
+def _projection(plt, sides, title):
     """Unit vectors on their two top right-singular directions (uncentred: a cone shows)."""
     figure, axes = plt.subplots(1, 2, figsize=(9, 4.6), layout="constrained")
-    rng = np.random.default_rng(0)
-    rows = rng.choice(len(before), size=min(2000, len(before)), replace=False)
-    for axis, x, label, colour in ((axes[0], before, "before", _BEFORE),
-                                   (axes[1], after, after_label, _AFTER)):
+    n = len(sides[0][0])  # rows, as many after as before
+    rows = np.random.default_rng(0).choice(n, size=min(2000, n), replace=False)
+    for axis, (x, label, colour) in zip(axes, sides, strict=True):
         unit = x[rows] / np.linalg.norm(x[rows], axis=1, keepdims=True)
         _, _, vt = np.linalg.svd(unit, full_matrices=False)
         points = unit @ vt[:2].T

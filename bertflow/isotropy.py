@@ -69,12 +69,8 @@ def partition_isotropy(x: np.ndarray) -> float:
 
 def isotropy_measures(x: np.ndarray) -> dict[str, float | None]:
     """The four measures of the embeddings alone reported beside every score; inf is None."""
-    values = {
-        "mean_cosine": mean_pair_cosine(x),
-        "effective_rank": effective_rank(x),
-        "condition_number": condition_number(x),
-        "isotropy": partition_isotropy(x),
-    }
+    values = {"mean_cosine": mean_pair_cosine(x), "effective_rank": effective_rank(x),
+              "condition_number": condition_number(x), "isotropy": partition_isotropy(x)}
     return {k: (v if math.isfinite(v) else None) for k, v in values.items()}
 
 
@@ -99,10 +95,8 @@ def uniformity(x: np.ndarray | torch.Tensor, t: float = 2, pairs: int = 10000,
     n = x.shape[0]
     if n < 2:
         return math.nan
-    if n * (n - 1) // 2 <= pairs:
-        i, j = torch.triu_indices(n, n, offset=1)
-    else:
-        i, j = _random_pairs(n, pairs, seed)
+    every = n * (n - 1) // 2 <= pairs
+    i, j = torch.triu_indices(n, n, offset=1) if every else _random_pairs(n, pairs, seed)
     squared = (_unit(x[i]) - _unit(x[j])).pow(2).sum(1)
     return float(torch.logsumexp(-t * squared, 0) - math.log(len(squared)))
 

@@ -1,13 +1,8 @@
 """The recommended way to fit a flow head, per pooling: what comes before the Glow, its
 architecture and its training, chosen on STS-B dev and unlabeled text only
-(`experiments/recipe.py`; the evidence is in `experiments/results/recipe.md`).
-
-`bertflow fit` and `bertflow eval --method flow` start from the recipe of their pooling and
-change only what their options name; `FlowHead.fit` keeps the release's flow as its own
-defaults. The corpus is the caller's to give: `corpus` says which kind the recipe was chosen
-on (``"generic"``: general text such as the Wikipedia sample; ``"target"``: the sentences to be
-compared, without their scores, so the fit is transductive: it sees the test sentences;
-``"target+generic"``: both together, as `bertflow eval --fit-on target FILE` does)."""
+(`experiments/recipe.py`; the evidence is in `experiments/results/recipe.md`). `bertflow fit`
+and `bertflow eval --method flow` start from their pooling's recipe and change only what their
+options name; `FlowHead.fit` keeps the release's flow as its own defaults."""
 
 from __future__ import annotations
 
@@ -29,8 +24,10 @@ CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe 
 @dataclass(frozen=True)
 class Recipe:
     """A flow head's settings: `before` the Glow (``standardize``: per-feature
-    standardisation, ``whiten``: full whitening, ``none``), its `flow` and its `train`ing;
-    `corpus` is the kind of text it was chosen on."""
+    standardisation, ``whiten``: full whitening, ``none``), its `flow` and its `train`ing.
+    `corpus` is the kind of text it was chosen on, which the caller gives: ``generic`` (such as
+    the Wikipedia sample), ``target`` (the sentences to be compared, without their scores: a
+    transductive fit, which sees the test sentences) or both (`eval --fit-on target FILE`)."""
 
     flow: FlowConfig = field(default_factory=FlowConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -38,16 +35,14 @@ class Recipe:
     corpus: str = "target"
 
     def __post_init__(self) -> None:
-        if self.before not in BEFORE:
-            raise BertflowError(f"before must be one of {', '.join(BEFORE)}, not {self.before!r}")
-        if self.corpus not in CORPORA:
-            raise BertflowError(f"corpus must be one of {', '.join(CORPORA)}, not "
-                                f"{self.corpus!r}")
+        for name, value, allowed in (("before", self.before, BEFORE),
+                                     ("corpus", self.corpus, CORPORA)):
+            if value not in allowed:
+                raise BertflowError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
 
     def updated(self, flow: dict[str, Any] | None = None, train: dict[str, Any] | None = None,
                 before: str | None = None) -> Recipe:
-        """This recipe with the named fields of its flow and training, and `before`,
-        changed."""
+        """This recipe with `before` and the named fields of its flow and training changed."""
         return replace(self, flow=FlowConfig.from_dict({**self.flow.to_dict(), **(flow or {})}),
                        train=TrainConfig.from_dict({**self.train.to_dict(), **(train or {})}),
                        before=before or self.before)
@@ -74,21 +69,18 @@ assert set(RECIPES) == set(POOLINGS)
 
 
 def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike]) -> str | None:
-    """What to say when a flow of `pooling` is fit on `fit_on` (``"target"`` and text files,
-    as `bertflow eval --fit-on` takes them) while its recipe was chosen on another kind of
-    text; None when they agree."""
-    kind = recommended(pooling).corpus
-    target = any(str(p) == "target" for p in fit_on)
-    files = any(str(p) != "target" for p in fit_on)
-    if (target, files) == {"target": (True, False), "generic": (False, True),
-                           "target+generic": (True, True)}[kind]:
+    """What to say when a flow of `pooling` is fit on `fit_on` (``"target"`` and text files, as
+    `bertflow eval --fit-on` takes them) but its recipe was chosen on other text; else None."""
+    kind, given = recommended(pooling).corpus, [str(p) for p in fit_on]
+    fit = ("target" in given, any(p != "target" for p in given))  # the target, text files
+    if fit == ("target" in kind, "generic" in kind):
         return None
     wanted = {"target": "the target sentences alone (--fit-on target)",
               "generic": "general text (--fit-on FILE, e.g. the Wikipedia sample)",
               "target+generic": "the target sentences and general text together "
                                 "(--fit-on target FILE)"}[kind]
-    given = " ".join(str(p) for p in fit_on)
-    return f"note: the {pooling} recipe was chosen fit on {wanted}; this flow was fit on {given}"
+    return (f"note: the {pooling} recipe was chosen fit on {wanted}; this flow was fit on "
+            f"{' '.join(given)}")
 
 
 def recommended(pooling: str) -> Recipe:

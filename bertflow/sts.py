@@ -89,10 +89,9 @@ def read_sick(folder: str | os.PathLike, split: str) -> Pairs:
         raise BertflowError(f"SICK has no split {split!r}; choose one of {', '.join(_SICK_FILES)}")
     path = Path(folder) / _SICK_FILES[split]
     lines = _tab_lines(path)
-    header = lines[0][1]
     try:
-        columns = tuple(header.index(c) for c in ("relatedness_score", "sentence_A",
-                                                  "sentence_B"))
+        columns = tuple(lines[0][1].index(c) for c in ("relatedness_score", "sentence_A",
+                                                       "sentence_B"))
     except ValueError:
         raise BertflowError(f"{path} line 1 is not a SICK header "
                             "(sentence_A, sentence_B, relatedness_score)") from None
