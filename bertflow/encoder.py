@@ -181,11 +181,10 @@ class Encoder:
         """Move to `device`, refused where it is missing or cannot run this dtype."""
         target = resolve_device(device)
         resolve_dtype(self.dtype, target)
-        if target != self.device:
-            self.model.to(target)
-            if self.fused is not None:
-                self.fused.to(target)
-            self.device = target
+        self.model.to(target)
+        if self.fused is not None:
+            self.fused.to(target)
+        self.device = target
         return self
 
     get_sentence_embedding_dimension = width
