@@ -29,11 +29,9 @@ def join(device: str | torch.device) -> str:
     from .encoder import resolve_device
 
     chosen = resolve_device(device)
-    if not launched():
-        return str(chosen)
-    if chosen.type == "cuda" and chosen.index is None:
+    if launched() and chosen.type == "cuda" and chosen.index is None:
         chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    if not dist.is_initialized():
+    if launched() and not dist.is_initialized():
         if chosen.type == "cuda":
             torch.cuda.set_device(chosen)
         backend = "cpu:gloo,cuda:nccl" if chosen.type == "cuda" else "gloo"
