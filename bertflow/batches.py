@@ -51,25 +51,22 @@ class Tokens:
         self.limit = limit
 
     def batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
-        """The rows of each batch, longest sentences first, and the batch `padded`."""
+        """The rows of each batch, longest sentences first, and the batch: right-padded to its
+        longest, rounded up by `padded_width` within the model's positions, and masked."""
         order = np.argsort(-self.lengths, kind="stable")
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            yield rows, self.padded(rows)
-
-    def padded(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
-        """The rows right-padded to their longest, rounded up by `padded_width`, and masked."""
-        lengths = self.lengths[rows]
-        longest = int(lengths.max())
-        width = max(longest, min(padded_width(longest), self.limit or longest))
-        batch = {key: np.full((len(rows), width), self.pads[key], dtype=np.int64)
-                 for key in self.fields}
-        for j, (row, length) in enumerate(zip(rows, lengths, strict=True)):
-            start = self.starts[row]
-            for key, values in self.fields.items():
-                batch[key][j, :length] = values[start : start + length]
-        batch["attention_mask"] = (np.arange(width) < lengths[:, None]).astype(np.int64)
-        return {key: torch.from_numpy(value) for key, value in batch.items()}
+        for first in range(0, len(order), batch_size):
+            rows = order[first : first + batch_size]
+            lengths = self.lengths[rows]
+            longest = int(lengths.max())
+            width = max(longest, min(padded_width(longest), self.limit or longest))
+            batch = {key: np.full((len(rows), width), self.pads[key], dtype=np.int64)
+                     for key in self.fields}
+            for j, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+                start = self.starts[row]
+                for key, values in self.fields.items():
+                    batch[key][j, :length] = values[start : start + length]
+            batch["attention_mask"] = (np.arange(width) < lengths[:, None]).astype(np.int64)
+            yield rows, {key: torch.from_numpy(value) for key, value in batch.items()}
 
 
 def padded_width(longest: int) -> int:

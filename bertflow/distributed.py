@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import math
@@ -11,8 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["available_cpus", "barrier", "broadcast_error", "init", "is_main", "join", "launched",
-           "leave", "local_device", "rank", "use_available_cpus", "world_size"]
+__all__ = ["available_cpus", "barrier", "broadcast_error", "is_main", "join", "launched", "leave",
+           "rank", "use_available_cpus", "world_size"]
 
 _TIMEOUT = datetime.timedelta(hours=6)  # a rank may wait that long for a slower shard
 
@@ -22,30 +23,20 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init(device: torch.device) -> None:
-    """Join torchrun's process group, once; on CUDA, CPU tensors still go through gloo."""
-    if not launched() or dist.is_initialized():
-        return
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, timeout=_TIMEOUT)
-
-
-def join(device: str) -> str:
-    """Join torchrun's job on this process's own `device` (a kind): the one used."""
+def join(device: str | torch.device) -> str:
+    """Join torchrun's job, once, on this process's own `device` (`cuda` there means
+    `cuda:LOCAL_RANK`): the device used. On CUDA, CPU tensors still go through gloo."""
     from .encoder import resolve_device
 
-    chosen = local_device(resolve_device(device))
-    init(chosen)
+    chosen = resolve_device(device)
+    if launched() and chosen.type == "cuda" and chosen.index is None:
+        chosen = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if launched() and not dist.is_initialized():
+        if chosen.type == "cuda":
+            torch.cuda.set_device(chosen)
+        backend = "cpu:gloo,cuda:nccl" if chosen.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=_TIMEOUT)
     return str(chosen)
-
-
-def local_device(device: torch.device) -> torch.device:
-    """Under torchrun, `cuda` means this process's own GPU, `cuda:LOCAL_RANK`."""
-    if device.type == "cuda" and device.index is None and launched():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return device
 
 
 def rank() -> int:
@@ -91,19 +82,18 @@ def use_available_cpus() -> int | None:
 
 
 def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """The CPUs of this process's affinity, capped by the quota of the cgroup at `cgroup`."""
+    """The CPUs of this process's affinity, capped by the quota of the cgroup at `cgroup` (v2's
+    cpu.max, else v1's cpu/cpu.cfs_quota_us; none set, or -1 or max, is no cap)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    quotas = [math.ceil(q) for q in map(_quota, (cgroup, cgroup / "cpu")) if q > 0]
-    return max(1, min([cpus or 1, *quotas]))
-
-
-def _quota(folder: Path) -> float:
-    """The CPUs of a cgroup's quota (v2 or v1); 0 or less if none is set."""
-    try:
-        if (folder / "cpu.max").is_file():
-            quota, period = (folder / "cpu.max").read_text().split()[:2]
-        else:
-            quota, period = ((folder / f"cpu.cfs_{n}_us").read_text() for n in ("quota", "period"))
-        return int(quota) / int(period)
-    except (OSError, ValueError, ZeroDivisionError):
-        return 0
+    limits = [cpus or 1]
+    for folder in (cgroup, cgroup / "cpu"):
+        with contextlib.suppress(OSError, ValueError, ZeroDivisionError):
+            if (folder / "cpu.max").is_file():
+                quota, period = (folder / "cpu.max").read_text().split()[:2]
+            else:
+                names = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+                quota, period = ((folder / name).read_text() for name in names)
+            share = int(quota) / int(period)
+            if share > 0:
+                limits.append(math.ceil(share))
+    return max(1, min(limits))

@@ -82,15 +82,10 @@ def pool(hidden_states: Sequence[torch.Tensor] | None, word_embeddings: torch.Te
     else:
         if hidden_states is None:
             raise ValueError(f"pooling {pooling!r} needs the encoder's hidden states")
-        last = hidden_states[-1]
         if pooling == "cls":
-            return last[:, 0]
-        if pooling == "mean":
-            tokens = last
-        elif pooling == "first_last":
-            tokens = (hidden_states[1] + last) / 2
-        else:
-            tokens = (hidden_states[-2] + last) / 2
+            return hidden_states[-1][:, 0]
+        first, *other = (hidden_states[layer] for layer in sorted(_LAYERS[pooling]))
+        tokens = (first + other[0]) / 2 if other else first
     weights = mask.unsqueeze(-1).to(tokens.dtype)
     return (tokens * weights).sum(1) / weights.sum(1).clamp(min=1)
 
@@ -186,11 +181,10 @@ class Encoder:
         """Move to `device`, refused where it is missing or cannot run this dtype."""
         target = resolve_device(device)
         resolve_dtype(self.dtype, target)
-        if target != self.device:
-            self.model.to(target)
-            if self.fused is not None:
-                self.fused.to(target)
-            self.device = target
+        self.model.to(target)
+        if self.fused is not None:
+            self.fused.to(target)
+        self.device = target
         return self
 
     get_sentence_embedding_dimension = width
@@ -238,24 +232,22 @@ class Encoder:
         """The float32 hidden states and word embeddings `pool` reads for `poolings`, else None."""
         keep = {layer for p in poolings for layer in _LAYERS[check_pooling(p)]}
         hidden = words = None
-        if keep:
-            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")
-                      if k in batch}
-            hidden = (self.fused(**inputs, keep=keep) if self.fused is not None
-                      else self._hf_states(inputs, keep))
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")
+                  if k in batch}
+        if keep and self.fused is not None:
+            hidden = self.fused(**inputs, keep=keep)
+        elif keep:
+            low = self.dtype != torch.float32
+            with torch.autocast(self.device.type, dtype=self.dtype, enabled=low):
+                if keep == {-1}:  # the model keeps no other layer
+                    last = self.model(**inputs).last_hidden_state
+                    hidden = (*[None] * self.num_layers, last.float())
+                else:
+                    outputs = self.model(**inputs, output_hidden_states=True)
+                    hidden = tuple(h.float() for h in outputs.hidden_states)
         if "static" in poolings:
             words = self.model.get_input_embeddings()(batch["input_ids"]).float()
         return hidden, words
-
-    def _hf_states(self, inputs: dict[str, torch.Tensor],
-                   keep: set[int]) -> tuple[torch.Tensor | None, ...]:
-        low = self.dtype != torch.float32
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=low):
-            if keep == {-1}:
-                last = self.model(**inputs).last_hidden_state
-                return (*[None] * self.num_layers, last.float())
-            return tuple(h.float() for h in
-                         self.model(**inputs, output_hidden_states=True).hidden_states)
 
 
 def load_encoder(name_or_path: str | os.PathLike | None = None,

@@ -4,10 +4,8 @@ __all__ = ["BertflowError", "PeerError", "first_line", "one_line"]
 
 
 class BertflowError(ValueError):
-    """Bad input: a missing or malformed file, a mismatched head, non-finite values.
-
-    The message is one line meant for the user; the CLI prints it and exits non-zero.
-    """
+    """Bad input: a missing or malformed file, a mismatched head, non-finite values; its message
+    is one line meant for the user, which the CLI prints before it exits non-zero."""
 
 
 class PeerError(BertflowError):

@@ -72,13 +72,11 @@ class _FusedLayer(nn.Module):
         super().__init__()
         self.heads, self.activation, self.dtype = heads, activation, dtype
         attention = layer.attention
-        q, k, v = attention.self.query, attention.self.key, attention.self.value
-        self.qkv = _linear(torch.cat([q.weight, k.weight, v.weight]),
-                           torch.cat([q.bias, k.bias, v.bias]), dtype)
-        self.out = _linear(attention.output.dense.weight, attention.output.dense.bias, dtype)
+        self.qkv = _linear(dtype, attention.self.query, attention.self.key, attention.self.value)
+        self.out = _linear(dtype, attention.output.dense)
         self.norm1 = attention.output.LayerNorm
-        self.up = _linear(layer.intermediate.dense.weight, layer.intermediate.dense.bias, dtype)
-        self.down = _linear(layer.output.dense.weight, layer.output.dense.bias, dtype)
+        self.up = _linear(dtype, layer.intermediate.dense)
+        self.down = _linear(dtype, layer.output.dense)
         self.norm2 = layer.output.LayerNorm
 
     def forward(self, h: Tensor, mask: Tensor) -> Tensor:
@@ -94,9 +92,11 @@ class _FusedLayer(nn.Module):
         return self.norm2(h + y.float())
 
 
-def _linear(weight: Tensor, bias: Tensor, dtype: torch.dtype) -> nn.Linear:
+def _linear(dtype: torch.dtype, *parts: nn.Linear) -> nn.Linear:
+    """One frozen linear layer in `dtype` whose output is those of `parts`, concatenated."""
+    weight = torch.cat([part.weight for part in parts])
     linear = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=dtype)
     with torch.no_grad():
         linear.weight.copy_(weight)
-        linear.bias.copy_(bias)
+        linear.bias.copy_(torch.cat([part.bias for part in parts]))
     return linear.requires_grad_(False)

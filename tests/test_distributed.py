@@ -53,7 +53,7 @@ class Writer:
     def add_histogram(self, tag, values, step):
         pass
 
-distributed.init(torch.device("cpu"))
+distributed.join("cpu")
 results = []
 for rows, batch in ((40, 7), (12, 1)):  # 36 and 11 training rows
     x = np.random.default_rng(rows).normal(size=(rows, 8)).astype(np.float32)
@@ -227,23 +227,22 @@ def test_each_process_takes_its_own_gpu_and_nccl_with_gloo_for_cpu_tensors(monke
 
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert distributed.local_device(torch.device("cuda")) == torch.device("cuda", 3)
-    assert distributed.local_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
-    assert distributed.local_device(torch.device("cpu")) == torch.device("cpu")
-
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     joined, chosen = [], []
     monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
     monkeypatch.setattr(distributed.dist, "init_process_group",
                         lambda backend, timeout: joined.append(backend))
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
-    distributed.init(torch.device("cuda", 3))
-    distributed.init(torch.device("cpu"))
-    assert joined == ["cpu:gloo,cuda:nccl", "gloo"] and chosen == [torch.device("cuda", 3)]
+    assert distributed.join("cuda") == "cuda:3"
+    assert distributed.join("cuda:1") == "cuda:1"
+    assert distributed.join("cpu") == "cpu"
+    assert joined == ["cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl", "gloo"]
+    assert chosen == [torch.device("cuda", 3), torch.device("cuda", 1)]
 
     monkeypatch.setenv("WORLD_SIZE", "1")  # not launched: cuda stays as asked, nothing joined
-    assert distributed.local_device(torch.device("cuda")) == torch.device("cuda")
-    distributed.init(torch.device("cuda"))
-    assert joined == ["cpu:gloo,cuda:nccl", "gloo"]
+    assert distributed.join("cuda") == "cuda"
+    assert len(joined) == 3
 
 
 def test_encode_from_the_cache_refuses_a_stopped_run_on_every_rank(setup):

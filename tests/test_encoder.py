@@ -252,8 +252,8 @@ def test_batches_are_padded_to_few_widths_within_the_models_positions(tiny_encod
     long_sentence = " ".join(["the dog runs in the park"] * 5)  # 30 words, truncated to 17
     tokens = Tokens(lambda part: short.tokenize(part, 17), [long_sentence, "a man"],
                     short.tokenizer.pad_token_id, short.max_tokens)
-    assert tokens.padded(np.array([0, 1]))["input_ids"].shape == (2, 17)
-    assert tokens.padded(np.array([1]))["input_ids"].shape == (1, 4)
+    assert [batch["input_ids"].shape for _, batch in tokens.batches(2)] == [(2, 17)]
+    assert [batch["input_ids"].shape for _, batch in tokens.batches(1)] == [(1, 17), (1, 4)]
     got = short.encode([long_sentence, "a man"], "mean", max_length=17)
     alone = short.encode(["a man"], "mean", max_length=17, batch_size=1)
     np.testing.assert_allclose(got[1], alone[0], atol=1e-6)
