@@ -4,16 +4,15 @@ before torch is imported, call the library, print."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
+from .checks import FLOW_FIELDS, TRAIN_FIELDS, check_inputs, check_options, check_paths
 from .commands import build_parser as _parser
-from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING
+from .constants import DEFAULT_POOLING
 from .errors import BertflowError, PeerError, one_line
 
 __all__ = ["build_parser", "main"]
@@ -29,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = args.debug or os.environ.get("BERTFLOW_DEBUG", "") not in ("", "0")
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
     try:
-        _check_options(args, launched)  # and the inputs, before torch is imported
-        _check_inputs(args)
+        check_options(args, launched)  # and the inputs, before torch is imported
+        check_inputs(args)
         from . import distributed
 
         distributed.use_available_cpus()
@@ -56,126 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
-_TRAIN_FIELDS = ("seed", "epochs", "batch_size", "lr", "val_fraction", "patience")
-# The encoder's options, and the values allowed where nothing is encoded: the defaults, and
-# what happens anyway (the CPU, where a flow trains; float32).
-_WITHOUT_ENCODING = {"device": ("auto", "cpu"), "dtype": ("float32",),
-                     "encode_batch_size": (DEFAULT_BATCH_SIZE,), "cache": (None,)}
-
-
 def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
     """The flow, training and --before options given, as changes to the pooling's recipe."""
     given = {part: {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
-             for part, names in (("flow", _FLOW_FIELDS), ("train", _TRAIN_FIELDS))}
+             for part, names in (("flow", FLOW_FIELDS), ("train", TRAIN_FIELDS))}
     return {**given, "before": args.before}
-
-
-def _check_options(args: argparse.Namespace, launched: bool) -> None:
-    """Refuse options that cannot apply together (`launched`: under torchrun)."""
-    if launched and args.command not in ("encode", "fit", "index"):
-        raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
-                            "only encode, fit and index split their work")
-    method = getattr(args, "method", None) or "flow"
-    given = _given(args, ("before", *_FLOW_FIELDS, *_TRAIN_FIELDS))
-    if given and getattr(args, "head", None) is not None:
-        raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
-                            f"{args.head}, which is fit already")
-    if given and method != "flow":
-        raise BertflowError(f"{', '.join(given)} apply to --method flow only")
-    if getattr(args, "head", None) is not None and args.command == "eval":
-        if args.fit_on is not None:
-            raise BertflowError("--fit-on does not apply to --head: the head is already fit")
-        if args.k is not None or args.d is not None:
-            raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
-                                f"not to --head {args.head}, which is fit already")
-    if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
-            getattr(args, "d", None) is not None and method != "abtt"):
-        raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
-                            "--method abtt")
-    if args.command == "transform" and args.embeddings is not None:
-        _check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
-    if args.command == "export" and args.format != "sentence-transformers" and (
-            args.encoder is not None or args.normalize):
-        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
-    if args.command != "fit":
-        return
-    if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
-        unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
-        _check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
-                           unused if args.dev_sts or launched else ("device", *unused))
-    flow_only = _given(args, ("checkpoint", "resume", "logdir", "dev_sts"))
-    if flow_only and method != "flow":
-        raise BertflowError(f"{', '.join(flow_only)} apply to --method flow only")
-    if args.checkpoint is not None and args.checkpoint.is_dir():
-        raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
-    if args.resume and args.checkpoint is None:
-        raise BertflowError("--resume needs --checkpoint FILE")
-    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
-        raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
-
-
-def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
-    """The flags of options `names` given (neither None nor False)."""
-    return [f"--{name.replace('_', '-')}" for name in names
-            if getattr(args, name, None) not in (None, False)]
-
-
-def _check_no_encoding(args: argparse.Namespace, why: str,
-                       options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
-    """Refuse the encoder's `options` given where nothing is encoded, as `why` says."""
-    given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
-             if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
-    if given:
-        raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
-
-
-# The files and folders a command reads, by argument: how a message names it, and what it must
-# be (an existing file, a head folder or a ready head's name, a data or index folder).
-_INPUTS = {"corpus": ("the corpus", "file"), "input": ("the input", "file"),
-           "sentences": ("the sentences", "file"), "embeddings": ("--embeddings", "file"),
-           "queries": ("--queries", "file"), "head": ("--head", "head"),
-           "data": ("--data", "data folder"), "dev_sts": ("--dev-sts", "data folder"),
-           "index": ("--index", "index folder"), "encoder": ("--encoder", None)}
-
-
-def _check_inputs(args: argparse.Namespace) -> None:
-    """Refuse a missing input before anything is imported that takes time to import."""
-    from .folders import head_folder
-
-    given = [(dest, getattr(args, dest)) for dest in _INPUTS if getattr(args, dest, None)]
-    given += [("input", p) for p in getattr(args, "fit_on", None) or [] if p != "target"]
-    for dest, path in given:
-        path, kind = Path(path), _INPUTS[dest][1]
-        if kind == "file" and not path.is_file():
-            raise BertflowError(f"{path} is not a file" if path.exists() else
-                                f"no such file: {path}")
-        if kind == "head":
-            head_folder(path)
-        elif kind is not None and kind != "file" and not path.is_dir():
-            raise BertflowError(f"no {kind} at {path}")
-
-
-def _check_paths(args: argparse.Namespace, output: str = "out") -> None:
-    """Refuse the output (argument `output`) where it is, holds or lies inside an input."""
-    from .cache import EmbeddingCache
-    from .encoder_id import recorded_folder
-    from .files import check_outputs, read_json
-    from .folders import head_folder
-
-    inputs = {name: Path(getattr(args, dest)) for dest, (name, _) in _INPUTS.items()
-              if getattr(args, dest, None) is not None}
-    if "--head" in inputs:
-        inputs["--head"] = head_folder(inputs["--head"])
-    if "--head" in inputs and "--encoder" not in inputs:
-        with contextlib.suppress(BertflowError):  # the existing encoder folder it records
-            record = read_json(inputs["--head"] / "config.json").get("encoder")
-            if isinstance(record, dict):
-                inputs["the head's encoder"] = recorded_folder(record.get("source"))
-    inputs["--fit-on"] = [p for p in getattr(args, "fit_on", None) or [] if p != "target"]
-    if hasattr(args, "cache") and not getattr(args, "no_cache", False):
-        inputs["the embedding cache"] = EmbeddingCache(args.cache).root
-    check_outputs({f"--{output}": getattr(args, output)}, inputs)
 
 
 def _encode(args: argparse.Namespace) -> None:
@@ -185,7 +69,7 @@ def _encode(args: argparse.Namespace) -> None:
     from .outputs import check_destination
 
     check_destination(args.out)
-    _check_paths(args)
+    check_paths(args)
     corpus = Corpus.from_file(args.corpus)
     encoder = _load_encoder(args)
     cache = None if args.no_cache else EmbeddingCache(args.cache)
@@ -227,7 +111,7 @@ def _transform(args: argparse.Namespace) -> None:
     from .head import FlowHead
     from .outputs import check_destination, write_transformed
 
-    _check_paths(args)
+    check_paths(args)
     out = Checked(args.out, check_destination, also=[meta_path(args.out)])
     if args.sentences is not None:  # --pooling: how the sentences are encoded
         head, encoder = _head_and_encoder(args)
@@ -251,7 +135,7 @@ def _eval(args: argparse.Namespace) -> None:
     from .recipes import corpus_note
     from .sts import load_tasks
 
-    _check_paths(args, "json")
+    check_paths(args, "json")
     out = Checked(args.json, evaluate.check_rows_destination) if args.json is not None else None
     tasks, missing = load_tasks(args.data, args.tasks)
     if not tasks:
@@ -287,7 +171,7 @@ def _diagnose(args: argparse.Namespace) -> None:
     from .diagnose import diagnose
     from .files import read_sentences
 
-    _check_paths(args)
+    check_paths(args)
     sentences = read_sentences(args.sentences)
     corpus = read_sentences(args.corpus) if args.corpus else None
     head, encoder = _head_and_encoder(args, flow=True)
@@ -339,7 +223,7 @@ def _export(args: argparse.Namespace) -> None:
     from .export import check_destination, export_onnx, export_program
     from .head import FlowHead
 
-    _check_paths(args)
+    check_paths(args)
     check_destination(args.out, args.format)
     head = FlowHead.load(args.head)
     if args.format == "sentence-transformers":
@@ -360,7 +244,7 @@ def _index(args: argparse.Namespace) -> None:
     from .retrieval import Index
 
     INDEX_FOLDER.check_destination(args.out)
-    _check_paths(args)
+    check_paths(args)
     items = read_sentences(args.corpus)
     head, encoder = _head_and_encoder(args)
     index = Index.build(items, encoder, head=head, pooling=args.pooling, max_length=args.max_length,
