@@ -3,8 +3,6 @@ pinned: its outputs on fixed inputs are compared bit for bit, so that a change t
 code or file format that moves a single bit shows here."""
 
 import hashlib
-import json
-import os
 
 import numpy as np
 import pytest
@@ -19,9 +17,9 @@ HEAD = REPO / "checkpoints" / "minilm-first_last-wiki"
 
 # sha256 of the float32 bytes of each output, taken on this head as shipped
 PINNED = {
-    "transform": "6ea1af5c29f00ee9bcc213e4d1266d3f9805ac2bbcdf0f9ba7c73f3ef3f5f494",
-    "log_prob": "fcf4231f2dd2cd770619d76d1f839dddffb2bf57f56d78f86dc36e4ed8449bf8",
-    "inverse": "407794b38fa50e7353d56170fc35182826282e16a14cdcda47a21d8de613c1c8",
+    "transform": "266665459da6d9f26de0a85d9375d8679bf6d07a05ede9e082cfc505bd49e55d",
+    "log_prob": "9cddc222707ed029d941efa5da6e5b96d91b7847bf37829dc435fd14f342909a",
+    "inverse": "d2e7180cb43be1a43fa5ebfbe5b726a5564d5f83ca99c141c872e198e175ef14",
 }
 
 
@@ -53,26 +51,14 @@ def test_the_ready_head_computes_the_pinned_bits():
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(os.environ.get("BERTFLOW_SLOW") != "1",
-                    reason="encodes the Wikipedia sample (about 5 CPU minutes); "
-                           "BERTFLOW_SLOW=1 runs it")
 def test_the_ready_head_is_rebuilt_by_its_command(tmp_path):
-    """The command that made the ready head: the first_last recipe with the release's learning
-    rate, on the Wikipedia sample, seed 0. It gives the head's configuration and its transform
-    up to float rounding: the head was made on another machine, and the weights of a fit are
-    bit-equal from run to run on one machine, not across machines."""
+    """The command that made the ready head, the first_last recipe on the Wikipedia sample with
+    seed 0, gives its files byte for byte (about 3 CPU minutes: it encodes 11,913 sentences)."""
     corpus = data_dir() / "unlabeled" / "wiki-sample.txt"
     if not corpus.is_file():
         pytest.skip(f"no {corpus}")
     out = tmp_path / "head"
-    assert main(["fit", str(corpus), "--out", str(out), "--seed", "0", "--lr", "1e-3",
+    assert main(["fit", str(corpus), "--out", str(out), "--seed", "0",
                  "--cache", str(tmp_path / "cache"), "--quiet"]) == 0
-    configs = [json.loads((folder / "config.json").read_text()) for folder in (HEAD, out)]
-    for config in configs:  # what float rounding moves
-        del config["weights"]
-        for key in ("train_nll", "val_nll", "val_bits_per_dim"):
-            del config["training"][key]
-    assert configs[0] == configs[1]
-    shipped, made = FlowHead.load(HEAD), FlowHead.load(out)
-    x = inputs(shipped)
-    np.testing.assert_allclose(made.transform(x), shipped.transform(x), atol=1e-3)
+    for name in ("config.json", "model.safetensors", "manifest.json"):
+        assert (out / name).read_bytes() == (HEAD / name).read_bytes(), name
