@@ -252,8 +252,6 @@ def _level(features: int, config: FlowConfig, swap: bool = False) -> CompositeTr
         steps += [ActNorm(features), mixing,
                   coupling(mask, lambda i, o: Conditioner(i, o, config.hidden))]
     if swap:  # the last ⌈D/2⌉ features first: nflows' split factors out the first half
-        half = features // 2
-        order = torch.cat([torch.arange(half, features), torch.arange(half)])
-        steps.append(Permutation(order))
+        steps.append(Permutation(torch.arange(features).roll(-(features // 2))))
     return CompositeTransform(steps)
 

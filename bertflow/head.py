@@ -81,13 +81,12 @@ class FlowHead(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Embeddings x → (latents z, log|det ∂z/∂x|); NaN for a linear map that projects."""
-        if self.glow is None:
-            return self.linear(x)
         log_det = x.new_zeros(x.shape[0])
-        if self.before is not None:
-            x, log_det = self.before(x)
-        z, flow_log_det = self.glow(x)
-        return z, log_det + flow_log_det
+        for step in (self.before, self.glow):  # a linear head's map is its `before`
+            if step is not None:
+                x, more = step(x)
+                log_det = log_det + more
+        return x, log_det
 
     def latents(self, x: Tensor) -> Tensor:
         """Embeddings x → latents z alone (what the exports compute: no log-determinant)."""
@@ -99,13 +98,12 @@ class FlowHead(nn.Module):
 
     def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
         """Latents z → (embeddings x, log|det ∂x/∂z|)."""
-        if self.glow is None:
-            return self.linear.inverse(z)
-        x, log_det = self.glow.inverse(z)
-        if self.before is not None:
-            x, more = self.before.inverse(x)
-            log_det = log_det + more
-        return x, log_det
+        log_det = z.new_zeros(z.shape[0])
+        for step in (self.glow, self.before):
+            if step is not None:
+                z, more = step.inverse(z)
+                log_det = log_det + more
+        return z, log_det
 
     def log_prob(self, x: Tensor | np.ndarray) -> Tensor | np.ndarray:
         """log p(x) in nats per row: a Tensor for a Tensor, an array (checked) for an array."""
@@ -371,10 +369,9 @@ def _read(path: Path) -> tuple[FlowHead, dict[str, Tensor]]:
                             f"{', '.join(kinds)}")
     scaler = StandardScaler(torch.zeros(dim), torch.ones(dim)) if standardized else None
     linear = None
-    if flow is None:
-        linear = LinearMap(torch.zeros(dim), torch.zeros(dim, out_dim), method)
-    elif whitened:
-        linear = LinearMap(torch.zeros(dim), torch.eye(dim), "whitening")
+    if flow is None or whitened:  # a linear head's map, or the full whitening before the Glow
+        linear = LinearMap(torch.zeros(dim), torch.eye(dim, out_dim), method if flow is None
+                           else "whitening")
     head = FlowHead(Glow(dim, flow) if flow is not None else None, scaler, linear=linear,
                     encoder=encoder, pooling=pooling, max_length=max_length,
                     training_info=training)

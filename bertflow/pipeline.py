@@ -47,15 +47,12 @@ class EncoderModule(InputModule):
             if name is not None:
                 encoder.id = EncoderId(name, encoder.id.fingerprint)
         self.encoder = encoder
+        self.name = encoder.id.name  # saved in its config
         self.model = encoder.model  # registered, so .to(device) moves it
         self.fused = encoder.fused  # the same, for the fused forward's own weights
         self.tokenizer = encoder.tokenizer
         self.max_length = check_max_length(max_length)
         self.pooling: str | None = None  # set by the PoolingModule: what `forward` must compute
-
-    @property
-    def name(self) -> str:
-        return self.encoder.id.name
 
     @property
     def max_seq_length(self) -> int:

@@ -48,7 +48,7 @@ class Recipe:
                        before=before or self.before)
 
     def fit_options(self) -> dict[str, Any]:
-        """The keywords of `FlowHead.fit` (and `FlowMethod`) this recipe sets."""
+        """The keywords of `FlowHead.fit` (and of `make_method("flow")`) this recipe sets."""
         return {"flow": self.flow, "train": self.train, "before": self.before}
 
 
@@ -91,8 +91,6 @@ def recommended(pooling: str) -> Recipe:
 
 
 def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str) -> Recipe:
-    """`recipe` itself, or (a dict of `Recipe.updated`'s keywords, or None) the recommended
-    recipe of `pooling` with those changes."""
-    if isinstance(recipe, Recipe):
-        return recipe
-    return recommended(pooling).updated(**(recipe or {}))
+    """`recipe` itself, or the recommended recipe of `pooling` changed by `recipe`'s
+    `Recipe.updated` keywords (a dict, or None)."""
+    return recipe if isinstance(recipe, Recipe) else recommended(pooling).updated(**(recipe or {}))
