@@ -191,11 +191,8 @@ class FlowHead(nn.Module):
                            device=device, **options)
         return st_api.convert(self.transform(x), single, **output)
 
-    def get_sentence_embedding_dimension(self) -> int:
-        """The width of what `encode` returns (sentence-transformers' name for it)."""
-        return self.out_dim
-
-    get_embedding_dimension = get_sentence_embedding_dimension  # its name since version 6
+    # the width of what `encode` returns, by sentence-transformers' names (the second since v6)
+    get_sentence_embedding_dimension = get_embedding_dimension = out_dim.fget
     similarity_fn_name = st_api.SIMILARITY_FN_NAME
     similarity = staticmethod(st_api.similarity)
     similarity_pairwise = staticmethod(st_api.similarity_pairwise)

@@ -136,11 +136,10 @@ class HeadModule(Module):
     def on_model_ready(self, model: Any) -> None:
         encoder = next((m for m in model if isinstance(m, EncoderModule)), None)
         pooling = next((m.pooling for m in model if isinstance(m, PoolingModule)), None)
-        width = pooling or self.head.pooling or DEFAULT_POOLING
-        self.head.check(dim=encoder.encoder.width(width) if encoder else None,
-                        encoder=encoder.encoder.id if encoder else None, pooling=pooling)
-        wanted = self.head.max_length
-        if encoder is not None and wanted is not None and encoder.max_length != wanted:
+        if encoder is None:
+            return self.head.check(pooling=pooling)
+        wanted = self.head.settings(encoder.encoder, pooling, encoder.max_length)[1]
+        if wanted != encoder.max_length:  # the head records one
             raise BertflowError(f"the head was fit on embeddings of at most {wanted} tokens; "
                                 f"the pipeline's encoder truncates at {encoder.max_length}")
 

@@ -1,8 +1,7 @@
-"""The recommended way to fit a flow head, per pooling: what comes before the Glow, its
-architecture and its training, chosen on STS-B dev and unlabeled text only
-(`experiments/recipe.py`; the evidence is in `experiments/results/recipe.md`). `bertflow fit`
-and `bertflow eval --method flow` start from their pooling's recipe and change only what their
-options name; `FlowHead.fit` keeps the release's flow as its own defaults."""
+"""Each pooling's recommended flow head (before the Glow, its architecture, its training),
+chosen on STS-B dev and unlabeled text only (`experiments/recipe.py`, evidence in
+`experiments/results/recipe.md`). `bertflow fit` and `eval --method flow` start from it and change
+what their options name; `FlowHead.fit` keeps the release's flow as its defaults."""
 
 from __future__ import annotations
 
@@ -23,10 +22,9 @@ CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe 
 
 @dataclass(frozen=True)
 class Recipe:
-    """A flow head's settings: `before` the Glow (``standardize``: per-feature
-    standardisation, ``whiten``: full whitening, ``none``), its `flow` and its `train`ing.
-    `corpus` is the kind of text it was chosen on, which the caller gives: ``generic`` (such as
-    the Wikipedia sample), ``target`` (the sentences to be compared, without their scores: a
+    """A flow head's settings: `before` the Glow (``standardize`` per feature, ``whiten`` fully,
+    ``none``), its `flow` and its `train`ing. `corpus` is the text it was chosen on: ``generic``
+    (such as the Wikipedia sample), ``target`` (the sentences to compare, without their scores: a
     transductive fit, which sees the test sentences) or both (`eval --fit-on target FILE`)."""
 
     flow: FlowConfig = field(default_factory=FlowConfig)
