@@ -1,6 +1,5 @@
-"""The checks of a command's options and paths, made before torch is imported where they
-can be: options that cannot apply together, inputs that are missing, outputs that overlap an
-input."""
+"""The checks of a command's options and paths, before torch is imported where they can be:
+options that cannot apply together, missing inputs, outputs that overlap an input."""
 
 from __future__ import annotations
 
