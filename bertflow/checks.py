@@ -1,6 +1,5 @@
-"""The checks of a command's options and paths, made before torch is imported where they
-can be: options that cannot apply together, inputs that are missing, outputs that overlap an
-input."""
+"""The checks of a command's options and paths, before torch is imported where they can be:
+options that cannot apply together, missing inputs, outputs that overlap an input."""
 
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
     if given and getattr(args, "head", None) is not None:
         raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
                             f"{args.head}, which is fit already")
+    given += _given(args, ("checkpoint", "resume", "logdir", "dev_sts"))  # fit's
     if given and method != "flow":
         raise BertflowError(f"{', '.join(given)} apply to --method flow only")
     if getattr(args, "head", None) is not None and args.command == "eval":
@@ -54,9 +54,6 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
         _check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
                            unused if args.dev_sts or launched else ("device", *unused))
-    flow_only = _given(args, ("checkpoint", "resume", "logdir", "dev_sts"))
-    if flow_only and method != "flow":
-        raise BertflowError(f"{', '.join(flow_only)} apply to --method flow only")
     if args.checkpoint is not None and args.checkpoint.is_dir():
         raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
     if args.resume and args.checkpoint is None:

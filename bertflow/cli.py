@@ -230,10 +230,8 @@ def _export(args: argparse.Namespace) -> None:
         from .pipeline import build_pipeline, save_pipeline
 
         save_pipeline(build_pipeline(head, args.encoder, args.normalize), args.out)
-    elif args.format == "onnx":
-        export_onnx(head, args.out)
     else:
-        export_program(head, args.out)
+        {"onnx": export_onnx, "torch-export": export_program}[args.format](head, args.out)
     print(f"wrote {args.out} ({args.format})")
 
 

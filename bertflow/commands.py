@@ -351,33 +351,27 @@ def _flow_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     return g
 
 
-def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _typed(kind: type, wanted: str, holds: Callable[[Any], bool]) -> Callable[[str], Any]:
+    """An argument type: the text as `kind` (int or float), finite and such that `holds`."""
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low or (high is not None and value >= high):
-            bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
-            raise argparse.ArgumentTypeError(f"must be an integer {bounds}, got {value}")
-        return value
-
-    return parse
-
-
-def _number(wanted: str, holds: Callable[[float], bool]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value):
+            noun = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {noun}, got {text!r}") from None
+        if kind is float and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if not holds(value):
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
+            got = value if kind is int else text
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {got}")
         return value
 
     return parse
+
+
+def _integer(low: int, high: int | None = None) -> Callable[[str], int]:
+    bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
+    return _typed(int, f"an integer {bounds}", lambda v: low <= v and (high is None or v < high))
 
 
 def ceiling(name: str) -> Callable[[str], int]:
@@ -389,5 +383,5 @@ positive = _integer(1)
 natural = _integer(0)
 max_length_type = _integer(2)
 seed_type = _integer(0, 2**32)
-positive_float = _number("positive", lambda v: v > 0)
-fraction = _number("in [0, 1)", lambda v: 0 <= v < 1)
+positive_float = _typed(float, "positive", lambda v: v > 0)
+fraction = _typed(float, "in [0, 1)", lambda v: 0 <= v < 1)

@@ -56,22 +56,28 @@ def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
     weights = encoder.model.get_input_embeddings().weight.detach().double().cpu().numpy()
     _, singular, directions = np.linalg.svd(weights, full_matrices=False)  # uncentred, once
     sides = ((before, "before", _BEFORE), (after, after_label, _AFTER))
-    figures: dict[str, Callable[[], object]] = {
-        "spectrum.png": lambda: _spectrum(plt, sides, title),
-        "cosines.png": lambda: _cosines(plt, sides, title),
-        "token_norms.png": lambda: _token_norms(plt, encoder, weights, counts, len(corpus)),
-        "projection.png": lambda: _projection(plt, sides, title),
-        "token_projection.png": lambda: _token_projection(plt, encoder, weights, directions,
-                                                          counts, len(corpus)),
-        "token_spectrum.png": lambda: _token_spectrum(plt, encoder, weights, singular),
+    tokens = (encoder, weights, counts, len(corpus))
+    small, constrained = {"figsize": (5.5, 3.8)}, {"layout": "constrained"}
+    figures: dict[str, tuple[dict[str, Any], Callable[[Any], None]]] = {  # subplots' options
+        "spectrum.png": (small, lambda axis: _spectrum(axis, sides, title)),
+        "cosines.png": (small, lambda axis: _cosines(axis, sides, title)),
+        "token_norms.png": (small, lambda axis: _token_norms(axis, *tokens)),
+        "projection.png": ({"ncols": 2, "figsize": (9, 4.6), **constrained},
+                           lambda axes: _projection(plt, axes, sides, title)),
+        "token_projection.png": ({"figsize": (6.5, 5), **constrained},
+                                 lambda axis: _token_projection(axis, *tokens, directions)),
+        "token_spectrum.png": (small, lambda axis: _token_spectrum(axis, encoder, weights,
+                                                                   singular)),
     }
     if points is not None:
-        figures["alignment_uniformity.png"] = lambda: _alignment_uniformity(
-            plt, points, f"{points_title}\n{title}" if points_title else title)
+        about = f"{points_title}\n{title}" if points_title else title
+        figures["alignment_uniformity.png"] = (
+            {"figsize": (6, 4.5)}, lambda axis: _alignment_uniformity(axis, points, about))
 
     def fill(tmp: Path) -> None:
-        for name, draw in figures.items():
-            figure = draw()
+        for name, (options, draw) in figures.items():
+            figure, axis = plt.subplots(**options)
+            draw(axis)
             figure.savefig(tmp / name, dpi=110, bbox_inches="tight")
             plt.close(figure)
 
@@ -144,9 +150,8 @@ def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:
     return Counter(token for sentence in ids for token in sentence)
 
 
-def _spectrum(plt, sides, title):
+def _spectrum(axis, sides, title):
     """Singular values over the largest, cut at 1e-4: dead directions are counted instead."""
-    figure, axis = plt.subplots(figsize=(5.5, 3.8))
     for x, label, colour in sides:
         s = singular_values(x)
         s = s / s[0]
@@ -157,11 +162,9 @@ def _spectrum(plt, sides, title):
     axis.set(xlabel="component", ylabel="singular value / largest", ylim=(8e-5, 1.5),
              title=f"Singular spectrum of centred embeddings\n{title}")
     axis.legend()
-    return figure
 
 
-def _cosines(plt, sides, title):
-    figure, axis = plt.subplots(figsize=(5.5, 3.8))
+def _cosines(axis, sides, title):
     bins = np.linspace(-1, 1, 81)
     for x, label, colour in sides:
         axis.hist(pair_cosines(x), bins=bins, alpha=0.6, color=colour,
@@ -169,17 +172,15 @@ def _cosines(plt, sides, title):
     axis.set(xlabel="cosine of a random sentence pair", ylabel="pairs",
              title=f"Random-pair cosine similarity\n{title}")
     axis.legend()
-    return figure
 
 
-def _token_norms(plt, encoder: Encoder, weights: np.ndarray, counts: Counter[int],
+def _token_norms(axis, encoder: Encoder, weights: np.ndarray, counts: Counter[int],
                  corpus_size: int):
     ids = np.array(sorted(counts))
     norms = np.linalg.norm(weights[ids], axis=1)
     frequency = np.array([counts[i] for i in ids])
     with np.errstate(divide="ignore", invalid="ignore"):
         rho = np.corrcoef(np.log(frequency), norms)[0, 1]
-    figure, axis = plt.subplots(figsize=(5.5, 3.8))
     axis.scatter(frequency, norms, s=4, alpha=0.3, color=_BEFORE)
     edges = np.unique(np.geomspace(1, frequency.max() + 1, 12).astype(int))
     centres, medians = [], []
@@ -195,11 +196,10 @@ def _token_norms(plt, encoder: Encoder, weights: np.ndarray, counts: Counter[int
              ylabel="L2 norm of the static token embedding",
              title=f"Token embedding norm against frequency ({encoder.id.name})\n"
                    f"{len(ids)} tokens; Pearson r(log frequency, norm) = {rho:.2f}")
-    return figure
 
 
-def _token_projection(plt, encoder: Encoder, weights: np.ndarray, directions: np.ndarray,
-                      counts: Counter[int], corpus_size: int):
+def _token_projection(axis, encoder: Encoder, weights: np.ndarray, counts: Counter[int],
+                      corpus_size: int, directions: np.ndarray):
     """The input word embeddings on their top two right-singular `directions` (rows), uncentred
     as in Gao et al. (2019), coloured by log10 of the token's count in the corpus."""
     points = weights @ directions[:2].T
@@ -208,24 +208,22 @@ def _token_projection(plt, encoder: Encoder, weights: np.ndarray, directions: np
     seen = np.flatnonzero(count > 0)
     seen = seen[np.argsort(count[seen], kind="stable")]  # the most frequent drawn last
     unseen = count == 0
-    figure, axis = plt.subplots(figsize=(6.5, 5), layout="constrained")
     axis.scatter(points[unseen, 0], points[unseen, 1], s=2, color="#bbbbbb", alpha=0.5,
                  label=f"never in the corpus ({int(unseen.sum())} tokens)")
     dots = axis.scatter(points[seen, 0], points[seen, 1], s=3, c=np.log10(count[seen]),
                         cmap="viridis", alpha=0.8, vmin=0)
-    figure.colorbar(dots, ax=axis, label=f"log10 count in the corpus ({corpus_size} sentences)")
+    axis.figure.colorbar(dots, ax=axis,
+                         label=f"log10 count in the corpus ({corpus_size} sentences)")
     axis.plot(0, 0, "k+")
     axis.legend(loc="best", markerscale=4, fontsize=8)
     axis.set(xlabel="first singular direction", ylabel="second singular direction",
              title=f"Input word embeddings on their top two singular directions\n(uncentred, "
                    f"as Gao et al. 2019; {encoder.id.name}, {len(weights)} tokens × "
                    f"{weights.shape[1]})")
-    return figure
 
 
-def _token_spectrum(plt, encoder: Encoder, weights: np.ndarray, singular: np.ndarray):
+def _token_spectrum(axis, encoder: Encoder, weights: np.ndarray, singular: np.ndarray):
     """Singular values of the input word embeddings over the largest, uncentred and centred."""
-    figure, axis = plt.subplots(figsize=(5.5, 3.8))
     for s, label, colour in ((singular, "uncentred (as Gao et al.)", _BEFORE),
                              (singular_values(weights), "centred", _AFTER)):
         axis.semilogy(np.arange(1, len(s) + 1), s / s[0], color=colour, label=label)
@@ -233,12 +231,10 @@ def _token_spectrum(plt, encoder: Encoder, weights: np.ndarray, singular: np.nda
              title=f"Singular values of the input word embeddings\n{encoder.id.name}, "
                    f"{len(weights)} tokens × {weights.shape[1]}")
     axis.legend()
-    return figure
 
 
-def _alignment_uniformity(plt, points: Points, title: str):
+def _alignment_uniformity(axis, points: Points, title: str):
     """Each method's uniformity (x) against its alignment (y), as in SimCSE's Figure 2."""
-    figure, axis = plt.subplots(figsize=(6, 4.5))
     shown = [(label, v["uniformity"], v["alignment"]) for label, v in points.items()
              if v["uniformity"] is not None and v["alignment"] is not None]
     for i, (label, u, a) in enumerate(shown):  # labelled by marker: close points overlap
@@ -253,12 +249,10 @@ def _alignment_uniformity(plt, points: Points, title: str):
     axis.set(xlabel="uniformity: log mean exp(−2‖u − v‖²) over random pairs",
              ylabel="alignment: mean ‖u − v‖² over pairs with gold ≥ 4",
              title=f"Alignment and uniformity (lower left is better)\n{title}")
-    return figure
 
 
-def _projection(plt, sides, title):
+def _projection(plt, axes, sides, title):
     """Unit vectors on their two top right-singular directions (uncentred: a cone shows)."""
-    figure, axes = plt.subplots(1, 2, figsize=(9, 4.6), layout="constrained")
     n = len(sides[0][0])  # rows, as many after as before
     rows = np.random.default_rng(0).choice(n, size=min(2000, n), replace=False)
     for axis, (x, label, colour) in zip(axes, sides, strict=True):
@@ -269,5 +263,4 @@ def _projection(plt, sides, title):
         axis.add_patch(plt.Circle((0, 0), 1, fill=False, color="grey", lw=0.8))
         axis.plot(0, 0, "k+")
         axis.set(xlim=(-1.1, 1.1), ylim=(-1.1, 1.1), aspect="equal", title=label)
-    figure.suptitle(f"Unit vectors on their top two directions\n{title}")
-    return figure
+    axes[0].figure.suptitle(f"Unit vectors on their top two directions\n{title}")

@@ -114,8 +114,7 @@ class Index:
               cache: EmbeddingCache | None = None, progress: bool | None = None,
               **options: Any) -> Index | None:
         """Embed `sentences`, then index them. Under torchrun, with a `cache` the processes
-        share the encoding and rank 0 alone gets the index (the others None); without one,
-        each process encodes every sentence and gets the index."""
+        share the encoding and rank 0 alone gets the index (the others None)."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
             else (check_pooling(pooling or DEFAULT_POOLING), max_length or DEFAULT_MAX_LENGTH)
