@@ -290,10 +290,8 @@ def _temporary_prefix(path: Path) -> str:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
+    except OSError as e:  # another user's process is alive, but not ours to signal
+        return not isinstance(e, ProcessLookupError)
     return True
 
 
