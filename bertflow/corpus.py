@@ -35,17 +35,10 @@ class Corpus:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> Corpus:
-        path = Path(path)
-        count = 0
-
-        def counted() -> Iterator[str]:
-            nonlocal count
-            for sentence in iter_sentences(path):
-                count += 1
-                yield sentence
-
-        digest = corpus_sha256(counted())
-        return cls(count, digest, lambda start: iter_sentences(path, start), str(path))
+        path, counter = Path(path), itertools.count()
+        counted = zip(iter_sentences(path), counter, strict=False)  # one count per sentence
+        digest = corpus_sha256(s for s, _ in counted)
+        return cls(next(counter), digest, lambda start: iter_sentences(path, start), str(path))
 
     @classmethod
     def from_sentences(cls, sentences: Sequence[str], name: str = "sentences") -> Corpus:

@@ -118,14 +118,11 @@ class EmbeddingFile:
         except BaseException:
             self._file.close()
             raise
+        self.dim = self.shape[1]
         self.meta = read_meta(self.path)
 
     def __len__(self) -> int:
         return self.shape[0]
-
-    @property
-    def dim(self) -> int:
-        return self.shape[1]
 
     def __enter__(self) -> EmbeddingFile:
         return self

@@ -23,7 +23,7 @@ from .errors import BertflowError, first_line
 __all__ = ["Checked", "atomic_directory", "atomic_file", "check_finite", "check_outputs",
            "disk_errors", "fsync", "identity", "iter_sentences", "meta_path", "read_json",
            "read_sentences", "refuse_link", "remove_stale_temporaries", "sha256_file",
-           "split_lines", "write_json"]
+           "write_json"]
 
 
 def read_sentences(path: str | os.PathLike) -> list[str]:
@@ -34,10 +34,11 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
     return sentences
 
 
-def iter_sentences(path: str | os.PathLike, start: int = 0) -> Iterator[str]:
+def iter_sentences(path: str | os.PathLike, start: int = 0,
+                   blank_ok: bool = False) -> Iterator[str]:
     """The sentences of a UTF-8 text file, read lazily from sentence `start` on (earlier lines
-    are checked too): lines cut as `split_lines` cuts them, a leading byte-order mark dropped;
-    a blank line or a byte that is not UTF-8 is an error naming its line."""
+    are checked too), a leading byte-order mark dropped; a blank line (unless `blank_ok`) or a
+    byte that is not UTF-8 is an error naming its line. Only `\\n`, `\\r\\n`, `\\r` end lines."""
     path = _check_file(path)
     with open(path, "rb") as f:
         for number, raw in enumerate(_raw_lines(f), start=1):
@@ -48,7 +49,7 @@ def iter_sentences(path: str | os.PathLike, start: int = 0) -> Iterator[str]:
                     f"{path} is not UTF-8 text (bad byte on line {number})") from None
             if number == 1:
                 line = line.removeprefix("\ufeff")
-            if not line.strip():
+            if not line.strip() and not blank_ok:
                 raise BertflowError(f"{path} line {number} is blank: expected one sentence "
                                     "per line")
             if number > start:
@@ -59,17 +60,8 @@ _NEWLINE = re.compile(rb"\r\n|\r|\n")
 _BLOCK_SIZE = 1 << 20
 
 
-def split_lines(text: str) -> list[str]:
-    """The lines of `text` without their endings: `\\n`, `\\r\\n` or a lone `\\r` (unlike
-    `str.splitlines`, no other character ends a line); the last line's ending is optional."""
-    lines = re.split(r"\r\n|\r|\n", text)
-    if lines[-1] == "":
-        lines.pop()
-    return lines
-
-
 def _raw_lines(f: Any) -> Iterator[bytes]:
-    """The lines of binary file `f` cut as `split_lines` cuts text, read `_BLOCK_SIZE` bytes at
+    """The lines of binary file `f`, their endings dropped, read `_BLOCK_SIZE` bytes at
     a time. Cutting bytes is safe: no UTF-8 multibyte sequence holds a `\\r` or `\\n` byte."""
     tail = b""
     for block in iter(lambda: f.read(_BLOCK_SIZE), b""):
@@ -298,10 +290,8 @@ def _temporary_prefix(path: Path) -> str:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
+    except OSError as e:  # another user's process is alive, but not ours to signal
+        return not isinstance(e, ProcessLookupError)
     return True
 
 

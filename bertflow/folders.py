@@ -81,10 +81,9 @@ class FolderFormat:
         if not (path / MANIFEST).is_file():
             return None
         manifest = _manifest(path)
-        files = manifest["files"]
         if manifest.get("kind") != self.kind:
             raise BertflowError(f"{path} is {_name(str(manifest.get('kind')))}, not {self.name}")
-        for name, digest in files.items():
+        for name, digest in manifest["files"].items():
             file = path / str(name)
             if Path(name).is_absolute() or ".." in Path(name).parts or file.is_symlink():
                 raise BertflowError(f"{path / MANIFEST} lists a file outside the folder: {name}")
@@ -93,7 +92,7 @@ class FolderFormat:
             if sha256_file(file) != digest:
                 raise BertflowError(f"{file} does not match the checksum in {MANIFEST}: "
                                     "altered or truncated")
-        return {str(k): str(v) for k, v in files.items()}
+        return {str(k): str(v) for k, v in manifest["files"].items()}
 
     def read(self, path: str | os.PathLike) -> dict[str, Any]:
         """The config of the folder at `path`, after checking the manifest, format and version."""

@@ -45,10 +45,6 @@ def record_paths(path: Path) -> list[Path]:
     return sorted(path.parent.glob(f"{path.name}.progress-*.json"))
 
 
-def _lock_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.lock")
-
-
 def check_destination(path: str | os.PathLike) -> Path:
     """`path` if a `.npy` output may be written there: free, or a bertflow output (its sidecar an
     embeddings or transformed-vectors record, whether or not the data agrees: a write killed
@@ -71,15 +67,11 @@ def check_destination(path: str | os.PathLike) -> Path:
     if not sidecar.exists():
         raise BertflowError(f"{path} exists and is not a bertflow output (no {sidecar.name}); "
                             "not replacing it")
-    try:
-        ours = read_json(sidecar).get("format") in (FORMAT, TRANSFORMED)
-    except BertflowError:
-        ours = False
-    if not ours:
-        beside = f" nor {path.name}" if path.exists() else ""
-        raise BertflowError(f"{sidecar} exists and is not a bertflow sidecar; not replacing "
-                            f"it{beside}")
-    return path
+    with contextlib.suppress(BertflowError):
+        if read_json(sidecar).get("format") in (FORMAT, TRANSFORMED):
+            return path
+    beside = f" nor {path.name}" if path.exists() else ""
+    raise BertflowError(f"{sidecar} exists and is not a bertflow sidecar; not replacing it{beside}")
 
 
 @contextlib.contextmanager
@@ -87,10 +79,9 @@ def lock(path: Path, wait: bool) -> Iterator[None]:
     """Hold `.NAME.npy.lock` beside `path`: one writer of `path` at a time (another is waited
     for with `wait`, else refused). The lock is an empty file, opened without following a link;
     anything else there is refused and kept, and only the lock held is removed at the end."""
-    name = _lock_path(path)
-    name.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        _check_lock(path)  # by its name first: a FIFO or a device is never opened
+        name = _check_lock(path)  # by its name first: a FIFO or a device is never opened
         try:
             fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                          | os.O_CLOEXEC, 0o666)
@@ -119,21 +110,22 @@ def lock(path: Path, wait: bool) -> Iterator[None]:
         os.close(fd)
 
 
-def _check_lock(path: Path, status: os.stat_result | None = None) -> None:
-    """Refuse what is at the lock path of `path` (or `status`, of a file opened there) unless
-    it is nothing or an empty file."""
-    name = _lock_path(path)
+def _check_lock(path: Path, status: os.stat_result | None = None) -> Path:
+    """The lock path of `path`, `.NAME.npy.lock`; what is there (or `status`, of a file opened
+    there) is refused unless it is nothing or an empty file."""
+    name = path.with_name(f".{path.name}.lock")
     if status is None:
         try:
             status = os.lstat(name)
         except FileNotFoundError:
-            return
+            return name
     if stat.S_ISLNK(status.st_mode):
         raise BertflowError(f"{name} is a symbolic link; writing {path} would lock it: remove "
                             "it or write elsewhere")
     if not stat.S_ISREG(status.st_mode) or status.st_size:
         raise BertflowError(f"{name} is not a lock bertflow made (an empty file); writing "
                             f"{path} would lock it: remove it or write elsewhere")
+    return name
 
 
 def _same_inode(path: Path, status: os.stat_result) -> bool:

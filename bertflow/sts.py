@@ -14,7 +14,7 @@ from scipy.stats import spearmanr
 
 from .constants import TASKS
 from .errors import BertflowError
-from .files import split_lines
+from .files import iter_sentences
 
 __all__ = ["POSITIVE_GOLD", "STS_SUBSETS", "TASKS", "Pairs", "Task", "cosine", "load_task",
            "load_tasks", "pair_spearman", "pair_vectors", "positive_pairs", "read_sick",
@@ -105,7 +105,7 @@ def read_sts_subset(folder: str | os.PathLike, subset: str) -> Pairs:
     inputs = folder / f"STS.input.{subset}.txt"
     scores = folder / f"STS.gs.{subset}.txt"
     pairs = _tab_lines(inputs, allow_empty=True)
-    golds = _lines(scores)
+    golds = list(iter_sentences(scores, blank_ok=True))
     if len(pairs) != len(golds):
         raise BertflowError(f"{scores} has {len(golds)} lines but {inputs} has {len(pairs)}")
     scored = [(number, [value, *fields])
@@ -243,23 +243,10 @@ def positive_pairs(subsets: Iterable[Pairs], threshold: float = POSITIVE_GOLD) -
                  np.concatenate(gold))
 
 
-def _lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file (`split_lines`), a leading byte-order mark dropped."""
-    if not path.is_file():
-        raise BertflowError(f"no such file: {path}")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = len(split_lines(data[: e.start].decode("utf-8") + "."))
-        raise BertflowError(f"{path} is not UTF-8 text (bad byte on line {line})") from None
-    return split_lines(text.removeprefix("\ufeff"))
-
-
 def _tab_lines(path: Path, allow_empty: bool = False) -> list[tuple[int, list[str]]]:
     """(line number, tab-separated fields) of each line not blank, or of every line."""
-    out = [(number, line.split("\t")) for number, line in enumerate(_lines(path), start=1)
-           if line.strip() or allow_empty]
+    lines = enumerate(iter_sentences(path, blank_ok=True), start=1)
+    out = [(number, line.split("\t")) for number, line in lines if line.strip() or allow_empty]
     if not out:
         raise BertflowError(f"{path} is empty")
     return out

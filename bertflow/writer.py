@@ -44,8 +44,7 @@ def write_embeddings(targets: Mapping[str, str | os.PathLike], corpus: Corpus, e
                      max_length: int = 128, batch_size: int = 32, *, resume: bool = False,
                      restart: bool = False, wait: bool = False, progress: bool | None = None,
                      copies: Mapping[str, EmbeddingFile] | None = None) -> dict[str, dict]:
-    """Encode `corpus` once with every pooling in `targets` (pooling → `.npy` path), write each
-    to its path and return the sidecars.
+    """Encode `corpus` once per pooling in `targets` (pooling → `.npy` path); return the sidecars.
 
     A stopped run at a target is refused unless `resume` continues it (its records must be of
     this request and agree with the partial file) or `restart` discards it; one with every row
@@ -245,13 +244,10 @@ class _Output:
             record.unlink()
 
     def _read_record(self, record: Path) -> dict[str, Any]:
-        try:
-            value = read_json(record)
-        except BertflowError:
-            value = {}
-        if value.get("format") != PROGRESS:
-            raise BertflowError(f"{record} is not a bertflow progress record; not touching it")
-        return value
+        with contextlib.suppress(BertflowError):
+            if (value := read_json(record)).get("format") == PROGRESS:
+                return value
+        raise BertflowError(f"{record} is not a bertflow progress record; not touching it")
 
     def _check_records(self, records: dict[Path, dict[str, Any]], resume: bool) -> None:
         """Refuse `records` unless they are every record of a stopped run of this request and
