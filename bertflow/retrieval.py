@@ -1,12 +1,10 @@
-"""Vector search over transformed embeddings with FAISS, and how well it retrieves; an index
+"""Vector search over transformed embeddings with FAISS; an index
 folder holds `index.faiss`, `items.json`, `config.json`, the head in `head/` and the manifest."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,9 +21,8 @@ from .errors import BertflowError, first_line
 from .files import check_finite, read_json, sha256_file, write_json
 from .folders import INDEX_FOLDER
 from .head import FlowHead
-from .sts import Pairs
 
-__all__ = ["KINDS", "Hit", "Index", "RetrievalScores", "relevant_pairs", "retrieval_scores"]
+__all__ = ["KINDS", "Hit", "Index"]
 
 KINDS = ("flat", "hnsw")
 _INDEX, _ITEMS, _CONFIG, _HEAD = "index.faiss", "items.json", "config.json", "head"
@@ -214,45 +211,3 @@ class Index:
                                     f"index holds {dim}-d ones")
         config.pop("sha256", None)  # belongs to the files on disk; `save` writes it afresh
         return cls(index, items, config, head)
-
-
-@dataclass(frozen=True)
-class RetrievalScores:
-    recall_at_1: float
-    recall_at_10: float
-    mrr: float
-    queries: int
-    candidates: int
-
-    def to_dict(self) -> dict[str, float | int]:
-        return {"recall@1": self.recall_at_1, "recall@10": self.recall_at_10, "mrr": self.mrr,
-                "queries": self.queries, "candidates": self.candidates}
-
-
-def relevant_pairs(pairs: Pairs, threshold: float = 4.0) -> dict[str, set[str]]:
-    """For each sentence of a pair scored ≥ `threshold`, its other partners in such pairs."""
-    relevant: dict[str, set[str]] = {}
-    for a, b, gold in zip(pairs.first, pairs.second, pairs.gold, strict=True):
-        if gold >= threshold and a != b:
-            relevant.setdefault(a, set()).add(b)
-            relevant.setdefault(b, set()).add(a)
-    return relevant
-
-
-def retrieval_scores(index: Index, vectors: np.ndarray, relevant: dict[str, set[str]],
-                     depth: int = 1000) -> RetrievalScores:
-    """Recall@1, recall@10 and MRR of searching `index` with each query of `relevant`;
-    `vectors` embed the index's items."""
-    position = {s: i for i, s in enumerate(index.items)}
-    queries = [q for q in relevant if q in position]
-    if not queries:
-        raise BertflowError("no query sentence is among the index's items")
-    x = np.asarray(vectors)[[position[q] for q in queries]]
-    _, ids = index.search_embeddings(x, k=depth + 1)
-    ranks = []  # of each query's first partner, inf where none is found
-    for query, row in zip(queries, ids, strict=True):
-        ranked = (index.items[i] for i in row if i >= 0 and index.items[i] != query)
-        ranks.append(next((r for r, s in enumerate(ranked, 1) if s in relevant[query]), math.inf))
-    n = len(queries)
-    return RetrievalScores(sum(r == 1 for r in ranks) / n, sum(r <= 10 for r in ranks) / n,
-                           sum(1 / r for r in ranks) / n, n, len(index.items))

@@ -21,6 +21,7 @@ Writes experiments/results/retrieval.{json,md}.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import numpy as np
@@ -33,7 +34,8 @@ from bertflow.density import auroc, novelty, typicality
 from bertflow.files import read_sentences, write_json
 from bertflow.methods import make_method
 from bertflow.recipes import recommended
-from bertflow.retrieval import Index, relevant_pairs, retrieval_scores
+from bertflow.retrieval import Index
+from bertflow.sts import Pairs
 
 DIMS = (16, 32, 64, 128, 256, 384)
 
@@ -77,7 +79,7 @@ def retrieval(tasks: dict, generic: list[str], embed) -> list[dict]:
                 z = method.fit(fit_x).transform(x)
                 scores = retrieval_scores(Index.from_embeddings(z, items), z, relevant)
                 rows.append(_row({"part": "retrieval", "task": name, "pooling": pooling,
-                                  "method": label, **scores.to_dict()}))
+                                  "method": label, **scores}))
     return rows
 
 
@@ -101,7 +103,7 @@ def smaller_vectors(task, embed) -> list[dict]:
                 scores = retrieval_scores(index, vectors, relevant)
                 rows.append(_row({"part": "dims", "task": "STS-B", "pooling": pooling,
                                   "method": label.split("-")[0], "dims": dims,
-                                  **scores.to_dict()}))
+                                  **scores}))
     return rows
 
 
@@ -194,6 +196,34 @@ def _markdown(rows: list[dict], encoder: str, minutes: float, missing: list[str]
                        f"{r['median_nll_train']:.1f} / {r['median_nll_in']:.1f} / "
                        f"{r['median_nll_out']:.1f} |")
     return "\n".join(out) + "\n"
+
+
+def relevant_pairs(pairs: Pairs, threshold: float = 4.0) -> dict[str, set[str]]:
+    """For each sentence of a pair scored ≥ `threshold`, its other partners in such pairs."""
+    relevant: dict[str, set[str]] = {}
+    for a, b, gold in zip(pairs.first, pairs.second, pairs.gold, strict=True):
+        if gold >= threshold and a != b:
+            relevant.setdefault(a, set()).add(b)
+            relevant.setdefault(b, set()).add(a)
+    return relevant
+
+
+def retrieval_scores(index: Index, vectors: np.ndarray, relevant: dict[str, set[str]],
+                     depth: int = 1000) -> dict[str, float | int]:
+    """Recall@1, recall@10 and MRR of searching `index` with each query of `relevant` (the rank
+    of its first partner); `vectors` embed the index's items."""
+    position = {s: i for i, s in enumerate(index.items)}
+    queries = [q for q in relevant if q in position]
+    x = np.asarray(vectors)[[position[q] for q in queries]]
+    _, ids = index.search_embeddings(x, k=depth + 1)
+    ranks = []  # of each query's first partner, inf where none is found
+    for query, row in zip(queries, ids, strict=True):
+        ranked = (index.items[i] for i in row if i >= 0 and index.items[i] != query)
+        ranks.append(next((r for r, s in enumerate(ranked, 1) if s in relevant[query]), math.inf))
+    n = len(queries)
+    return {"recall@1": sum(r == 1 for r in ranks) / n,
+            "recall@10": sum(r <= 10 for r in ranks) / n, "mrr": sum(1 / r for r in ranks) / n,
+            "queries": n, "candidates": len(index.items)}
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 """FAISS retrieval over transformed embeddings: exactness, kinds, reduction, save/load, the
-retrieval measures on a hand case, refusals and the index/search commands."""
+experiment's retrieval measures on a hand case, refusals and the index/search commands."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
 
 from bertflow import BertflowError, load_encoder
 from bertflow.cli import main
-from bertflow.retrieval import Hit, Index, relevant_pairs, retrieval_scores
+from bertflow.retrieval import Hit, Index
 from bertflow.sts import Pairs
 
-from .conftest import SENTENCES, WORDS, fit_tiny_head
+from .conftest import REPO, SENTENCES, WORDS, fit_tiny_head
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,12 @@ def test_refusals(tmp_path, head, tiny_encoder, items, other_encoder_dir, wide_e
 
 
 def test_retrieval_scores_on_a_hand_case():
+    """The measures of experiments/retrieval.py (STS pairs as queries)."""
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        from retrieval import relevant_pairs, retrieval_scores
+    finally:
+        sys.path.remove(str(REPO / "experiments"))
     # four items on a circle; angles make the ranking of each query plain
     items = ["a", "b", "c", "d"]
     angle = np.radians([0, 10, 30, 100])
@@ -120,10 +127,10 @@ def test_retrieval_scores_on_a_hand_case():
     assert relevant == {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c"}}
     got = retrieval_scores(index, x, relevant)
     # a: b first (rank 1); b: a first (rank 1); c: b, a, d (rank 3); d: c first (rank 1)
-    assert got.recall_at_1 == pytest.approx(3 / 4)
-    assert got.recall_at_10 == pytest.approx(1)
-    assert got.mrr == pytest.approx((1 + 1 + 1 / 3 + 1) / 4)
-    assert got.queries == 4 and got.candidates == 4
+    assert got["recall@1"] == pytest.approx(3 / 4)
+    assert got["recall@10"] == pytest.approx(1)
+    assert got["mrr"] == pytest.approx((1 + 1 + 1 / 3 + 1) / 4)
+    assert got["queries"] == 4 and got["candidates"] == 4
 
 
 def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, items):
