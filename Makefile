@@ -1,6 +1,7 @@
 # make demo: fit, save, export to ONNX and reload flow heads on the embedded defaults; print
 # before/after (each step says what it does; progress bars while it encodes and trains)
-# make test: the documentation build (warnings as errors), then the whole test suite
+# make test: the documentation build (warnings as errors), then the whole test suite, a
+# process per CPU (pytest-xdist)
 # make docs: the documentation site (docs/, with the API reference) into build/site
 # Both create .venv on first use: the CPU build of torch first, then bertflow and its extras.
 
@@ -24,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/python experiments/demo.py
 
 test: $(STAMP) docs
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadgroup
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict

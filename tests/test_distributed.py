@@ -16,6 +16,9 @@ from bertflow.train import split_indices
 
 from .conftest import WORDS, make_tiny_encoder
 
+# one worker runs them in turn: two torchrun jobs at once would share the machine's cores
+pytestmark = pytest.mark.xdist_group("torchrun")
+
 # Chunks of 16 sentences so that a few hundred make many; a crash can be injected on one rank.
 SCRIPT = """
 import os, sys
