@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -13,9 +13,8 @@ from .cache import EmbeddingCache, training_embeddings
 from .card import nll_text
 from .checkpoint import CheckpointFile
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
-from .corpus import Corpus
 from .embeddings import EmbeddingFile, open_embeddings
-from .encoder import Encoder, load_encoder
+from .encoder import load_encoder
 from .errors import BertflowError
 from .files import check_outputs
 from .folders import HEAD_FOLDER
@@ -101,12 +100,11 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
     if job.source.suffix != ".npy":
         if flow:
             job = replace(job, recipe=resolve(job.recipe, job.pooling or DEFAULT_POOLING))
-        cache = _CheckingCache(job.cache, job.recipe.flow.check) if flow \
-            else EmbeddingCache(job.cache)
         return job, *training_embeddings(
             job.source, encoder=job.encoder, pooling=job.pooling,
             max_length=job.max_length or DEFAULT_MAX_LENGTH, batch_size=job.batch_size,
-            cache=cache, device=job.device, dtype=job.dtype, progress=progress)
+            cache=EmbeddingCache(job.cache), device=job.device, dtype=job.dtype,
+            progress=progress, check=job.recipe.flow.check if flow else None)
     with EmbeddingFile(job.source) as file:
         meta, width = file.meta or {}, file.dim
     if job.max_length not in (None, meta.get("max_length", job.max_length)):
@@ -123,20 +121,6 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
     x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
                                 max_length=job.max_length or DEFAULT_MAX_LENGTH)
     return job, x, {**origin, "loaded": loaded}
-
-
-class _CheckingCache(EmbeddingCache):
-    """The embedding cache, refusing with `check` a width before encoding anything."""
-
-    def __init__(self, root: Path | None, check: Callable[[int], None]):
-        super().__init__(root)
-        self.check = check
-
-    def files(self, corpus: Corpus, encoder: Encoder, pooling: str | Sequence[str],
-              *args: Any, **kwargs: Any) -> dict[str, EmbeddingFile]:
-        for name in [pooling] if isinstance(pooling, str) else pooling:
-            self.check(encoder.width(name))
-        return super().files(corpus, encoder, pooling, *args, **kwargs)
 
 
 def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
