@@ -19,7 +19,7 @@ from .errors import BertflowError
 from .files import check_outputs
 from .folders import HEAD_FOLDER
 from .head import FlowHead
-from .logs import RunLogs, log_hparams
+from .logs import RunLogs
 from .recipes import Recipe, resolve
 from .train import TrainState
 
@@ -160,7 +160,7 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
             hparams = {**run, "encoder": origin["encoder"].name if origin["encoder"] else None,
                        "data": origin["corpus"].get("file"),
                        "corpus_size": head.training_info["corpus"]["size"]}
-            log_hparams(hook.writer, hparams, head.history, last.step if last else 0)
+            hook.hparams(hparams, head.history, last.step if last else 0)
     finally:
         if logs is not None:  # a checkpoint saved or resumed names the folder: kept
             saved = checkpoint is not None and last is not state
