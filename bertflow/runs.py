@@ -8,6 +8,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+import torch
+
 from . import distributed
 from .cache import EmbeddingCache, training_embeddings
 from .card import nll_text
@@ -182,9 +185,6 @@ def _read_dev(data: Path) -> Any:
 def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
                  progress: bool | None) -> Callable[[Any], dict[str, float]]:
     """The Spearman × 100 of STS-B dev's latent cosines (NaN where undefined)."""
-    import numpy as np
-    import torch
-
     from .sts import pair_spearman
 
     made_by = origin["encoder"]
