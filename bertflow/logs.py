@@ -90,12 +90,11 @@ class RunLogs:
                                     f"{stamp}-seed{seed}{f'-{n}' if n > 1 else ''}")
             try:
                 self.folder.mkdir()
+                self.made.insert(0, self.folder)
+                return
             except FileExistsError:
                 if self.resumed:
                     return
-                continue
-            self.made.insert(0, self.folder)
-            return
 
     def open(self, state: TrainState | None) -> TensorBoard:
         """The run's hook; a resumed run hides what was logged after its checkpoint."""
