@@ -138,10 +138,9 @@ def training_embeddings(source: str | os.PathLike, *, encoder: str | os.PathLike
                         progress: bool | None = None, check: Callable[[int], None] | None = None
                         ) -> tuple[EmbeddingFile, dict[str, Any]]:
     """The embeddings of the text file `source` to fit a head to, encoded by `encoder` (default:
-    the package's) on `device` in `dtype` with `pooling` (default first_last) through `cache`,
-    once `check` passes their width; and where they came from: encoder (an `EncoderId`),
-    pooling, max length, the data's digest (``data``), what a head records of its corpus
-    (``corpus``) and the `Encoder` that embedded them (``loaded``)."""
+    the package's) with `pooling` (default first_last) through `cache` once `check` passes their
+    width, and their origin: encoder (an `EncoderId`), pooling, max length, the data's digest
+    (``data``), what a head records of its corpus (``corpus``) and the `Encoder` (``loaded``)."""
     check_max_length(max_length)  # and against the encoder when one encodes the text
     source = Path(source)
     corpus = Corpus.from_file(source)
