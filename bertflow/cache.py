@@ -135,17 +135,19 @@ def training_embeddings(source: str | os.PathLike, *, encoder: str | os.PathLike
                         pooling: str | None = None, max_length: int = 128,
                         batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
                         device: str = "auto", dtype: str = "float32",
-                        progress: bool | None = None) -> tuple[EmbeddingFile, dict[str, Any]]:
+                        progress: bool | None = None, check: Callable[[int], None] | None = None
+                        ) -> tuple[EmbeddingFile, dict[str, Any]]:
     """The embeddings of the text file `source` to fit a head to, encoded by `encoder` (default:
-    the package's) on `device` in `dtype` with `pooling` (default first_last) through `cache`
-    (default: the default one), and where they came from: encoder (an `EncoderId`), pooling, max
-    length, the data's digest (``data``), what a head records of its corpus (``corpus``) and
-    the `Encoder` that embedded them (``loaded``)."""
+    the package's) with `pooling` (default first_last) through `cache` once `check` passes their
+    width, and their origin: encoder (an `EncoderId`), pooling, max length, the data's digest
+    (``data``), what a head records of its corpus (``corpus``) and the `Encoder` (``loaded``)."""
     check_max_length(max_length)  # and against the encoder when one encodes the text
     source = Path(source)
     corpus = Corpus.from_file(source)
     loaded = load_encoder(encoder, device, dtype)
     pooling = pooling or DEFAULT_POOLING
+    if check is not None:
+        check(loaded.width(pooling))
     x = (cache or EmbeddingCache()).files(corpus, loaded, pooling, max_length, batch_size,
                                           progress=progress)[pooling]
     return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,

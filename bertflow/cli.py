@@ -143,15 +143,11 @@ def _eval(args: argparse.Namespace) -> None:
     method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
     fit_on = args.fit_on or ["target"]
     head, encoder = _head_and_encoder(args, flow=method == "flow")
-    common = {"cache": EmbeddingCache(args.cache), "max_length": args.max_length,
-              "progress": args.progress, "batch_size": args.encode_batch_size}
-    if head is not None:
-        rows = evaluate.evaluate_head(tasks, missing, head, encoder, name=str(args.head),
-                                      pooling=args.pooling, **common)
-    else:
-        rows = evaluate.evaluate_method(tasks, missing, method, encoder, pooling=pooling,
-                                        fit_on=fit_on, k=args.k, d=args.d,
-                                        recipe=_flow_options(args), **common)
+    rows = evaluate.evaluate_method(
+        tasks, missing, method if head is None else head, encoder, EmbeddingCache(args.cache),
+        pooling=args.pooling, max_length=args.max_length, fit_on=fit_on, k=args.k, d=args.d,
+        recipe=_flow_options(args), name=str(args.head), batch_size=args.encode_batch_size,
+        progress=args.progress)
     if args.json is not None:
         write_json(args.json, rows, recheck=out)
     for aggregation in ("all", "wmean"):

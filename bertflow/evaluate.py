@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -23,8 +24,8 @@ from .methods import Fitted, Method, make_method
 from .recipes import Recipe, resolve
 from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 
-__all__ = ["AGGREGATIONS", "MEASURES", "check_rows_destination", "evaluate", "evaluate_head",
-           "evaluate_method", "format_table", "pair_measures", "summarise", "undefined_notes"]
+__all__ = ["AGGREGATIONS", "MEASURES", "check_rows_destination", "evaluate", "evaluate_method",
+           "format_table", "pair_measures", "summarise", "undefined_notes"]
 
 AGGREGATIONS = ("all", "wmean")
 MEASURES = ("mean_cosine", "effective_rank", "condition_number", "isotropy", "alignment",
@@ -144,39 +145,31 @@ def _cell(row: dict[str, Any]) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.2f}"
 
 
-def evaluate_head(tasks: dict[str, Task], missing: Sequence[str], head: FlowHead,
-                  encoder: Encoder, cache: EmbeddingCache, *, name: str,
-                  pooling: str | None = None, max_length: int | None = None,
-                  batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
-    """`evaluate` a fitted head with its pooling and max length (`FlowHead.settings`)."""
-    pooling, max_length = head.settings(encoder, pooling, max_length)
-    corpus = head.training_info.get("corpus") or {}
-    labels = {"encoder": encoder.id.name, "pooling": pooling, "method": head.method, "head": name,
-              "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
-    embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
-    return evaluate(tasks, missing, embed, lambda: Fitted(head), None, labels)
-
-
-def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str,
-                    encoder: Encoder, cache: EmbeddingCache, *, pooling: str = DEFAULT_POOLING,
+def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str | FlowHead,
+                    encoder: Encoder, cache: EmbeddingCache, *, pooling: str | None = None,
                     max_length: int | None = None, fit_on: FitOn = "target",
                     k: int | None = None, d: int | None = None,
-                    recipe: Recipe | dict[str, Any] | None = None,
+                    recipe: Recipe | dict[str, Any] | None = None, name: str | None = None,
                     batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
-    """`evaluate` a method of `METHODS` fit on `fit_on`, the flow with `recipe`."""
-    method = linear_method(method, k, d)
-    sentences, also, fit_label = fit_sources(fit_on)
-    options = linear_options(method, encoder.width(pooling), k, d)
-    recipe = resolve(recipe, pooling)
-
-    def make() -> Method:
-        return make_method(method, **options, **recipe.fit_options(),
-                           progress=progress is not False)
-
-    labels = {"encoder": encoder.id.name, "pooling": pooling, "method": method,
-              **make().describe(), "fit_on": fit_label}
+    """`evaluate` a method of `METHODS` fit on `fit_on` (the flow with `recipe`), or a fitted
+    head, labelled `name`, with its pooling and max length (`FlowHead.settings`)."""
+    if isinstance(method, FlowHead):
+        pooling, max_length = method.settings(encoder, pooling, max_length)
+        corpus = method.training_info.get("corpus") or {}
+        labels = {"method": method.method, "head": name,
+                  "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
+        make, sentences, also = functools.partial(Fitted, method), None, []
+    else:
+        pooling, method = pooling or DEFAULT_POOLING, linear_method(method, k, d)
+        sentences, also, fit_label = fit_sources(fit_on)
+        make = functools.partial(make_method, method,
+                                 **linear_options(method, encoder.width(pooling), k, d),
+                                 **resolve(recipe, pooling).fit_options(),
+                                 progress=progress is not False)
+        labels = {"method": method, **make().describe(), "fit_on": fit_label}
     embed = cache.embedder(encoder, pooling, max_length or DEFAULT_MAX_LENGTH, batch_size, progress)
-    return evaluate(tasks, missing, embed, make, sentences, labels, also)
+    return evaluate(tasks, missing, embed, make, sentences,
+                    {"encoder": encoder.id.name, "pooling": pooling, **labels}, also)
 
 
 def check_rows_destination(path: Path) -> None:

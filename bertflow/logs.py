@@ -14,9 +14,13 @@ from torch import Tensor
 from .isotropy import effective_rank, mean_pair_cosine, partition_isotropy
 from .train import RECORD, History, TrainState
 
-__all__ = ["RunLogs", "TensorBoard", "log_hparams"]
+__all__ = ["RunLogs", "TensorBoard"]
 
 _SPECTRAL = 2048  # held-out rows whose spectrum is measured (two SVDs each epoch)
+# the tag of each value of an epoch's record; a measure's ``a_b`` is logged as ``a/b``
+_EPOCH_TAGS = {"epoch": "train/epoch", "train_nll": "train/epoch_nll", "val_nll": "val/nll",
+               "val_bits_per_dim": "val/bits_per_dim", "val_log_det": "val/log_det",
+               "val_cosine": "cosine/latent"}
 
 
 class TensorBoard:
@@ -34,35 +38,30 @@ class TensorBoard:
             self.writer.add_scalar(f"train/{key}", value, step)
 
     def epoch(self, step: int, record: dict[str, float], z: Tensor) -> None:
-        self.writer.add_scalar("train/epoch", record["epoch"], step)
-        self.writer.add_scalar("train/epoch_nll", record["train_nll"], step)
-        for key in ("val_nll", "val_bits_per_dim", "val_log_det"):
-            self.writer.add_scalar(f"val/{key.removeprefix('val_')}", record[key], step)
-        self.writer.add_scalar("cosine/latent", record["val_cosine"], step)
+        for key, tag in _EPOCH_TAGS.items():
+            self.writer.add_scalar(tag, record[key], step)
         self._spectrum("latent", z, step)
         self.writer.add_histogram("latent/z", z, step)
         for key in sorted(record.keys() - set(RECORD)):
             self.writer.add_scalar(key.replace("_", "/", 1), record[key], step)
 
+    def hparams(self, hparams: dict[str, Any], history: History, step: int | None = None) -> None:
+        """Log a finished run's hyperparameters (nested dicts as `outer/inner`) with its results
+        (the best epoch's, and each measure's last as `last_<name>`) for the HPARAMS tab."""
+        best, last = history.best, history.epochs[-1] if history.epochs else {}
+        metrics = {"hparams/best_val_nll": history.best_val_nll,
+                   "hparams/best_val_bits_per_dim": best.get("val_bits_per_dim", math.nan),
+                   "hparams/best_epoch": float(history.best_epoch),
+                   "hparams/epochs_run": float(len(history.epochs))}
+        for key in sorted(last.keys() - set(RECORD)):
+            metrics[f"hparams/{key}"] = best.get(key, math.nan)
+            metrics[f"hparams/last_{key}"] = last[key]
+        self.writer.add_hparams(_flatten(hparams), metrics, run_name=".", global_step=step)
+
     def _spectrum(self, which: str, x: Tensor, step: int) -> None:
         x = x[:_SPECTRAL].detach().cpu().double().numpy()
         self.writer.add_scalar(f"effective_rank/{which}", effective_rank(x), step)
         self.writer.add_scalar(f"partition_isotropy/{which}", partition_isotropy(x), step)
-
-
-def log_hparams(writer: Any, hparams: dict[str, Any], history: History,
-                step: int | None = None) -> None:
-    """Log a finished run's hyperparameters (nested dicts as `outer/inner`) with its results
-    (the best epoch's, and each measure's last as `last_<name>`) for the HPARAMS tab."""
-    best, last = history.best, history.epochs[-1] if history.epochs else {}
-    metrics = {"hparams/best_val_nll": history.best_val_nll,
-               "hparams/best_val_bits_per_dim": best.get("val_bits_per_dim", math.nan),
-               "hparams/best_epoch": float(history.best_epoch),
-               "hparams/epochs_run": float(len(history.epochs))}
-    for key in sorted(last.keys() - set(RECORD)):
-        metrics[f"hparams/{key}"] = best.get(key, math.nan)
-        metrics[f"hparams/last_{key}"] = last[key]
-    writer.add_hparams(_flatten(hparams), metrics, run_name=".", global_step=step)
 
 
 def _flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -91,12 +90,11 @@ class RunLogs:
                                     f"{stamp}-seed{seed}{f'-{n}' if n > 1 else ''}")
             try:
                 self.folder.mkdir()
+                self.made.insert(0, self.folder)
+                return
             except FileExistsError:
                 if self.resumed:
                     return
-                continue
-            self.made.insert(0, self.folder)
-            return
 
     def open(self, state: TrainState | None) -> TensorBoard:
         """The run's hook; a resumed run hides what was logged after its checkpoint."""

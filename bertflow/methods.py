@@ -21,10 +21,9 @@ __all__ = ["METHODS", "Fitted", "Method", "make_method"]
 
 @dataclass
 class Method:
-    """A method of `METHODS`, fit on embeddings, then mapping embeddings to the vectors cosine is
-    taken on. ``raw`` keeps them as they are; ``standardize`` is a flow head's scaler without the
-    flow; the rest fit a `head` with `options`: the flow by `FlowHead.fit`, the linear baselines
-    by `FlowHead.fit_linear` (`k` of whitening-k, `d` of abtt)."""
+    """A method of `METHODS` fit on embeddings, mapping them to the vectors cosine is taken on:
+    ``raw`` as they are, ``standardize`` by a flow head's scaler alone, the rest by a `head` fit
+    with `options` (`FlowHead.fit` for the flow, `FlowHead.fit_linear` for the baselines)."""
 
     name: str = "raw"
     options: dict[str, Any] = field(default_factory=dict)

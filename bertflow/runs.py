@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import numpy as np
+import torch
 
 from . import distributed
 from .cache import EmbeddingCache, training_embeddings
 from .card import nll_text
 from .checkpoint import CheckpointFile
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
-from .corpus import Corpus
 from .embeddings import EmbeddingFile, open_embeddings
-from .encoder import Encoder, load_encoder
+from .encoder import load_encoder
 from .errors import BertflowError
 from .files import check_outputs
 from .folders import HEAD_FOLDER
 from .head import FlowHead
-from .logs import RunLogs, log_hparams
+from .logs import RunLogs
 from .recipes import Recipe, resolve
 from .train import TrainState
 
@@ -101,12 +103,11 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
     if job.source.suffix != ".npy":
         if flow:
             job = replace(job, recipe=resolve(job.recipe, job.pooling or DEFAULT_POOLING))
-        cache = _CheckingCache(job.cache, job.recipe.flow.check) if flow \
-            else EmbeddingCache(job.cache)
         return job, *training_embeddings(
             job.source, encoder=job.encoder, pooling=job.pooling,
             max_length=job.max_length or DEFAULT_MAX_LENGTH, batch_size=job.batch_size,
-            cache=cache, device=job.device, dtype=job.dtype, progress=progress)
+            cache=EmbeddingCache(job.cache), device=job.device, dtype=job.dtype,
+            progress=progress, check=job.recipe.flow.check if flow else None)
     with EmbeddingFile(job.source) as file:
         meta, width = file.meta or {}, file.dim
     if job.max_length not in (None, meta.get("max_length", job.max_length)):
@@ -123,20 +124,6 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
     x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
                                 max_length=job.max_length or DEFAULT_MAX_LENGTH)
     return job, x, {**origin, "loaded": loaded}
-
-
-class _CheckingCache(EmbeddingCache):
-    """The embedding cache, refusing with `check` a width before encoding anything."""
-
-    def __init__(self, root: Path | None, check: Callable[[int], None]):
-        super().__init__(root)
-        self.check = check
-
-    def files(self, corpus: Corpus, encoder: Encoder, pooling: str | Sequence[str],
-              *args: Any, **kwargs: Any) -> dict[str, EmbeddingFile]:
-        for name in [pooling] if isinstance(pooling, str) else pooling:
-            self.check(encoder.width(name))
-        return super().files(corpus, encoder, pooling, *args, **kwargs)
 
 
 def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
@@ -176,7 +163,7 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
             hparams = {**run, "encoder": origin["encoder"].name if origin["encoder"] else None,
                        "data": origin["corpus"].get("file"),
                        "corpus_size": head.training_info["corpus"]["size"]}
-            log_hparams(hook.writer, hparams, head.history, last.step if last else 0)
+            hook.hparams(hparams, head.history, last.step if last else 0)
     finally:
         if logs is not None:  # a checkpoint saved or resumed names the folder: kept
             saved = checkpoint is not None and last is not state
@@ -198,9 +185,6 @@ def _read_dev(data: Path) -> Any:
 def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
                  progress: bool | None) -> Callable[[Any], dict[str, float]]:
     """The Spearman × 100 of STS-B dev's latent cosines (NaN where undefined)."""
-    import numpy as np
-    import torch
-
     from .sts import pair_spearman
 
     made_by = origin["encoder"]

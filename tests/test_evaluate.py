@@ -125,15 +125,15 @@ def test_a_head_without_a_recorded_pooling_is_scored_on_the_pooling_given(
     """`eval --head H --pooling last2`, H recording no pooling: last2 embeddings, so labelled."""
     from bertflow import FlowHead
     from bertflow.cache import EmbeddingCache
-    from bertflow.evaluate import evaluate_head
+    from bertflow.evaluate import evaluate_method
 
     tasks, missing = load_tasks(data, ["STS-B"])
     x = tiny_encoder.encode(tasks["STS-B"].unlabeled, "last2")
     head = FlowHead.fit_linear(x, "abtt", encoder=tiny_encoder.id)
     cache = EmbeddingCache(tmp_path / "cache")
-    rows = evaluate_head(tasks, missing, head, tiny_encoder, cache, name="h", pooling="last2")
+    rows = evaluate_method(tasks, missing, head, tiny_encoder, cache, name="h", pooling="last2")
     head.pooling = "last2"
-    recorded = evaluate_head(tasks, missing, head, tiny_encoder, cache, name="h")
+    recorded = evaluate_method(tasks, missing, head, tiny_encoder, cache, name="h")
     assert {r["pooling"] for r in rows} == {"last2"}
     assert [r["spearman"] for r in rows] == [r["spearman"] for r in recorded]
 

@@ -14,7 +14,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from bertflow import FlowConfig, FlowHead, TrainConfig
 from bertflow.cli import main
-from bertflow.logs import TensorBoard, log_hparams
+from bertflow.logs import TensorBoard
 from bertflow.sts import pair_spearman, read_stsb
 
 from .conftest import SENTENCES, WORDS
@@ -105,10 +105,11 @@ def test_fit_logs_each_step_and_each_epoch_once(tmp_path):
 def test_hparams_land_in_the_run_folder_itself(tmp_path):
     x = np.random.default_rng(0).normal(size=(80, 4)).astype(np.float32)
     with SummaryWriter(str(tmp_path)) as writer:
+        hook = TensorBoard(writer)
         head = FlowHead.fit(x, flow=FlowConfig(levels=1, depth=2), train=TrainConfig(epochs=2),
-                            hook=TensorBoard(writer), measure=lambda model: {"dev_spearman": 42.0})
-        log_hparams(writer, {"flow": {"levels": 1}, "pooling": "cls", "max_grad_norm": None,
-                             "shape": (80, 4)}, head.history, step=6)
+                            hook=hook, measure=lambda model: {"dev_spearman": 42.0})
+        hook.hparams({"flow": {"levels": 1}, "pooling": "cls", "max_grad_norm": None,
+                      "shape": (80, 4)}, head.history, step=6)
     assert [p for p in tmp_path.iterdir() if p.is_dir()] == []
     acc = events(tmp_path)
     hparams = plugin_data_pb2.HParamsPluginData.FromString(
