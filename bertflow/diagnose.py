@@ -26,7 +26,7 @@ from .isotropy import (
     singular_values,
 )
 from .linear import linear_options
-from .methods import Fitted, make_method
+from .methods import Method, make_method
 from .recipes import Recipe, resolve
 from .sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
 
@@ -139,7 +139,7 @@ def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: Fl
     sentences = sentences_of(pairs)
     points = {}
     for name in METHODS:
-        method = Fitted(head) if name == "flow" else make_method(name).fit(x)
+        method = Method("flow", head=head) if name == "flow" else make_method(name).fit(x)
         points[labels.get(name, name)] = pair_measures(pairs, sentences, method.transform(y))
     return points
 

@@ -20,7 +20,7 @@ from .files import read_sentences, refuse_link
 from .head import FlowHead
 from .isotropy import alignment, isotropy_measures, uniformity
 from .linear import linear_method, linear_options
-from .methods import Fitted, Method, make_method
+from .methods import Method, make_method
 from .recipes import Recipe, resolve
 from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 
@@ -158,7 +158,7 @@ def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str 
         corpus = method.training_info.get("corpus") or {}
         labels = {"method": method.method, "head": name,
                   "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
-        make, sentences, also = functools.partial(Fitted, method), None, []
+        make, sentences, also = functools.partial(Method, "flow", head=method), None, []
     else:
         pooling, method = pooling or DEFAULT_POOLING, linear_method(method, k, d)
         sentences, also, fit_label = fit_sources(fit_on)

@@ -16,7 +16,7 @@ from .head import FlowHead
 from .linear import linear_method
 from .train import TrainConfig
 
-__all__ = ["METHODS", "Fitted", "Method", "make_method"]
+__all__ = ["METHODS", "Method", "make_method"]
 
 
 @dataclass
@@ -53,13 +53,6 @@ class Method:
         """The options that a row of results records: `k`, `d`, or the flow's settings."""
         return {key: value.to_dict() if isinstance(value, DictConfig) else value
                 for key, value in self.options.items() if key != "progress"}
-
-
-class Fitted(Method):
-    """A head already fit."""
-
-    def __init__(self, head: FlowHead):
-        super().__init__("flow", head=head)
 
 
 def make_method(name: str, *, k: int | None = None, d: int | None = None,

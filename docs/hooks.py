@@ -15,7 +15,8 @@ def public_names(init: Path) -> dict[str, str]:
         if isinstance(target, ast.Name) and target.id in ("_WHERE", "_MODULES"):
             value = ast.literal_eval(node.value)
             if isinstance(value, dict):
-                where.update({name: f"bertflow.{module}.{name}" for name, module in value.items()})
+                where.update({name: f"bertflow.{module}.{name}" for module, names in value.items()
+                              for name in names})
             else:
                 where.update({module: f"bertflow.{module}" for module in value})
     return {name: path for name, path in where.items() if not name.startswith("_")}
