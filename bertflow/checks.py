@@ -33,6 +33,8 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
     given += _given(args, ("checkpoint", "resume", "logdir", "dev_sts"))  # fit's
     if given and method != "flow":
         raise BertflowError(f"{', '.join(given)} apply to --method flow only")
+    if args.command == "eval":
+        _check_eval(args)
     if getattr(args, "head", None) is not None and args.command == "eval":
         if args.fit_on is not None:
             raise BertflowError("--fit-on does not apply to --head: the head is already fit")
@@ -62,6 +64,26 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
 
 
+def _check_eval(args: argparse.Namespace) -> None:
+    """Refuse the options of STS (--data) given with --retrieval, and the reverse."""
+    if args.retrieval is None:
+        if args.split is not None:
+            raise BertflowError("--split applies to --retrieval; --data scores each STS task's "
+                                "test pairs")
+        return
+    if args.tasks is not None:
+        raise BertflowError("--tasks applies to --data (STS), not to --retrieval")
+    if "target" in (args.fit_on or []):
+        raise BertflowError("--fit-on target applies to --data (STS); with --retrieval fit on "
+                            "corpus, queries or text files")
+
+
+def _fit_on_files(args: argparse.Namespace) -> list[str]:
+    """The text files of --fit-on: not its words (target; corpus and queries with --retrieval)."""
+    words = ("corpus", "queries") if getattr(args, "retrieval", None) is not None else ("target",)
+    return [p for p in getattr(args, "fit_on", None) or [] if p not in words]
+
+
 def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
     """The flags of options `names` given (neither None nor False)."""
     return [f"--{name.replace('_', '-')}" for name in names
@@ -83,6 +105,7 @@ _INPUTS = {"corpus": ("the corpus", "file"), "input": ("the input", "file"),
            "sentences": ("the sentences", "file"), "embeddings": ("--embeddings", "file"),
            "queries": ("--queries", "file"), "head": ("--head", "head"),
            "data": ("--data", "data folder"), "dev_sts": ("--dev-sts", "data folder"),
+           "retrieval": ("--retrieval", "BEIR folder"),
            "index": ("--index", "index folder"), "encoder": ("--encoder", None)}
 
 
@@ -91,7 +114,7 @@ def check_inputs(args: argparse.Namespace) -> None:
     from .folders import head_folder
 
     given = [(dest, getattr(args, dest)) for dest in _INPUTS if getattr(args, dest, None)]
-    given += [("input", p) for p in getattr(args, "fit_on", None) or [] if p != "target"]
+    given += [("input", p) for p in _fit_on_files(args)]
     for dest, path in given:
         path, kind = Path(path), _INPUTS[dest][1]
         if kind == "file" and not path.is_file():
@@ -101,6 +124,10 @@ def check_inputs(args: argparse.Namespace) -> None:
             head_folder(path)
         elif kind is not None and kind != "file" and not path.is_dir():
             raise BertflowError(f"no {kind} at {path}")
+    if getattr(args, "retrieval", None) is not None:
+        for name in ("corpus.jsonl", "queries.jsonl", f"qrels/{args.split or 'test'}.tsv"):
+            if not (args.retrieval / name).is_file():
+                raise BertflowError(f"no {name} in the BEIR folder {args.retrieval}")
 
 
 def check_paths(args: argparse.Namespace, output: str = "out") -> None:
@@ -119,7 +146,7 @@ def check_paths(args: argparse.Namespace, output: str = "out") -> None:
             record = read_json(inputs["--head"] / "config.json").get("encoder")
             if isinstance(record, dict):
                 inputs["the head's encoder"] = recorded_folder(record.get("source"))
-    inputs["--fit-on"] = [p for p in getattr(args, "fit_on", None) or [] if p != "target"]
+    inputs["--fit-on"] = _fit_on_files(args)
     if hasattr(args, "cache") and not getattr(args, "no_cache", False):
         inputs["the embedding cache"] = EmbeddingCache(args.cache).root
     check_outputs({f"--{output}": getattr(args, output)}, inputs)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .checks import FLOW_FIELDS, TRAIN_FIELDS, check_inputs, check_options, check_paths
 from .commands import build_parser as _parser
-from .constants import DEFAULT_POOLING
+from .constants import DEFAULT_POOLING, TASKS
 from .errors import BertflowError, PeerError, one_line
 
 __all__ = ["build_parser", "main"]
@@ -137,17 +137,34 @@ def _eval(args: argparse.Namespace) -> None:
 
     check_paths(args, "json")
     out = Checked(args.json, evaluate.check_rows_destination) if args.json is not None else None
-    tasks, missing = load_tasks(args.data, args.tasks)
-    if not tasks:
-        raise BertflowError(f"none of {', '.join(args.tasks)} is in {args.data}")
+    if args.retrieval is not None:
+        from .beir import load_task
+
+        task = load_task(args.retrieval, args.split or "test")
+    else:
+        wanted = args.tasks or list(TASKS)
+        tasks, missing = load_tasks(args.data, wanted)
+        if not tasks:
+            raise BertflowError(f"none of {', '.join(wanted)} is in {args.data}")
     method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
-    fit_on = args.fit_on or ["target"]
+    fit_on = args.fit_on or ["target" if args.retrieval is None else "corpus"]
     head, encoder = _head_and_encoder(args, flow=method == "flow")
-    rows = evaluate.evaluate_method(
-        tasks, missing, method if head is None else head, encoder, EmbeddingCache(args.cache),
-        pooling=args.pooling, max_length=args.max_length, fit_on=fit_on, k=args.k, d=args.d,
-        recipe=_flow_options(args), name=str(args.head), batch_size=args.encode_batch_size,
-        progress=args.progress)
+    options = {"pooling": args.pooling, "max_length": args.max_length, "fit_on": fit_on,
+               "k": args.k, "d": args.d, "recipe": _flow_options(args), "name": str(args.head),
+               "batch_size": args.encode_batch_size, "progress": args.progress}
+    if args.retrieval is not None:
+        from .retrieval_eval import evaluate_retrieval, format_retrieval_table
+
+        rows = evaluate_retrieval(task, method if head is None else head, encoder,
+                                  EmbeddingCache(args.cache), **options)
+        if args.json is not None:
+            write_json(args.json, rows, recheck=out)
+        print(f"{task.name} ({task.split}: {len(task.queries)} queries, {len(task.corpus)} "
+              "documents), × 100:")
+        print(format_retrieval_table(rows))
+        return
+    rows = evaluate.evaluate_method(tasks, missing, method if head is None else head, encoder,
+                                    EmbeddingCache(args.cache), **options)
     if args.json is not None:
         write_json(args.json, rows, recheck=out)
     for aggregation in ("all", "wmean"):

@@ -154,22 +154,32 @@ def _transform(p: argparse.ArgumentParser) -> None:
     _quiet(p)
 
 
-@_command("eval", "score the STS tasks of a data folder", """
+@_command("eval", "score the STS tasks of a data folder, or retrieval on a BEIR task", """
         Spearman correlation × 100 of cosine similarity with human scores on the STS tasks
         found in DATA (SentEval's layout), for a fitted head or for a method fit on each task's
-        own sentences (no scores) or on a text file.""")
+        own sentences (no scores) or on a text file. With --retrieval, a BEIR task instead:
+        every document ranked by cosine for each query of the split, scored with pytrec_eval
+        as MTEB does (nDCG@10, MAP@100, MRR@10, recall@100), the method fit on the documents,
+        the queries or text files (never the qrels).""")
 def _eval(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", type=Path, required=True, help="folder in SentEval's layout")
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument("--data", type=Path, help="folder in SentEval's layout (STS)")
+    data.add_argument("--retrieval", type=Path, metavar="DIR",
+                      help="a BEIR task's folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
+    p.add_argument("--split", choices=("test", "train", "dev"), default=None,
+                   help="the qrels --retrieval scores (default: test)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
     which.add_argument("--method", choices=METHODS, default=None, help="default: flow")
     p.add_argument("--fit-on", nargs="+", default=None, metavar="SOURCE",
-                   help="'target' (each task's own sentences, no scores; the default), a "
+                   help="STS: 'target' (each task's own sentences, no scores; the default), a "
                         "text file of sentences, or several: 'target FILE' fits each task "
-                        "on its own sentences and the file's together")
+                        "on its own sentences and the file's together. --retrieval: "
+                        "'corpus' (the documents; the default), 'queries' (the split's), text "
+                        "files, or several, embedded together")
     _baseline_options(p)
-    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
-                   help="tasks to score, where DATA has them")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=None,
+                   help="STS tasks to score, where DATA has them (default: all)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     _head_or_flow_options(p)
 

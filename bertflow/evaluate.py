@@ -25,7 +25,8 @@ from .recipes import Recipe, resolve
 from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 
 __all__ = ["AGGREGATIONS", "MEASURES", "check_rows_destination", "evaluate", "evaluate_method",
-           "format_table", "pair_measures", "summarise", "undefined_notes"]
+           "format_table", "method_maker", "pair_measures", "row_key", "summarise",
+           "undefined_notes"]
 
 AGGREGATIONS = ("all", "wmean")
 MEASURES = ("mean_cosine", "effective_rank", "condition_number", "isotropy", "alignment",
@@ -111,10 +112,10 @@ def pair_measures(subsets: Sequence[Pairs], sentences: Sequence[str],
 
 def format_table(rows: Results, aggregation: str = "all") -> str:
     """A markdown table: one line per (encoder, pooling, method, fit data), a column per task."""
-    cells: dict[tuple[str, ...], dict[str, str]] = {_key(r): {} for r in rows}
+    cells: dict[tuple[str, ...], dict[str, str]] = {row_key(r): {} for r in rows}
     for r in rows:
         if r["aggregation"] == aggregation:
-            cells[_key(r)][r["task"]] = _cell(r)
+            cells[row_key(r)][r["task"]] = _cell(r)
     lines = ["| encoder | pooling | method | fit on | " + " | ".join([*TASKS, "avg"]) + " |",
              "|---|---|---|---|" + "---:|" * (len(TASKS) + 1)]
     for key, line in cells.items():
@@ -129,7 +130,7 @@ def undefined_notes(rows: Results) -> list[str]:
             for r in rows if r.get("undefined")]
 
 
-def _key(row: dict[str, Any]) -> tuple[str, str, str, str]:
+def row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
     """A row's encoder, pooling, method (``whitening-k (k=128)``) and fit data."""
     options = ", ".join(f"{o}={row[o]}" for o in ("k", "d") if row.get(o) is not None)
     method = f"{row['method']} ({options})" if options else row["method"]
@@ -153,27 +154,42 @@ def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str 
                     batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
     """`evaluate` a method of `METHODS` fit on `fit_on` (the flow with `recipe`), or a fitted
     head, labelled `name`, with its pooling and max length (`FlowHead.settings`)."""
+    make, pooling, max_length, labels = method_maker(
+        method, encoder, pooling=pooling, max_length=max_length, k=k, d=d, recipe=recipe,
+        name=name, progress=progress)
+    sentences, also = None, []
+    if not isinstance(method, FlowHead):
+        sentences, also, labels["fit_on"] = fit_sources(fit_on)
+    embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
+    return evaluate(tasks, missing, embed, make, sentences,
+                    {"encoder": encoder.id.name, "pooling": pooling, **labels}, also)
+
+
+def method_maker(method: str | FlowHead, encoder: Encoder, *, pooling: str | None = None,
+                 max_length: int | None = None, k: int | None = None, d: int | None = None,
+                 recipe: Recipe | dict[str, Any] | None = None, name: str | None = None,
+                 progress: bool | None = None
+                 ) -> tuple[Callable[[], Method], str, int, dict[str, Any]]:
+    """A maker of fresh `Method`s of `METHODS` (the flow with `recipe`) or of a fitted head
+    (labelled `name`: it needs no fit), the pooling and max length to embed with (the head's),
+    and the labels of its rows: its method and options; a head's also what it was fit on."""
     if isinstance(method, FlowHead):
         pooling, max_length = method.settings(encoder, pooling, max_length)
         corpus = method.training_info.get("corpus") or {}
         labels = {"method": method.method, "head": name,
                   "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
-        make, sentences, also = functools.partial(Method, "flow", head=method), None, []
-    else:
-        pooling, method = pooling or DEFAULT_POOLING, linear_method(method, k, d)
-        sentences, also, fit_label = fit_sources(fit_on)
-        make = functools.partial(make_method, method,
-                                 **linear_options(method, encoder.width(pooling), k, d),
-                                 **resolve(recipe, pooling).fit_options(),
-                                 progress=progress is not False)
-        labels = {"method": method, **make().describe(), "fit_on": fit_label}
-    embed = cache.embedder(encoder, pooling, max_length or DEFAULT_MAX_LENGTH, batch_size, progress)
-    return evaluate(tasks, missing, embed, make, sentences,
-                    {"encoder": encoder.id.name, "pooling": pooling, **labels}, also)
+        return functools.partial(Method, "flow", head=method), pooling, max_length, labels
+    pooling, method = pooling or DEFAULT_POOLING, linear_method(method, k, d)
+    make = functools.partial(make_method, method,
+                             **linear_options(method, encoder.width(pooling), k, d),
+                             **resolve(recipe, pooling).fit_options(),
+                             progress=progress is not False)
+    return make, pooling, max_length or DEFAULT_MAX_LENGTH, {"method": method, **make().describe()}
 
 
 def check_rows_destination(path: Path) -> None:
-    """`eval --json` may replace the rows of an earlier `eval`, and nothing else."""
+    """`eval --json` may replace the rows of an earlier `eval` (STS or retrieval), and nothing
+    else."""
     if path.is_dir():
         raise BertflowError(f"--json {path} is a folder")
     refuse_link(path)
@@ -184,7 +200,8 @@ def check_rows_destination(path: Path) -> None:
     except (OSError, ValueError):
         rows = None
     if not (isinstance(rows, list) and rows and all(
-            isinstance(row, dict) and {"task", "aggregation", "spearman"} <= row.keys()
+            isinstance(row, dict) and ({"task", "aggregation", "spearman"} <= row.keys()
+                                       or {"task", "split", "ndcg_at_10"} <= row.keys())
             for row in rows)):
         raise BertflowError(f"--json {path} exists and is not rows written by bertflow eval; "
                             "not replacing it")
