@@ -250,17 +250,18 @@ def _export(args: argparse.Namespace) -> None:
 
 def _index(args: argparse.Namespace) -> None:
     from .cache import EmbeddingCache
-    from .files import read_sentences
+    from .corpus import Corpus
     from .folders import INDEX_FOLDER
     from .retrieval import Index
 
     INDEX_FOLDER.check_destination(args.out)
     check_paths(args)
-    items = read_sentences(args.corpus)
+    corpus = Corpus.from_file(args.corpus)
     head, encoder = _head_and_encoder(args)
-    index = Index.build(items, encoder, head=head, pooling=args.pooling, max_length=args.max_length,
-                        cache=EmbeddingCache(args.cache), kind=args.kind, dims=args.dims,
-                        batch_size=args.encode_batch_size, progress=args.progress)
+    index = Index.build(corpus, encoder, head=head, pooling=args.pooling,
+                        max_length=args.max_length, cache=EmbeddingCache(args.cache),
+                        kind=args.kind, dims=args.dims, batch_size=args.encode_batch_size,
+                        progress=args.progress)
     if index is None:  # another process of a torchrun job builds it
         return
     index.save(args.out)
@@ -270,23 +271,25 @@ def _index(args: argparse.Namespace) -> None:
 
 
 def _search(args: argparse.Namespace) -> None:
-    from .files import read_sentences
+    from .beir import read_queries
     from .retrieval import Index
 
-    queries = read_sentences(args.queries) if args.queries else args.query
-    if any(not q.strip() for q in queries):
+    queries = read_queries(args.queries) if args.queries else {
+        str(n): q for n, q in enumerate(args.query, 1)}
+    if any(not q.strip() for q in queries.values()):
         raise BertflowError("empty query")
     index = Index.load(args.index)
-    hits_per_query = index.search(queries, _load_encoder(args, index), args.top)
-    for query, hits in zip(queries, hits_per_query, strict=True):
+    hits_per_query = index.search(list(queries.values()), _load_encoder(args, index), args.top)
+    for (key, query), hits in zip(queries.items(), hits_per_query, strict=True):
         if args.json:
-            print(json.dumps({"query": query, "hits": [hit._asdict() for hit in hits]},
-                             ensure_ascii=False))
+            print(json.dumps({"id": key, "query": query, "hits": [
+                {"id": h.id, "score": h.score, "item": h.item, "line": h.line} for h in hits]},
+                ensure_ascii=False))
             continue
-        print(query)
-        width = max((len(str(hit.line)) for hit in hits), default=1)
+        print(f"{key}  {query}" if args.queries else query)
+        width = max((len(hit.id) for hit in hits), default=1)
         for rank, hit in enumerate(hits, 1):
-            print(f"  {rank:3d}  {hit.score:.4f}  line {hit.line:<{width}d}  {hit.item}")
+            print(f"  {rank:3d}  {hit.score:.4f}  {hit.id:<{width}}  {hit.item}")
 
 
 def _head_and_encoder(args: argparse.Namespace, flow: bool = False) -> tuple[Any, Any]:

@@ -79,13 +79,14 @@ def _command(name: str, summary: str, description: str) -> Callable[[Any], Any]:
     return register
 
 
-@_command("encode", "embed a corpus (one sentence per line) into .npy", """
-        Embed every line of CORPUS with a frozen encoder and a pooling into EMB.npy (float32,
-        one row per line) and its sidecar EMB.meta.json; resumable, and across processes
+@_command("encode", "embed a corpus (one sentence per line, or BEIR's) into .npy", """
+        Embed every line of CORPUS (a text file, or a BEIR corpus.jsonl: each document its
+        title and text) with a frozen encoder and a pooling into EMB.npy (float32, one row per
+        line) and its sidecar EMB.meta.json; resumable, and across processes
         under torchrun. An encode interrupted at --out is neither continued nor discarded
         without --resume or --restart.""")
 def _encode(p: argparse.ArgumentParser) -> None:
-    p.add_argument("corpus", type=Path, help="text file, one sentence per line")
+    p.add_argument("corpus", type=Path, help=_CORPUS_HELP)
     p.add_argument("--out", type=Path, required=True, help="EMB.npy (+ EMB.meta.json)")
     _encoder_options(p)
     interrupted = p.add_mutually_exclusive_group()
@@ -221,10 +222,12 @@ def _export(p: argparse.ArgumentParser) -> None:
 
 
 @_command("index", "build a FAISS index of a corpus for search", """
-        Encode CORPUS (one item per line), transform it with a head, and write a FAISS index
-        of unit vectors (inner product = cosine) that `bertflow search` queries.""")
+        Encode CORPUS (one item per line, or a BEIR corpus.jsonl: each document its title and
+        text), transform it with a head, and write a FAISS index of unit vectors (inner
+        product = cosine) and the items' ids (a BEIR document's _id, else its line) that
+        `bertflow search` queries.""")
 def _index(p: argparse.ArgumentParser) -> None:
-    p.add_argument("corpus", type=Path, help="text file, one item per line")
+    p.add_argument("corpus", type=Path, help=_CORPUS_HELP)
     p.add_argument("--out", type=Path, required=True, help="index folder")
     p.add_argument("--head", type=Path, default=None,
                    help="transform with this head (its encoder and pooling); default: raw "
@@ -239,13 +242,16 @@ def _index(p: argparse.ArgumentParser) -> None:
 
 
 @_command("search", "query an index built by `bertflow index`", """
-        The TOP nearest items of each query, by cosine after the index's head, with the line
-        of the corpus each item came from.""")
+        The TOP nearest items of each query, by cosine after the index's head: rank, score,
+        id (a BEIR document's _id, else the line of the corpus) and the item. --json prints
+        one JSON object a query: its id, text and hits (id, score, item, line).""")
 def _search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=Path, required=True, help="folder made by `bertflow index`")
     queries = p.add_mutually_exclusive_group(required=True)
     queries.add_argument("--query", action="append", help="a query; repeat for several")
-    queries.add_argument("--queries", type=Path, help="text file, one query per line")
+    queries.add_argument("--queries", type=Path,
+                         help="a BEIR queries.jsonl (its ids kept), or a text file of one "
+                              "query a line (ids: the lines)")
     p.add_argument("--top", type=positive, default=10, help="hits per query")
     p.add_argument("--k", action=_Refused, nargs="?", help=argparse.SUPPRESS,
                    const="hits per query are --top; --k is the components of whitening-k")
@@ -280,6 +286,7 @@ _ENCODER_OF_HEAD = ("encoder folder (default: the one the head records, checked 
                     "fingerprint)")
 _HEADS_POOLING = f"the head's, else {DEFAULT_POOLING}"
 _HEADS_MAX_LENGTH = f"the head's, else {DEFAULT_MAX_LENGTH}"
+_CORPUS_HELP = "text file of one sentence a line, or a BEIR corpus.jsonl (a file named *.jsonl)"
 _CACHE_HELP = "embedding cache folder (default: $BERTFLOW_CACHE, else ~/.cache/bertflow)"
 
 

@@ -141,7 +141,7 @@ def _holds_working_folder(path: Path) -> bool:
 
 
 HEAD_FOLDER = FolderFormat("bertflow-head", "a flow head", "head", 2, "config.json")
-INDEX_FOLDER = FolderFormat("bertflow-index", "an index", "index", 2, "config.json")
+INDEX_FOLDER = FolderFormat("bertflow-index", "an index", "index", 3, "config.json")
 PIPELINE_FOLDER = FolderFormat("bertflow-pipeline", "a bertflow sentence-transformers export",
                                "sentence-transformers export")
 PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plots", files=(

@@ -1,9 +1,10 @@
-"""Vector search over transformed embeddings with FAISS; an index
-folder holds `index.faiss`, `items.json`, `config.json`, the head in `head/` and the manifest."""
+"""Vector search over transformed embeddings with FAISS; an index folder holds `index.faiss`,
+`items.json` (the items and their ids), `config.json`, the head in `head/` and the manifest."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,21 +38,24 @@ def _faiss() -> Any:
 
 
 class Hit(NamedTuple):
-    """One search result: the cosine `score`, the `item` and its line (position + 1)."""
+    """One search result: the cosine `score`, the `item`, its line (position + 1) and its `id`
+    (a BEIR document's `_id`; for a text corpus, the line as text)."""
 
     score: float
     item: str
     line: int
+    id: str
 
 
 class Index:
-    """Sentences and their vectors (encoder → pooling → head → optional PCA → unit length) in
-    a FAISS inner-product index, exact (`flat`) or approximate (`hnsw`)."""
+    """Sentences, their ids and their vectors (encoder → pooling → head → optional PCA → unit
+    length) in a FAISS inner-product index, exact (`flat`) or approximate (`hnsw`)."""
 
     def __init__(self, faiss_index: Any, items: list[str], config: dict[str, Any],
-                 head: FlowHead | None = None):
+                 head: FlowHead | None = None, ids: list[str] | None = None):
         self.faiss_index = faiss_index
         self.items = items
+        self.ids = _check_ids(ids, len(items))
         self.config = config
         self.head = head
 
@@ -66,14 +70,17 @@ class Index:
 
     @classmethod
     def from_embeddings(cls, x: np.ndarray, items: Sequence[str], *,
-                        head: FlowHead | None = None, encoder: EncoderId | None = None,
+                        ids: Sequence[str] | None = None, head: FlowHead | None = None,
+                        encoder: EncoderId | None = None,
                         pooling: str = DEFAULT_POOLING, max_length: int = DEFAULT_MAX_LENGTH,
                         kind: str = "flat", dims: int | None = None, hnsw_m: int = 32) -> Index:
-        """Index pooled embeddings `x` of `items`, after `head`, keeping `dims` components."""
+        """Index pooled embeddings `x` of `items` (named by `ids`, by default their lines),
+        after `head`, keeping `dims` components."""
         faiss = _faiss()
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
             raise BertflowError(f"need one embedding row per item: {x.shape} for {len(items)}")
+        ids = _check_ids(ids, len(items))
         if kind not in KINDS:
             raise BertflowError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
         check_pooling(pooling)
@@ -102,28 +109,35 @@ class Index:
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
                   "max_length": max_length, "kind": kind, "dim": dim, "dims": out,
                   "count": len(items), "head": head is not None}
-        return cls(index, list(items), config, head)
+        return cls(index, list(items), config, head, ids)
 
     @classmethod
-    def build(cls, sentences: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
-              *, head: FlowHead | None = None, pooling: str | None = None,
+    def build(cls, sentences: Sequence[str] | Corpus,
+              encoder: Encoder | str | os.PathLike | None = None, *,
+              ids: Sequence[str] | None = None, head: FlowHead | None = None,
+              pooling: str | None = None,
               max_length: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
               cache: EmbeddingCache | None = None, progress: bool | None = None,
               **options: Any) -> Index | None:
-        """Embed `sentences`, then index them. Under torchrun, with a `cache` the processes
-        share the encoding and rank 0 alone gets the index (the others None)."""
+        """Embed `sentences` (a list, or a `Corpus`, read streamed, whose ids are the default
+        `ids`), then index them. Under torchrun, with a `cache` the processes share the encoding
+        and rank 0 alone gets the index (the others None)."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
             else (check_pooling(pooling or DEFAULT_POOLING), max_length or DEFAULT_MAX_LENGTH)
+        corpus = sentences if isinstance(sentences, Corpus) else None
+        if ids is None and corpus is not None:
+            ids = corpus.ids
         if cache is None:
+            sentences = list(sentences)
             x = encoder.encode(sentences, pooling, max_length, batch_size, progress)
         else:
-            x = cache.files(Corpus.from_sentences(sentences), encoder, pooling, max_length,
-                            batch_size, progress)[pooling].load()
+            x = cache.files(corpus or Corpus.from_sentences(sentences), encoder, pooling,
+                            max_length, batch_size, progress)[pooling].load()
             if not distributed.is_main():
                 return None
-        return cls.from_embeddings(x, sentences, head=head, encoder=encoder.id, pooling=pooling,
-                                   max_length=max_length, **options)
+        return cls.from_embeddings(x, list(sentences), ids=ids, head=head, encoder=encoder.id,
+                                   pooling=pooling, max_length=max_length, **options)
 
     def search_embeddings(self, x: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """Cosine scores and item ids (rows, k), best first, for pooled query embeddings."""
@@ -142,7 +156,7 @@ class Index:
 
     def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
                k: int = 10, batch_size: int = DEFAULT_BATCH_SIZE) -> list[list[Hit]]:
-        """For each query, the `k` nearest items as `Hit(score, item, line)`, best first."""
+        """For each query, the `k` nearest items as `Hit(score, item, line, id)`, best first."""
         if isinstance(queries, str):
             raise BertflowError("expected a list of queries, got one string: pass [query]")
         encoder = resolve_encoder(encoder, self.encoder)
@@ -151,7 +165,7 @@ class Index:
             raise BertflowError(f"index was built with encoder {mine}; got encoder {encoder.id}")
         x = encoder.encode(queries, self.pooling, self.config["max_length"], batch_size)
         scores, ids = self.search_embeddings(x, k)
-        return [[Hit(float(s), self.items[i], int(i) + 1)
+        return [[Hit(float(s), self.items[i], int(i) + 1, self.ids[i])
                  for s, i in zip(row_s, row_i, strict=True) if i >= 0]
                 for row_s, row_i in zip(scores, ids, strict=True)]
 
@@ -161,7 +175,7 @@ class Index:
 
         def fill(tmp: Path) -> None:
             faiss.write_index(self.faiss_index, str(tmp / _INDEX))
-            write_json(tmp / _ITEMS, {"items": self.items})
+            write_json(tmp / _ITEMS, {"items": self.items, "ids": self.ids})
             if self.head is not None:
                 (tmp / _HEAD).mkdir()
                 self.head.write(tmp / _HEAD)
@@ -187,9 +201,15 @@ class Index:
                 raise ValueError("bad kind, dims or count")
         except (KeyError, TypeError, ValueError, BertflowError) as e:
             raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
-        items = read_json(path / _ITEMS).get("items")
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise BertflowError(f"{path / _ITEMS} does not hold a list of items")
+        stored = read_json(path / _ITEMS)
+        items, ids = stored.get("items"), stored.get("ids")
+        if not all(isinstance(v, list) and all(isinstance(i, str) for i in v)
+                   for v in (items, ids)):
+            raise BertflowError(f"{path / _ITEMS} does not hold a list of items and their ids")
+        try:
+            _check_ids(ids, len(items))
+        except BertflowError as e:
+            raise BertflowError(f"{path / _ITEMS}: {e}") from None
         try:
             index = faiss.read_index(str(path / _INDEX))
         except RuntimeError as e:
@@ -210,4 +230,17 @@ class Index:
                 raise BertflowError(f"{path}: its head gives {head.out_dim}-d vectors, its "
                                     f"index holds {dim}-d ones")
         config.pop("sha256", None)  # belongs to the files on disk; `save` writes it afresh
-        return cls(index, items, config, head)
+        return cls(index, items, config, head, ids)
+
+
+def _check_ids(ids: Sequence[str] | None, count: int) -> list[str]:
+    """`ids` as a list, checked to name `count` items once each; None: the lines as text."""
+    if ids is None:
+        return [str(line) for line in range(1, count + 1)]
+    ids = list(ids)
+    if len(ids) != count or not all(isinstance(i, str) for i in ids):
+        raise BertflowError(f"need one id (a string) per item: {len(ids)} for {count}")
+    if len(set(ids)) != count:
+        repeated = next(i for i, n in Counter(ids).items() if n > 1)
+        raise BertflowError(f"ids must be unique: {repeated!r} names more than one item")
+    return ids

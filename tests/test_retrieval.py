@@ -45,8 +45,8 @@ def test_flat_index_is_exact_cosine_after_the_head(head, tiny_encoder, items):
                                np.take_along_axis(cosines, expected, 1), atol=1e-5)
     assert (ids[:5, 0] == np.arange(5)).all()  # each item finds itself first
     hits = index.search(["a man plays the guitar"], tiny_encoder, k=3)[0]
-    assert hits[0] == (pytest.approx(1, abs=1e-5), "a man plays the guitar", 1)
-    assert [s for s, _, _ in hits] == sorted((s for s, _, _ in hits), reverse=True)
+    assert hits[0] == (pytest.approx(1, abs=1e-5), "a man plays the guitar", 1, "1")
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
 
 
 def test_hnsw_and_reduced_indexes(head, tiny_encoder, items):
@@ -73,6 +73,7 @@ def test_save_load_round_trip(tmp_path, head, tiny_encoder, items):
     index.save(tmp_path / "idx")
     loaded = Index.load(tmp_path / "idx")
     assert loaded.config == index.config and loaded.items == items
+    assert loaded.ids == [str(n) for n in range(1, len(items) + 1)]
     queries = ["the cat eats", "a red car"]
     assert loaded.search(queries, tiny_encoder) == index.search(queries, tiny_encoder)
 
@@ -95,6 +96,15 @@ def test_refusals(tmp_path, head, tiny_encoder, items, other_encoder_dir, wide_e
     with pytest.raises(BertflowError, match="items.json does not match the checksum"):
         Index.load(folder)
     sums = json.loads((folder / "config.json").read_text())["sha256"]
+    edit_config(folder, sha256={**sums, "items.json": sha256_file(folder / "items.json")})
+    with pytest.raises(BertflowError, match="does not hold a list of items and their ids"):
+        Index.load(folder)
+    (folder / "items.json").write_text(json.dumps({"items": items[:-1],
+                                                   "ids": ["7"] * (len(items) - 1)}))
+    edit_config(folder, sha256={**sums, "items.json": sha256_file(folder / "items.json")})
+    with pytest.raises(BertflowError, match="items.json: ids must be unique: '7'"):
+        Index.load(folder)
+    (folder / "items.json").write_text(json.dumps({"items": items[:-1], "ids": index.ids[:-1]}))
     edit_config(folder, sha256={**sums, "items.json": sha256_file(folder / "items.json")})
     with pytest.raises(BertflowError, match="inconsistent"):
         Index.load(folder)
@@ -144,12 +154,14 @@ def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, ite
                  "--top", "2", "--encoder", str(tiny_encoder_dir), "--json"]) == 0
     hit = json.loads(capsys.readouterr().out)
     assert hit["hits"][0]["item"] == "a man plays the guitar" and len(hit["hits"]) == 2
-    for h in hit["hits"]:  # the 1-based line of the corpus file each item came from
-        assert set(h) == {"score", "item", "line"}
+    assert (hit["id"], hit["query"]) == ("1", "a man plays the guitar")
+    for h in hit["hits"]:  # a text corpus: the id is the 1-based line each item came from
+        assert set(h) == {"id", "score", "item", "line"} and h["id"] == str(h["line"])
         assert corpus.read_text().splitlines()[h["line"] - 1] == h["item"]
     assert main(["search", "--index", str(tmp_path / "idx"), "--query", items[40], "--top", "1",
                  "--encoder", str(tiny_encoder_dir)]) == 0
-    assert capsys.readouterr().out.splitlines()[1].split()[2:4] == ["line", "41"]
+    query, row = capsys.readouterr().out.splitlines()
+    assert query == items[40] and row.split(maxsplit=3) == ["1", row.split()[1], "41", items[40]]
 
     for args, message in (
         (["search", "--index", str(tmp_path / "none"), "--query", "x"], "no index"),
@@ -174,11 +186,11 @@ def test_hits_carry_their_line(saved, tiny_encoder, items):
     index = Index.load(saved)
     queries = [items[7], items[100]]
     for query, hits in zip(queries, index.search(queries, tiny_encoder, k=3), strict=True):
-        assert isinstance(hits[0], Hit) and hits[0]._fields == ("score", "item", "line")
+        assert isinstance(hits[0], Hit) and hits[0]._fields == ("score", "item", "line", "id")
         assert hits[0].item == query and hits[0].line == items.index(query) + 1
-        assert all(items[hit.line - 1] == hit.item for hit in hits)
-        score, item, line = hits[0]
-        assert (score, item, line) == (hits[0].score, hits[0].item, hits[0].line)
+        assert all(items[hit.line - 1] == hit.item and hit.id == str(hit.line) for hit in hits)
+        score, item, line, key = hits[0]
+        assert (score, item, line, key) == (hits[0].score, hits[0].item, hits[0].line, hits[0].id)
     with pytest.raises(BertflowError, match="one string"):
         index.search(items[0], tiny_encoder)
 
