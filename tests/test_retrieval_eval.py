@@ -158,7 +158,7 @@ def test_methods_fit_on_the_documents_the_queries_or_a_file_never_the_qrels(
     cache = EmbeddingCache(tmp_path / "cache")
     rows = {}
     for fit_on in ("corpus", "queries", text, ["corpus", "queries", text]):
-        [rows[str(fit_on)]] = evaluate_retrieval(task, "whitening", tiny_encoder, cache,
+        [rows[str(fit_on)]] = evaluate_retrieval(task, "whitening", tiny_encoder, cache, k=3,
                                                  pooling="mean", max_length=32, fit_on=fit_on)
     assert fitted == [24, 4, 30, 58]
     assert rows[str(text)]["fit_on"] == "more.txt"
@@ -171,7 +171,7 @@ def test_methods_fit_on_the_documents_the_queries_or_a_file_never_the_qrels(
 @pytest.mark.parametrize("method", ["standardize", "whitening-k", "abtt", "flow"])
 def test_each_method_scores(task, tiny_encoder, tmp_path, method):
     options = {"k": 4} if method == "whitening-k" else {"d": 1} if method == "abtt" else {}
-    recipe = {"flow": {"levels": 2, "depth": 1}, "train": {"epochs": 1}}
+    recipe = {"flow": {"levels": 2, "depth": 2}, "train": {"epochs": 1}}
     [row] = evaluate_retrieval(task, method, tiny_encoder, EmbeddingCache(tmp_path / "c"),
                                pooling="mean", max_length=32, recipe=recipe, progress=False,
                                **options)
@@ -208,12 +208,12 @@ def test_cli_eval_retrieval(beir, tiny_encoder_dir, tmp_path, capsys):
     [row] = json.loads(rows_file.read_text())
     assert (row["split"], row["method"], row["fit_on"]) == ("test", "raw", "corpus")
     code, out, err = run(capsys, "eval", "--retrieval", beir, "--split", "train", "--method",
-                         "whitening", "--k", "4", "--fit-on", "queries", *common, "--json",
+                         "whitening", "--k", "3", "--fit-on", "queries", *common, "--json",
                          rows_file)
     assert code == 0, err
     [row] = json.loads(rows_file.read_text())
     assert (row["split"], row["method"], row["k"], row["fit_on"]) == (
-        "train", "whitening-k", 4, "queries")
+        "train", "whitening-k", 3, "queries")
     head = tmp_path / "head"
     fit_tiny_head(__import__("bertflow").load_encoder(tiny_encoder_dir), "mean").save(head)
     code, out, err = run(capsys, "eval", "--retrieval", beir, "--head", head, "--encoder",
