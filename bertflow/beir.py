@@ -45,7 +45,7 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
 
     def counted() -> Iterator[str]:
         for number, record in _records(path):
-            ids.setdefault(_id(path, number, record, ids), number)
+            ids[_id(path, number, record, ids)] = number
             yield _document(path, number, record)
 
     digest = corpus_sha256(counted())

@@ -80,9 +80,9 @@ def _command(name: str, summary: str, description: str) -> Callable[[Any], Any]:
 
 
 @_command("encode", "embed a corpus (one sentence per line, or BEIR's) into .npy", """
-        Embed every line of CORPUS (a text file, or a BEIR corpus.jsonl: each document its
-        title and text) with a frozen encoder and a pooling into EMB.npy (float32, one row per
-        line) and its sidecar EMB.meta.json; resumable, and across processes
+        Embed every line of CORPUS (of a BEIR corpus.jsonl: title and text) with a frozen
+        encoder and a pooling into EMB.npy (float32, one row per line) and its sidecar
+        EMB.meta.json; resumable, and across processes
         under torchrun. An encode interrupted at --out is neither continued nor discarded
         without --resume or --restart.""")
 def _encode(p: argparse.ArgumentParser) -> None:
@@ -222,10 +222,9 @@ def _export(p: argparse.ArgumentParser) -> None:
 
 
 @_command("index", "build a FAISS index of a corpus for search", """
-        Encode CORPUS (one item per line, or a BEIR corpus.jsonl: each document its title and
-        text), transform it with a head, and write a FAISS index of unit vectors (inner
-        product = cosine) and the items' ids (a BEIR document's _id, else its line) that
-        `bertflow search` queries.""")
+        Encode CORPUS (one item per line, or a BEIR corpus.jsonl), transform it with a head,
+        and write a FAISS index of unit vectors (inner product = cosine) and the items' ids
+        (a BEIR document's _id, else its line) that `bertflow search` queries.""")
 def _index(p: argparse.ArgumentParser) -> None:
     p.add_argument("corpus", type=Path, help=_CORPUS_HELP)
     p.add_argument("--out", type=Path, required=True, help="index folder")
@@ -249,9 +248,7 @@ def _search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=Path, required=True, help="folder made by `bertflow index`")
     queries = p.add_mutually_exclusive_group(required=True)
     queries.add_argument("--query", action="append", help="a query; repeat for several")
-    queries.add_argument("--queries", type=Path,
-                         help="a BEIR queries.jsonl (its ids kept), or a text file of one "
-                              "query a line (ids: the lines)")
+    queries.add_argument("--queries", type=Path, help="BEIR queries.jsonl, or one query a line")
     p.add_argument("--top", type=positive, default=10, help="hits per query")
     p.add_argument("--k", action=_Refused, nargs="?", help=argparse.SUPPRESS,
                    const="hits per query are --top; --k is the components of whitening-k")

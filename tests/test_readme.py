@@ -42,9 +42,9 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def _search_finds_the_noori(out: str) -> None:
-    """The query paraphrases line 985 of the corpus: it is the first hit, well ahead."""
+    """The query paraphrases line 985 of the corpus (its id): it is the first hit, well ahead."""
     hits = [(float(score), int(line)) for score, line in
-            re.findall(r"^\s+\d+\s+(-?[\d.]+)\s+line (\d+)\s", out, re.MULTILINE)]
+            re.findall(r"^\s+\d+\s+(-?[\d.]+)\s+(\d+)\s", out, re.MULTILINE)]
     assert len(hits) >= 2 and hits[0][1] == 985, hits
     assert hits[0][0] > 0.5 and hits[0][0] - hits[1][0] > 0.15, hits
 
