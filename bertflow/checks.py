@@ -127,7 +127,9 @@ def check_inputs(args: argparse.Namespace) -> None:
     if getattr(args, "retrieval", None) is not None:
         for name in ("corpus.jsonl", "queries.jsonl", f"qrels/{args.split or 'test'}.tsv"):
             if not (args.retrieval / name).is_file():
-                raise BertflowError(f"no {name} in the BEIR folder {args.retrieval}")
+                splits = sorted(p.stem for p in (args.retrieval / "qrels").glob("*.tsv"))
+                raise BertflowError(f"no {name} in the BEIR folder {args.retrieval} (splits: "
+                                    f"{', '.join(splits) or 'none'})")
 
 
 def check_paths(args: argparse.Namespace, output: str = "out") -> None:

@@ -158,10 +158,9 @@ def _transform(p: argparse.ArgumentParser) -> None:
 @_command("eval", "score the STS tasks of a data folder, or retrieval on a BEIR task", """
         Spearman correlation × 100 of cosine similarity with human scores on the STS tasks
         found in DATA (SentEval's layout), for a fitted head or for a method fit on each task's
-        own sentences (no scores) or on a text file. With --retrieval, a BEIR task instead:
-        every document ranked by cosine for each query of the split, scored with pytrec_eval
-        as MTEB does (nDCG@10, MAP@100, MRR@10, recall@100), the method fit on the documents,
-        the queries or text files (never the qrels).""")
+        own sentences (no scores) or on a text file. With --retrieval, a BEIR task's split:
+        all documents ranked by cosine per query, scored as MTEB does with pytrec_eval
+        (nDCG@10, MAP@100, MRR@10, recall@100); the method never sees the qrels.""")
 def _eval(p: argparse.ArgumentParser) -> None:
     data = p.add_mutually_exclusive_group(required=True)
     data.add_argument("--data", type=Path, help="folder in SentEval's layout (STS)")
@@ -173,11 +172,10 @@ def _eval(p: argparse.ArgumentParser) -> None:
     which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
     which.add_argument("--method", choices=METHODS, default=None, help="default: flow")
     p.add_argument("--fit-on", nargs="+", default=None, metavar="SOURCE",
-                   help="STS: 'target' (each task's own sentences, no scores; the default), a "
-                        "text file of sentences, or several: 'target FILE' fits each task "
-                        "on its own sentences and the file's together. --retrieval: "
-                        "'corpus' (the documents; the default), 'queries' (the split's), text "
-                        "files, or several, embedded together")
+                   help="STS: 'target' (each task's own sentences, no scores; the default), "
+                        "text files, or both: 'target FILE' fits each task on its own sentences "
+                        "and the file's. --retrieval: 'corpus' (the documents; the default), "
+                        "'queries' (the split's), text files, or several together")
     _baseline_options(p)
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=None,
                    help="STS tasks to score, where DATA has them (default: all)")

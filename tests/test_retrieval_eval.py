@@ -225,7 +225,8 @@ def test_cli_eval_retrieval(beir, tiny_encoder_dir, tmp_path, capsys):
 def test_cli_eval_retrieval_refusals(beir, tmp_path, capsys):
     missing = tmp_path / "missing"
     cases = [
-        (["--retrieval", beir, "--split", "dev"], f"no qrels/dev.tsv in the BEIR folder {beir}"),
+        (["--retrieval", beir, "--split", "dev"],
+         f"no qrels/dev.tsv in the BEIR folder {beir} (splits: test, train)"),
         (["--retrieval", missing], f"no BEIR folder at {missing}"),
         (["--retrieval", beir, "--fit-on", "target"], "--fit-on target applies to --data"),
         (["--retrieval", beir, "--fit-on", "corpus", missing], f"no such file: {missing}"),
