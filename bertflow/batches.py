@@ -47,8 +47,7 @@ def token_batches(tokenize: Callable[[Sequence[str]], Any], sentences: Sequence[
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     fields = {key: np.concatenate(values) for key, values in parts.items()}
-    pads = {"input_ids": 0 if pad_id is None else pad_id, "token_type_ids": 0,
-            "special_tokens_mask": 1}
+    pads = {"input_ids": pad_id or 0, "token_type_ids": 0, "special_tokens_mask": 1}
     order = np.argsort(-lengths, kind="stable")
     for first in range(0, len(order), batch_size):
         rows = order[first : first + batch_size]
