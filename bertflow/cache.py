@@ -1,5 +1,4 @@
-"""The embedding cache: a folder of embeddings files keyed by what made them; and where the
-embeddings to fit come from (`training_embeddings`)."""
+"""The embedding cache: a folder of embeddings files keyed by what made them."""
 
 from __future__ import annotations
 
@@ -15,20 +14,12 @@ import numpy as np
 from . import distributed
 from .corpus import Corpus
 from .embeddings import EmbeddingFile, embeddings_meta, finished, read_meta
-from .encoder import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_POOLING,
-    Encoder,
-    check_batch_size,
-    check_max_length,
-    check_pooling,
-    load_encoder,
-)
+from .encoder import DEFAULT_BATCH_SIZE, Encoder, check_batch_size, check_pooling
 from .errors import BertflowError
 from .outputs import check_destination, lock, place
 from .writer import write_embeddings
 
-__all__ = ["EmbeddingCache", "default_cache", "encode_to", "training_embeddings"]
+__all__ = ["EmbeddingCache", "default_cache", "encode_to"]
 
 
 def default_cache() -> Path:
@@ -129,27 +120,3 @@ def encode_to(path: str | os.PathLike, corpus: Corpus, encoder: Encoder, pooling
         cache.adopt(path)
     distributed.barrier()
     return cached is None
-
-
-def training_embeddings(source: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
-                        pooling: str | None = None, max_length: int = 128,
-                        batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
-                        device: str = "auto", dtype: str = "float32",
-                        progress: bool | None = None, check: Callable[[int], None] | None = None
-                        ) -> tuple[EmbeddingFile, dict[str, Any]]:
-    """The embeddings of the text file `source` to fit a head to, encoded by `encoder` (default:
-    the package's) with `pooling` (default first_last) through `cache` once `check` passes their
-    width, and their origin: encoder (an `EncoderId`), pooling, max length, the data's digest
-    (``data``), what a head records of its corpus (``corpus``) and the `Encoder` (``loaded``)."""
-    check_max_length(max_length)  # and against the encoder when one encodes the text
-    source = Path(source)
-    corpus = Corpus.from_file(source)
-    loaded = load_encoder(encoder, device, dtype)
-    pooling = pooling or DEFAULT_POOLING
-    if check is not None:
-        check(loaded.width(pooling))
-    x = (cache or EmbeddingCache()).files(corpus, loaded, pooling, max_length, batch_size,
-                                          progress=progress)[pooling]
-    return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
-               "data": corpus.sha256,
-               "corpus": {"sha256": corpus.sha256, "file": source.name}, "loaded": loaded}
