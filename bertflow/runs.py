@@ -88,13 +88,7 @@ def fit_head(job: FitJob, *, say: Say | None = None,
                                    corpus=origin["corpus"])
         head.save(job.out)
         return FittedHead(head, None)
-    run = {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
-           "before": job.recipe.before, "pooling": origin["pooling"],
-           "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
-           "max_length": origin["max_length"], "data": origin["data"]}  # what a checkpoint is of
-    state = checkpoint.state_for(run, say) if checkpoint is not None else None
-    measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
-    return _train(job, x, origin, run, state, checkpoint, measure, say, progress)
+    return _train(job, x, origin, checkpoint, dev, say, progress)
 
 
 def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, Any]]:
@@ -134,11 +128,16 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
     return job, x, {**origin, "loaded": loaded}
 
 
-def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
-           state: TrainState | None, checkpoint: CheckpointFile | None, measure: Any,
-           say: Say | None, progress: bool | None) -> FittedHead | None:
-    """Fit, checkpointing and logging each epoch, and save the head. A failed run leaves
+def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFile | None,
+           dev: Any, say: Say | None, progress: bool | None) -> FittedHead | None:
+    """Fit the flow, checkpointing and logging each epoch, and save the head. A failed run leaves
     `--logdir` as it was unless a checkpoint can resume it."""
+    run = {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
+           "before": job.recipe.before, "pooling": origin["pooling"],
+           "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
+           "max_length": origin["max_length"], "data": origin["data"]}  # what a checkpoint is of
+    state = checkpoint.state_for(run, say) if checkpoint is not None else None
+    measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
     main = distributed.is_main()
     recorded = checkpoint.saved.logs if state is not None else None
     logs = RunLogs(job.logdir, job.recipe.train.seed, recorded) \
