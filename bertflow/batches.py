@@ -13,7 +13,7 @@ import torch
 
 from .errors import BertflowError
 
-__all__ = ["Tokens", "check_batch_size", "check_max_length", "release_free_memory"]
+__all__ = ["check_batch_size", "check_max_length", "release_free_memory", "token_batches"]
 
 
 def check_batch_size(batch_size: Any) -> int:
@@ -28,45 +28,38 @@ def check_max_length(max_length: Any) -> int:
     return max_length
 
 
-class Tokens:
-    """A chunk's token fields as flat int32 arrays, `tokenize`d a slice at a time (a tokenizer's
-    own output for thousands of sentences takes tens of MB); `limit` is the model's positions."""
-
-    def __init__(self, tokenize: Callable[[Sequence[str]], Any], sentences: Sequence[str],
-                 pad_id: int | None, limit: int | None, slice_size: int = 512):
-        parts: dict[str, list[np.ndarray]] = {}
-        lengths = []
-        for start in range(0, len(sentences), slice_size):
-            tokens = tokenize(sentences[start : start + slice_size])
-            lengths += [len(ids) for ids in tokens["input_ids"]]
-            for key in ("input_ids", "token_type_ids", "special_tokens_mask"):
-                if key in tokens:
-                    parts.setdefault(key, []).append(
-                        np.fromiter(itertools.chain.from_iterable(tokens[key]), np.int32))
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
-        self.fields = {key: np.concatenate(values) for key, values in parts.items()}
-        self.pads = {"input_ids": 0 if pad_id is None else pad_id, "token_type_ids": 0,
-                     "special_tokens_mask": 1}
-        self.limit = limit
-
-    def batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
-        """The rows of each batch, longest sentences first, and the batch: right-padded to its
-        longest, rounded up by `padded_width` within the model's positions, and masked."""
-        order = np.argsort(-self.lengths, kind="stable")
-        for first in range(0, len(order), batch_size):
-            rows = order[first : first + batch_size]
-            lengths = self.lengths[rows]
-            longest = int(lengths.max())
-            width = max(longest, min(padded_width(longest), self.limit or longest))
-            batch = {key: np.full((len(rows), width), self.pads[key], dtype=np.int64)
-                     for key in self.fields}
-            for j, (row, length) in enumerate(zip(rows, lengths, strict=True)):
-                start = self.starts[row]
-                for key, values in self.fields.items():
-                    batch[key][j, :length] = values[start : start + length]
-            batch["attention_mask"] = (np.arange(width) < lengths[:, None]).astype(np.int64)
-            yield rows, {key: torch.from_numpy(value) for key, value in batch.items()}
+def token_batches(tokenize: Callable[[Sequence[str]], Any], sentences: Sequence[str],
+                  pad_id: int | None, limit: int | None, batch_size: int,
+                  slice_size: int = 512) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+    """The rows of each batch, longest sentences first, and the batch: right-padded to its
+    longest, rounded up by `padded_width` within the model's `limit` of positions, and masked.
+    The sentences are `tokenize`d a slice at a time into flat int32 arrays (a tokenizer's own
+    output for thousands of sentences takes tens of MB)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    lengths = []
+    for start in range(0, len(sentences), slice_size):
+        tokens = tokenize(sentences[start : start + slice_size])
+        lengths += [len(ids) for ids in tokens["input_ids"]]
+        for key in ("input_ids", "token_type_ids", "special_tokens_mask"):
+            if key in tokens:
+                parts.setdefault(key, []).append(
+                    np.fromiter(itertools.chain.from_iterable(tokens[key]), np.int32))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    fields = {key: np.concatenate(values) for key, values in parts.items()}
+    pads = {"input_ids": pad_id or 0, "token_type_ids": 0, "special_tokens_mask": 1}
+    order = np.argsort(-lengths, kind="stable")
+    for first in range(0, len(order), batch_size):
+        rows = order[first : first + batch_size]
+        row_lengths = lengths[rows]
+        longest = int(row_lengths.max())
+        width = max(longest, min(padded_width(longest), limit or longest))
+        batch = {key: np.full((len(rows), width), pads[key], dtype=np.int64) for key in fields}
+        for j, (row, length) in enumerate(zip(rows, row_lengths, strict=True)):
+            for key, values in fields.items():
+                batch[key][j, :length] = values[starts[row] : starts[row] + length]
+        batch["attention_mask"] = (np.arange(width) < row_lengths[:, None]).astype(np.int64)
+        yield rows, {key: torch.from_numpy(value) for key, value in batch.items()}
 
 
 def padded_width(longest: int) -> int:

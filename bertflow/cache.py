@@ -1,5 +1,4 @@
-"""The embedding cache: a folder of embeddings files keyed by what made them; and where the
-embeddings to fit come from (`training_embeddings`)."""
+"""The embedding cache: a folder of embeddings files keyed by what made them."""
 
 from __future__ import annotations
 
@@ -7,6 +6,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -14,39 +14,29 @@ import numpy as np
 
 from . import distributed
 from .corpus import Corpus
-from .embeddings import EmbeddingFile, embeddings_meta, finished, read_meta
-from .encoder import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_POOLING,
-    Encoder,
-    check_batch_size,
-    check_max_length,
-    check_pooling,
-    load_encoder,
-)
+from .embeddings import EmbeddingFile, embeddings_meta, finished
+from .encoder import DEFAULT_BATCH_SIZE, Encoder, check_batch_size, check_pooling
 from .errors import BertflowError
 from .outputs import check_destination, lock, place
 from .writer import write_embeddings
 
-__all__ = ["EmbeddingCache", "default_cache", "encode_to", "training_embeddings"]
-
-
-def default_cache() -> Path:
-    """Where the cache is unless a folder is given: `$BERTFLOW_CACHE/embeddings`, else
-    `$XDG_CACHE_HOME/bertflow/embeddings`, else `~/.cache/bertflow/embeddings`."""
-    root = os.environ.get("BERTFLOW_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bertflow")
-    return Path(root) / "embeddings"
+__all__ = ["EmbeddingCache", "encode_to"]
 
 
 class EmbeddingCache:
     """A folder of embeddings keyed by (encoder weights, precision, pooling, max_length,
     corpus). An entry is used only when its sidecar matches the request and the file its
     checksum; anything else is encoded again by the streaming writer, which continues an
-    interrupted entry where it can and lets two processes asking for one entry encode it once."""
+    interrupted entry where it can and lets two processes asking for one entry encode it once.
+    The folder is `root`, else `$BERTFLOW_CACHE/embeddings`, else
+    `$XDG_CACHE_HOME/bertflow/embeddings`, else `~/.cache/bertflow/embeddings`."""
 
     def __init__(self, root: str | os.PathLike | None = None):
-        self.root = Path(root) if root is not None else default_cache()
+        if root is None:
+            root = Path(os.environ.get("BERTFLOW_CACHE") or Path(
+                os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "bertflow"))
+            root /= "embeddings"
+        self.root = Path(root)
 
     def embedder(self, encoder: Encoder, pooling: str, max_length: int = 128,
                  batch_size: int = DEFAULT_BATCH_SIZE,
@@ -93,63 +83,26 @@ class EmbeddingCache:
         arrays = {p: f.load() for p, f in files.items()}
         return arrays[pooling] if isinstance(pooling, str) else arrays
 
-    def adopt(self, path: str | os.PathLike) -> Path | None:
-        """Add a finished embeddings file to the cache as a hard link (no copy); None where
-        links cannot be made or another process is writing the entry."""
-        meta = read_meta(path)
-        if meta is None:
-            raise BertflowError(f"{path} has no sidecar to file it under")
-        target = self.path(meta)
-        if self.get(meta) is not None:
-            return target
-        try:
-            with lock(target, wait=False):
-                place(EmbeddingFile(path), target, copy=False)
-        except (OSError, BertflowError):
-            return None
-        return target
-
 
 def encode_to(path: str | os.PathLike, corpus: Corpus, encoder: Encoder, pooling: str,
               max_length: int = 128, batch_size: int = DEFAULT_BATCH_SIZE, *,
               cache: EmbeddingCache | None = None, resume: bool = False, restart: bool = False,
               progress: bool | None = None) -> bool:
     """Write the embeddings of `corpus` to `path` by `write_embeddings` (its lock and its rules
-    for a stopped run), copied from `cache` when it has them, else filed there; whether they were
+    for a stopped run), copied from `cache` when it has them, else filed there as a hard link
+    (not where links cannot be made or another process is writing the entry); whether they were
     encoded (under torchrun only rank 0 knows: the others say True)."""
     check_batch_size(batch_size)
     path = check_destination(path)
-    cached = None
+    meta = cached = None
     if cache is not None and distributed.is_main():
-        cached = cache.get(embeddings_meta(corpus, encoder, check_pooling(pooling), max_length))
+        meta = embeddings_meta(corpus, encoder, check_pooling(pooling), max_length)
+        cached = cache.get(meta)
     write_embeddings({pooling: path}, corpus, encoder, max_length, batch_size, resume=resume,
                      restart=restart, progress=progress,
                      copies=None if cached is None else {pooling: cached})
-    if cache is not None and cached is None and distributed.is_main():
-        cache.adopt(path)
+    if cache is not None and meta is not None and cached is None and cache.get(meta) is None:
+        with suppress(OSError, BertflowError), lock(cache.path(meta), wait=False):
+            place(EmbeddingFile(path), cache.path(meta), copy=False)
     distributed.barrier()
     return cached is None
-
-
-def training_embeddings(source: str | os.PathLike, *, encoder: str | os.PathLike | None = None,
-                        pooling: str | None = None, max_length: int = 128,
-                        batch_size: int = DEFAULT_BATCH_SIZE, cache: EmbeddingCache | None = None,
-                        device: str = "auto", dtype: str = "float32",
-                        progress: bool | None = None, check: Callable[[int], None] | None = None
-                        ) -> tuple[EmbeddingFile, dict[str, Any]]:
-    """The embeddings of the text file `source` to fit a head to, encoded by `encoder` (default:
-    the package's) with `pooling` (default first_last) through `cache` once `check` passes their
-    width, and their origin: encoder (an `EncoderId`), pooling, max length, the data's digest
-    (``data``), what a head records of its corpus (``corpus``) and the `Encoder` (``loaded``)."""
-    check_max_length(max_length)  # and against the encoder when one encodes the text
-    source = Path(source)
-    corpus = Corpus.from_file(source)
-    loaded = load_encoder(encoder, device, dtype)
-    pooling = pooling or DEFAULT_POOLING
-    if check is not None:
-        check(loaded.width(pooling))
-    x = (cache or EmbeddingCache()).files(corpus, loaded, pooling, max_length, batch_size,
-                                          progress=progress)[pooling]
-    return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
-               "data": corpus.sha256,
-               "corpus": {"sha256": corpus.sha256, "file": source.name}, "loaded": loaded}

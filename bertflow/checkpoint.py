@@ -46,9 +46,8 @@ class Checkpoint:
         train = self.run.get("train")
         if not isinstance(train, dict) or not isinstance(train.get("epochs"), int):
             return False
-        epochs = run["train"]["epochs"]
-        return train["epochs"] < epochs and {**self.run,
-                                             "train": {**train, "epochs": epochs}} == run
+        asked = run["train"]["epochs"]
+        return train["epochs"] < asked and {**self.run, "train": {**train, "epochs": asked}} == run
 
     def check(self, path: str | os.PathLike, run: dict[str, Any], *, extended: bool = True,
               keep: bool = False) -> None:
@@ -103,10 +102,8 @@ class CheckpointFile:
 def open_checkpoint(path: str | os.PathLike, keep: bool = False) -> Checkpoint | None:
     """The training checkpoint at `path`, or None where there is none; other files are refused."""
     path = Path(path)
-    if not path.exists():
-        return None
     checkpoint = _read(path) if path.is_file() else None
-    if checkpoint is None:
+    if checkpoint is None and path.exists():
         raise BertflowError(f"{path} is not a bertflow training checkpoint"
                             + ("; not overwriting it" if keep else ""))
     return checkpoint
@@ -125,13 +122,13 @@ def _read(path: Path) -> Checkpoint | None:
         if not isinstance(saved, dict) or saved.get("format") != CHECKPOINT_FORMAT \
                 or not isinstance(saved.get("run"), dict):
             return None
-        version, logs = saved.get("format_version"), saved.get("logs")
-        if version == CHECKPOINT_VERSION:
-            state = TrainState.from_dict(saved["state"])
+        if saved.get("format_version") == CHECKPOINT_VERSION:
+            logs = saved.get("logs")
+            return Checkpoint(TrainState.from_dict(saved["state"]), saved["run"],
+                              logs if isinstance(logs, str) else None)
     except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError,
             KeyError, IndexError, TypeError, AttributeError):
         return None
-    if version != CHECKPOINT_VERSION:
-        raise BertflowError(f"{path} is a bertflow training checkpoint of format version "
-                            f"{version}; this bertflow reads version {CHECKPOINT_VERSION}")
-    return Checkpoint(state, saved["run"], logs if isinstance(logs, str) else None)
+    raise BertflowError(f"{path} is a bertflow training checkpoint of format version "
+                        f"{saved.get('format_version')}; this bertflow reads version "
+                        f"{CHECKPOINT_VERSION}")

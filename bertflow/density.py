@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
+from scipy.stats import mannwhitneyu
 
 from .errors import BertflowError
 from .files import check_finite
@@ -32,6 +32,4 @@ def auroc(negative: np.ndarray, positive: np.ndarray) -> float:
         raise BertflowError("AUROC needs at least one score on each side")
     if not (np.isfinite(negative).all() and np.isfinite(positive).all()):
         raise BertflowError("AUROC needs finite scores")
-    ranks = rankdata(np.concatenate([negative, positive]))
-    above = ranks[len(negative):].sum() - len(positive) * (len(positive) + 1) / 2
-    return float(above / (len(negative) * len(positive)))
+    return float(mannwhitneyu(positive, negative).statistic / (len(negative) * len(positive)))

@@ -230,12 +230,10 @@ def read_header(f: Any, path: Path) -> tuple[tuple[int, int], np.dtype, int, boo
     a non-empty 2-D float array whose data the file holds whole."""
     try:
         version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-        else:
+        if version not in ((1, 0), (2, 0), (3, 0)):
             raise ValueError(f"unsupported .npy version {version}")
+        shape, fortran, dtype = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                 else np.lib.format.read_array_header_2_0)(f)
     except (ValueError, OSError, EOFError, SyntaxError) as e:
         raise BertflowError(f"{path} is not a readable .npy array ({first_line(e)})") from None
     if dtype.hasobject:

@@ -12,7 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import st_api
-from .batches import Tokens, check_batch_size, check_max_length, release_free_memory
+from .batches import check_batch_size, check_max_length, release_free_memory, token_batches
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING, DTYPES, POOLINGS, PROGRESS_FROM
 from .encoder_id import EncoderId, fingerprint, locate, recorded_location
 from .errors import BertflowError, first_line
@@ -205,11 +205,10 @@ class Encoder:
     def _encode_chunk(self, sentences: Sequence[str], poolings: Sequence[str], max_length: int,
                       batch_size: int, advance: Callable | None) -> dict[str, np.ndarray]:
         check_batch_size(batch_size)
-        tokens = Tokens(lambda part: self.tokenize(part, max_length), sentences,
-                        self.tokenizer.pad_token_id, self.max_tokens)
         out = {p: torch.empty(len(sentences), self.width(p), device=self.device)
                for p in poolings}
-        for rows, batch in tokens.batches(batch_size):
+        for rows, batch in token_batches(lambda part: self.tokenize(part, max_length), sentences,
+                                         self.tokenizer.pad_token_id, self.max_tokens, batch_size):
             if self.device.type == "cuda":
                 batch = {k: v.pin_memory().to(self.device, non_blocking=True)
                          for k, v in batch.items()}

@@ -194,11 +194,9 @@ def atomic_directory(path: str | os.PathLike,
     try:
         with disk_errors(f"writing {path}"):
             yield tmp
-            for folder, _, names in os.walk(tmp):
-                for name in names:
-                    if not os.path.islink(os.path.join(folder, name)):
-                        fsync(Path(folder, name))
-                fsync(Path(folder))
+            for written in [*tmp.rglob("*"), tmp]:  # rglob enters no linked folder
+                if not written.is_symlink():
+                    fsync(written)
         os.chmod(tmp, 0o777 & ~_UMASK)
         _replace_directory(tmp, path, recheck)
         fsync(path.parent)
@@ -218,9 +216,8 @@ def _replace_directory(new: Path, target: Path, recheck: Callable[[Path], object
     if recheck is not None:  # what is there now may not be what was checked at the start
         recheck(target)
     if not _exchange(new, target):
-        old = Path(tempfile.mkdtemp(prefix=_temporary_prefix(target), suffix=".old",
-                                    dir=target.parent))
-        os.rename(target, old / target.name)
+        old = new.with_suffix(".old")  # named as a temporary: removed if this process dies
+        os.rename(target, old)
         os.rename(new, target)
         shutil.rmtree(old, ignore_errors=True)
 

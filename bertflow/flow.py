@@ -206,9 +206,8 @@ class Glow(Flow):
             transform = _level(features, config)
         else:
             transform = MultiscaleCompositeTransform(config.levels, split_dim=1)
-            shape: tuple[int, ...] | None = (features,)
+            shape = (features,)  # add_transform gives the next level's, None after the last
             for i in range(config.levels):
-                assert shape is not None
                 swap = config.factor_out == "second" and i < config.levels - 1
                 shape = transform.add_transform(_level(shape[0], config, swap), shape)
         super().__init__(transform, StandardNormal([features]))

@@ -333,16 +333,15 @@ def _read(path: Path) -> tuple[FlowHead, dict[str, Tensor]]:
         else:
             raise ValueError(f"unknown method {method!r}")
         encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
-        pooling, max_length = config["pooling"], config["max_length"]
-        if pooling is not None:
-            check_pooling(pooling)
-        if max_length is not None:
-            check_max_length(max_length)
+        pooling = None if config["pooling"] is None else check_pooling(config["pooling"])
+        max_length = config["max_length"]
+        max_length = None if max_length is None else check_max_length(max_length)
         training = config["training"]
         if not isinstance(training, dict) or not 1 <= out_dim <= dim:
             raise ValueError("bad training record, dim or out_dim")
         standardized = bool(config["standardize"])
-        whitened = flow is not None and bool(config["linear"])  # a full whitening, then the Glow
+        # the linear map's method: a linear head's, or the full whitening before a Glow
+        mapped = method if flow is None else "whitening" if config["linear"] else None
     except (KeyError, TypeError, ValueError) as e:
         problem = f"{type(e).__name__}: {first_line(e)}"
         raise BertflowError(f"{path / CONFIG} is malformed ({problem})") from None
@@ -350,8 +349,8 @@ def _read(path: Path) -> tuple[FlowHead, dict[str, Tensor]]:
     if not file.is_file():
         raise BertflowError(f"{path} is missing {WEIGHTS}")
     # refuse a config asking for far more weights than the file holds
-    count = flow.parameters(dim) if flow is not None else dim * (out_dim + 1)
-    count += 2 * dim * standardized + (dim + 1) * dim * whitened
+    count = (flow.parameters(dim) if flow is not None else 0) + 2 * dim * standardized
+    count += dim * (out_dim + 1) * (mapped is not None)
     size = file.stat().st_size
     if 4 * count > 2 * size + (1 << 20):
         raise BertflowError(f"{file} does not fit its config: it holds {size:,} bytes, the "
@@ -365,11 +364,7 @@ def _read(path: Path) -> tuple[FlowHead, dict[str, Tensor]]:
         raise BertflowError(f"{file} does not fit its config: it holds tensors of type "
                             f"{', '.join(kinds)}")
     scaler = StandardScaler(torch.zeros(dim), torch.ones(dim)) if standardized else None
-    linear = None
-    if flow is None or whitened:  # a linear head's map, or the full whitening before the Glow
-        linear = LinearMap(torch.zeros(dim), torch.eye(dim, out_dim), method if flow is None
-                           else "whitening")
-    head = FlowHead(Glow(dim, flow) if flow is not None else None, scaler, linear=linear,
+    linear = LinearMap(torch.zeros(dim), torch.eye(dim, out_dim), mapped) if mapped else None
+    return FlowHead(Glow(dim, flow) if flow is not None else None, scaler, linear=linear,
                     encoder=encoder, pooling=pooling, max_length=max_length,
-                    training_info=training)
-    return head, tensors
+                    training_info=training), tensors

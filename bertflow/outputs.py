@@ -99,13 +99,13 @@ def lock(path: Path, wait: bool) -> Iterator[None]:
         except BaseException:
             os.close(fd)
             raise
-        if _same_inode(name, held):
+        if (identity(name) or ())[:2] == (held.st_dev, held.st_ino):
             break
         os.close(fd)  # the holder removed it as we waited: lock the new one
     try:
         yield
     finally:
-        if _same_inode(name, held):
+        if (identity(name) or ())[:2] == (held.st_dev, held.st_ino):
             name.unlink(missing_ok=True)
         os.close(fd)
 
@@ -126,14 +126,6 @@ def _check_lock(path: Path, status: os.stat_result | None = None) -> Path:
         raise BertflowError(f"{name} is not a lock bertflow made (an empty file); writing "
                             f"{path} would lock it: remove it or write elsewhere")
     return name
-
-
-def _same_inode(path: Path, status: os.stat_result) -> bool:
-    try:
-        now = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    return (now.st_dev, now.st_ino) == (status.st_dev, status.st_ino)
 
 
 def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, Any],

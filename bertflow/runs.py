@@ -12,12 +12,13 @@ import numpy as np
 import torch
 
 from . import distributed
-from .cache import EmbeddingCache, training_embeddings
+from .cache import EmbeddingCache
 from .card import nll_text
 from .checkpoint import CheckpointFile
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
+from .corpus import Corpus
 from .embeddings import EmbeddingFile, open_embeddings
-from .encoder import load_encoder
+from .encoder import check_max_length, load_encoder
 from .errors import BertflowError
 from .files import check_outputs
 from .folders import HEAD_FOLDER
@@ -87,27 +88,28 @@ def fit_head(job: FitJob, *, say: Say | None = None,
                                    corpus=origin["corpus"])
         head.save(job.out)
         return FittedHead(head, None)
-    run = {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
-           "before": job.recipe.before, "pooling": origin["pooling"],
-           "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
-           "max_length": origin["max_length"], "data": origin["data"]}  # what a checkpoint is of
-    state = checkpoint.state_for(run, say) if checkpoint is not None else None
-    measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
-    return _train(job, x, origin, run, state, checkpoint, measure, say, progress)
+    return _train(job, x, origin, checkpoint, dev, say, progress)
 
 
 def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, Any]]:
-    """The job with its recipe resolved, the embeddings and their origin; a flow too wide for
-    them, or a --max-length other than a `.npy`'s, is refused before anything is encoded."""
-    flow = job.method == "flow"
+    """The job with its recipe resolved, the embeddings and their origin (`open_embeddings`'s,
+    and the `Encoder` as ``loaded``); a flow too wide for them, or a --max-length other than a
+    `.npy`'s, is refused before anything is encoded (a text file's through the cache)."""
+    flow, max_length = job.method == "flow", job.max_length or DEFAULT_MAX_LENGTH
     if job.source.suffix != ".npy":
+        pooling = job.pooling or DEFAULT_POOLING
         if flow:
-            job = replace(job, recipe=resolve(job.recipe, job.pooling or DEFAULT_POOLING))
-        return job, *training_embeddings(
-            job.source, encoder=job.encoder, pooling=job.pooling,
-            max_length=job.max_length or DEFAULT_MAX_LENGTH, batch_size=job.batch_size,
-            cache=EmbeddingCache(job.cache), device=job.device, dtype=job.dtype,
-            progress=progress, check=job.recipe.flow.check if flow else None)
+            job = replace(job, recipe=resolve(job.recipe, pooling))
+        check_max_length(max_length)  # and against the encoder when one encodes the text
+        corpus = Corpus.from_file(job.source)
+        loaded = load_encoder(job.encoder, job.device, job.dtype)
+        if flow:
+            job.recipe.flow.check(loaded.width(pooling))
+        x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
+                                            progress=progress)[pooling]
+        return job, x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
+                        "data": corpus.sha256, "loaded": loaded,
+                        "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
     with EmbeddingFile(job.source) as file:
         meta, width = file.meta or {}, file.dim
     if job.max_length not in (None, meta.get("max_length", job.max_length)):
@@ -122,15 +124,20 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
         loaded = load_encoder(job.encoder, *(
             (job.device, meta.get("precision") or job.dtype) if job.dev_sts else ("cpu",)))
     x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
-                                max_length=job.max_length or DEFAULT_MAX_LENGTH)
+                                max_length=max_length)
     return job, x, {**origin, "loaded": loaded}
 
 
-def _train(job: FitJob, x: Any, origin: dict[str, Any], run: dict[str, Any],
-           state: TrainState | None, checkpoint: CheckpointFile | None, measure: Any,
-           say: Say | None, progress: bool | None) -> FittedHead | None:
-    """Fit, checkpointing and logging each epoch, and save the head. A failed run leaves
+def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFile | None,
+           dev: Any, say: Say | None, progress: bool | None) -> FittedHead | None:
+    """Fit the flow, checkpointing and logging each epoch, and save the head. A failed run leaves
     `--logdir` as it was unless a checkpoint can resume it."""
+    run = {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
+           "before": job.recipe.before, "pooling": origin["pooling"],
+           "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
+           "max_length": origin["max_length"], "data": origin["data"]}  # what a checkpoint is of
+    state = checkpoint.state_for(run, say) if checkpoint is not None else None
+    measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
     main = distributed.is_main()
     recorded = checkpoint.saved.logs if state is not None else None
     logs = RunLogs(job.logdir, job.recipe.train.seed, recorded) \

@@ -87,5 +87,4 @@ def _unit_pair(x: Any, y: Any, rows: bool = False) -> tuple[Tensor, Tensor]:
     """Both as unit-length rows in their common dtype; a 1-D input is one row if `rows`."""
     a, b = (t.unsqueeze(0) if rows and t.dim() == 1 else t for t in (_tensor(x), _tensor(y)))
     dtype = torch.promote_types(a.dtype, b.dtype)
-    return (torch.nn.functional.normalize(a.to(dtype), dim=-1),
-            torch.nn.functional.normalize(b.to(dtype), dim=-1))
+    return tuple(torch.nn.functional.normalize(t.to(dtype), dim=-1) for t in (a, b))

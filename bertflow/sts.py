@@ -32,6 +32,7 @@ POSITIVE_GOLD = 4.0  # a pair scored at least this (of 5) is a paraphrase: SimCS
 _FOLDERS = {**{t: f"{t}-en-test" for t in STS_SUBSETS}, "STS-B": "STSBenchmark", "SICK-R": "SICK"}
 _SICK_FILES = {"train": "SICK_train.txt", "trial": "SICK_trial.txt",
                "test": "SICK_test_annotated.txt"}
+_PARTS = {**STS_SUBSETS, "STS-B": ("train", "dev", "test"), "SICK-R": tuple(_SICK_FILES)}
 
 
 @dataclass(frozen=True)
@@ -146,12 +147,8 @@ def load_task(data: str | os.PathLike, name: str) -> Task | None:
     folder = Path(data) / _FOLDERS[name]
     if not folder.is_dir():
         return None
-    if name == "STS-B":
-        splits = list(read_stsb_splits(folder).values())
-    elif name == "SICK-R":
-        splits = [read_sick(folder, s) for s in _SICK_FILES]
-    else:
-        splits = [read_sts_subset(folder, s) for s in STS_SUBSETS[name]]
+    read = {"STS-B": read_stsb, "SICK-R": read_sick}.get(name, read_sts_subset)
+    splits = [read(folder, part) for part in _PARTS[name]]
     test = tuple(splits) if name in STS_SUBSETS else (splits[2],)  # the test split alone
     return Task(name, test, tuple(sentences_of(splits)))
 
@@ -232,15 +229,11 @@ def pair_vectors(pairs: Pairs, sentences: Sequence[str] | dict[str, int],
 
 def positive_pairs(subsets: Iterable[Pairs], threshold: float = POSITIVE_GOLD) -> Pairs:
     """The pairs of `subsets` with gold ≥ `threshold` as one `Pairs` (alignment's positives)."""
-    first, second, gold, names = [], [], [np.zeros(0)], []
-    for pairs in subsets:
-        keep = np.flatnonzero(pairs.gold >= threshold)
-        first += [pairs.first[i] for i in keep]
-        second += [pairs.second[i] for i in keep]
-        gold.append(pairs.gold[keep])
-        names.append(pairs.name)
-    return Pairs(f"gold ≥ {threshold:g} in {', '.join(names)}", first, second,
-                 np.concatenate(gold))
+    kept = [(pairs, np.flatnonzero(pairs.gold >= threshold)) for pairs in subsets]
+    return Pairs(f"gold ≥ {threshold:g} in {', '.join(p.name for p, _ in kept)}",
+                 [p.first[i] for p, keep in kept for i in keep],
+                 [p.second[i] for p, keep in kept for i in keep],
+                 np.concatenate([np.zeros(0), *(p.gold[keep] for p, keep in kept)]))
 
 
 def _tab_lines(path: Path, allow_empty: bool = False) -> list[tuple[int, list[str]]]:

@@ -96,7 +96,8 @@ def _encode_share(outputs: Mapping[str, _Output], corpus: Corpus, encoder: Encod
                   max_length: int, batch_size: int, rank: int, world: int,
                   progress: bool | None) -> None:
     start, stop = _share(len(corpus), rank, world, CHUNK_SIZE)
-    reached = {p: o.progress(rank) for p, o in outputs.items()}  # rows done, their checksum
+    records = {p: read_json(o.record_path(rank)) for p, o in outputs.items()}
+    reached = {p: (int(r["done"]), str(r["rows_sha256"])) for p, r in records.items()}
     done = min((d for d, _ in reached.values()), default=stop)
     if done >= stop:
         return
@@ -204,11 +205,6 @@ class _Output:
             for record in record_paths(self.path):
                 record.unlink()
             raise
-
-    def progress(self, rank: int) -> tuple[int, str]:
-        """The row rank `rank` has written its share up to, and the checksum of those rows."""
-        value = read_json(self.record_path(rank))
-        return int(value["done"]), str(value["rows_sha256"])
 
     def write(self, f: Any, offset: int, start: int, rows: np.ndarray, checksum: str) -> str:
         """Write `rows` from row `start` on and flush them; the share's checksum with them."""

@@ -554,14 +554,14 @@ def inputs(tmp_path, capsys, corpus_file, tiny_encoder_dir, tiny_encoder):
 
 @pytest.fixture
 def no_encoder(monkeypatch):
-    import bertflow.cache
     import bertflow.encoder
+    import bertflow.runs
 
     def fail(*args, **kwargs):
         raise AssertionError("an encoder was loaded")
 
     monkeypatch.setattr(bertflow.encoder, "load_encoder", fail)
-    monkeypatch.setattr(bertflow.cache, "load_encoder", fail)
+    monkeypatch.setattr(bertflow.runs, "load_encoder", fail)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -235,7 +235,7 @@ def test_other_architectures_use_their_own_forward(distil_encoder_dir, pooling):
 def test_batches_are_padded_to_few_widths_within_the_models_positions(tiny_encoder_dir, tmp_path):
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    from bertflow.batches import Tokens, padded_width
+    from bertflow.batches import padded_width, token_batches
 
     assert [padded_width(n) for n in (1, 8, 9, 17, 33, 65, 100, 129)] == [
         1, 8, 9, 18, 36, 72, 104, 144]
@@ -250,10 +250,13 @@ def test_batches_are_padded_to_few_widths_within_the_models_positions(tiny_encod
     tokenizer.save_pretrained(tmp_path)
     short = load_encoder(tmp_path)
     long_sentence = " ".join(["the dog runs in the park"] * 5)  # 30 words, truncated to 17
-    tokens = Tokens(lambda part: short.tokenize(part, 17), [long_sentence, "a man"],
-                    short.tokenizer.pad_token_id, short.max_tokens)
-    assert [batch["input_ids"].shape for _, batch in tokens.batches(2)] == [(2, 17)]
-    assert [batch["input_ids"].shape for _, batch in tokens.batches(1)] == [(1, 17), (1, 4)]
+    def shapes(batch_size):
+        return [batch["input_ids"].shape for _, batch in token_batches(
+            lambda part: short.tokenize(part, 17), [long_sentence, "a man"],
+            short.tokenizer.pad_token_id, short.max_tokens, batch_size)]
+
+    assert shapes(2) == [(2, 17)]
+    assert shapes(1) == [(1, 17), (1, 4)]
     got = short.encode([long_sentence, "a man"], "mean", max_length=17)
     alone = short.encode(["a man"], "mean", max_length=17, batch_size=1)
     np.testing.assert_allclose(got[1], alone[0], atol=1e-6)
