@@ -13,8 +13,8 @@ import numpy as np
 from .errors import BertflowError, first_line
 
 __all__ = ["KINDS", "MAX_PER_CENTROID", "MIN_PER_CENTROID", "TRAIN_SEED", "faiss_module",
-           "faiss_reason", "inverted_lists", "make", "sample", "set_nprobe", "structure",
-           "training_rows"]
+           "faiss_reason", "inverted_lists", "make", "no_lists", "sample", "set_nprobe",
+           "structure", "training_rows"]
 
 KINDS = ("flat", "hnsw")  # by name; any other kind is an index_factory string
 # FAISS's k-means asks for at least 39 training vectors per centroid (fewer: a warning, and
@@ -86,13 +86,18 @@ def set_nprobe(index: Any, kind: str, nprobe: int) -> None:
     """Visit `nprobe` of the index's inverted lists per query."""
     ivf = inverted_lists(index)
     if ivf is None:
-        raise BertflowError(f"nprobe applies to kinds with inverted lists (IVF...); this "
-                            f"index is {kind!r}")
+        raise no_lists(kind)
     if isinstance(nprobe, bool) or not isinstance(nprobe, int | np.integer) or \
             not 1 <= nprobe <= ivf.nlist:
         raise BertflowError(f"nprobe must be an integer from 1 to {ivf.nlist} (the index's "
                             f"lists), got {nprobe!r}")
     ivf.nprobe = int(nprobe)
+
+
+def no_lists(kind: str) -> BertflowError:
+    """The refusal of nprobe for an index of `kind`, which has no inverted lists."""
+    return BertflowError(f"nprobe applies to kinds with inverted lists (IVF...); this index "
+                         f"is {kind!r}")
 
 
 def structure(index: Any) -> tuple:

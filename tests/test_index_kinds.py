@@ -3,6 +3,9 @@ flat index, the seeded training sample, nprobe, save/load and its checks, refusa
 and one index built from every rank's vectors under torchrun."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +15,8 @@ from bertflow.cli import main
 from bertflow.index_kinds import MAX_PER_CENTROID, sample
 from bertflow.retrieval import Index
 
-from .conftest import SENTENCES, WORDS
+from .conftest import REPO, SENTENCES, WORDS
+from .test_cli_checks import _NOTHING_HEAVY
 from .test_distributed import bertflow, setup  # noqa: F401 (a fixture)
 from .test_retrieval import edit_config
 
@@ -151,6 +155,23 @@ def test_index_and_search_commands_with_a_trained_kind(tmp_path, capsys, tiny_en
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "bad").exists()
+
+
+def test_nprobe_for_a_named_kind_is_refused_before_torch_is_imported(tmp_path, easy):
+    x, items, _ = easy
+    for kind in ("flat", "hnsw"):
+        Index.from_embeddings(x[:50], items[:50], pooling="mean", kind=kind).save(
+            tmp_path / kind)
+    argv = json.dumps([["search", "--index", str(tmp_path / kind), "--query", "a", "--nprobe",
+                        "2"] for kind in ("flat", "hnsw")])
+    done = subprocess.run([sys.executable, "-c", _NOTHING_HEAVY, argv], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(results) == 2, done.stderr
+    for kind, (code, err, heavy) in zip(("flat", "hnsw"), results, strict=True):
+        assert code == 1 and heavy == [] and err == (
+            "bertflow: error: nprobe applies to kinds with inverted lists (IVF...); this "
+            f"index is {kind!r}\n")
 
 
 @pytest.mark.xdist_group("torchrun")  # with test_distributed's jobs, one at a time
