@@ -266,8 +266,9 @@ def _index(args: argparse.Namespace) -> None:
         return
     index.save(args.out)
     c = index.config
-    print(f"wrote {args.out}: {c['count']} items, {c['kind']}, {c['dims']}-d, {c['pooling']} "
-          f"pooling, {'with' if head is not None else 'without'} a head")
+    trained = f" (trained on {c['trained_on']})" if c["trained_on"] else ""
+    print(f"wrote {args.out}: {c['count']} items, {c['kind']}{trained}, {c['dims']}-d, "
+          f"{c['pooling']} pooling, {'with' if head is not None else 'without'} a head")
 
 
 def _search(args: argparse.Namespace) -> None:
@@ -279,6 +280,8 @@ def _search(args: argparse.Namespace) -> None:
     if any(not q.strip() for q in queries.values()):
         raise BertflowError("empty query")
     index = Index.load(args.index)
+    if args.nprobe is not None:
+        index.nprobe = args.nprobe
     hits_per_query = index.search(list(queries.values()), _load_encoder(args, index), args.top)
     for (key, query), hits in zip(queries.items(), hits_per_query, strict=True):
         if args.json:

@@ -226,12 +226,11 @@ def _export(p: argparse.ArgumentParser) -> None:
 def _index(p: argparse.ArgumentParser) -> None:
     p.add_argument("corpus", type=Path, help=_CORPUS_HELP)
     p.add_argument("--out", type=Path, required=True, help="index folder")
-    p.add_argument("--head", type=Path, default=None,
-                   help="transform with this head (its encoder and pooling); default: raw "
-                        "pooled vectors")
+    p.add_argument("--head", type=Path, default=None, help="transform with this head (its "
+                   "encoder and pooling); default: raw pooled vectors")
     _encoder_options(p, _HEADS_POOLING, _HEADS_MAX_LENGTH)
-    p.add_argument("--kind", choices=("flat", "hnsw"), default="flat",
-                   help="exact inner product or an HNSW graph")
+    p.add_argument("--kind", default="flat", help="flat (exact), hnsw, or a FAISS index_factory "
+                   "string (IVF1024,PQ32; trained on a seeded sample of the corpus)")
     p.add_argument("--dims", type=positive, default=None,
                    help="keep this many principal components (smaller index; default: all)")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
@@ -248,6 +247,8 @@ def _search(p: argparse.ArgumentParser) -> None:
     queries.add_argument("--query", action="append", help="a query; repeat for several")
     queries.add_argument("--queries", type=Path, help="BEIR queries.jsonl, or one query a line")
     p.add_argument("--top", type=positive, default=10, help="hits per query")
+    p.add_argument("--nprobe", type=positive, default=None,
+                   help="inverted lists visited per query (IVF kinds; default: the index's)")
     p.add_argument("--k", action=_Refused, nargs="?", help=argparse.SUPPRESS,
                    const="hits per query are --top; --k is the components of whitening-k")
     p.add_argument("--encoder", default=None, help="encoder (default: the index's)")

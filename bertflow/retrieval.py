@@ -22,19 +22,13 @@ from .errors import BertflowError, first_line
 from .files import check_finite, read_json, sha256_file, write_json
 from .folders import INDEX_FOLDER
 from .head import FlowHead
+from .index_kinds import KINDS, faiss_reason, make, sample, set_nprobe, structure, training_rows
+from .index_kinds import faiss_module as _faiss
+from .index_kinds import inverted_lists as _lists
 
 __all__ = ["KINDS", "Hit", "Index"]
 
-KINDS = ("flat", "hnsw")
 _INDEX, _ITEMS, _CONFIG, _HEAD = "index.faiss", "items.json", "config.json", "head"
-
-
-def _faiss() -> Any:
-    try:
-        import faiss
-    except ImportError:
-        raise BertflowError("retrieval needs faiss: pip install 'bertflow[retrieval]'") from None
-    return faiss
 
 
 class Hit(NamedTuple):
@@ -49,7 +43,8 @@ class Hit(NamedTuple):
 
 class Index:
     """Sentences, their ids and their vectors (encoder → pooling → head → optional PCA → unit
-    length) in a FAISS inner-product index, exact (`flat`) or approximate (`hnsw`)."""
+    length) in a FAISS inner-product index: exact (`flat`), approximate (`hnsw`) or any FAISS
+    `index_factory` string (`IVF1024,PQ32`, ...; see `bertflow.index_kinds`)."""
 
     def __init__(self, faiss_index: Any, items: list[str], config: dict[str, Any],
                  head: FlowHead | None = None, ids: list[str] | None = None):
@@ -68,6 +63,16 @@ class Index:
     def pooling(self) -> str:
         return self.config["pooling"]
 
+    @property
+    def nprobe(self) -> int | None:
+        """Inverted lists visited per query (IVF kinds; FAISS's default is 1); None without."""
+        ivf = _lists(self.faiss_index)
+        return None if ivf is None else int(ivf.nprobe)
+
+    @nprobe.setter
+    def nprobe(self, value: int) -> None:
+        set_nprobe(self.faiss_index, self.config["kind"], value)
+
     @classmethod
     def from_embeddings(cls, x: np.ndarray, items: Sequence[str], *,
                         ids: Sequence[str] | None = None, head: FlowHead | None = None,
@@ -75,14 +80,12 @@ class Index:
                         pooling: str = DEFAULT_POOLING, max_length: int = DEFAULT_MAX_LENGTH,
                         kind: str = "flat", dims: int | None = None, hnsw_m: int = 32) -> Index:
         """Index pooled embeddings `x` of `items` (named by `ids`, by default their lines),
-        after `head`, keeping `dims` components."""
-        faiss = _faiss()
+        after `head`, keeping `dims` components. A trained `kind` (IVF, PQ) learns from a
+        seeded sample of the vectors (`index_kinds.training_rows`)."""
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
             raise BertflowError(f"need one embedding row per item: {x.shape} for {len(items)}")
         ids = _check_ids(ids, len(items))
-        if kind not in KINDS:
-            raise BertflowError(f"unknown index kind {kind!r}; choose one of {', '.join(KINDS)}")
         check_pooling(pooling)
         if head is not None:
             head.check(encoder=encoder, pooling=pooling)
@@ -90,25 +93,21 @@ class Index:
         else:
             check_finite(x, "the embeddings to index")
         dim = x.shape[1]
-        if dims is not None and not 1 <= dims <= min(dim, len(items)):
-            raise BertflowError(f"dims must be between 1 and {min(dim, len(items))} (the "
-                                f"dimension and the number of items), got {dims}")
-        out = dims or dim
-        inner = faiss.IndexFlatIP(out) if kind == "flat" else faiss.IndexHNSWFlat(
-            out, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index = faiss.IndexPreTransform(faiss.NormalizationTransform(out, 2.0), inner)
-        if out < dim:
-            index.prepend_transform(faiss.PCAMatrix(dim, out))
-        z = np.ascontiguousarray(x, dtype=np.float32)
+        index, rows = _plan(kind, dim, dims, len(items), hnsw_m)
+        z, rows = np.ascontiguousarray(x, dtype=np.float32), 0 if index.is_trained else rows
         try:
-            index.train(z)
+            if rows:
+                index.train(z[sample(len(z), rows)])
             index.add(z)
         except RuntimeError as e:
-            raise BertflowError(f"FAISS could not build the index ({first_line(e)})") from None
+            raise BertflowError(f"FAISS could not build a {kind!r} index ({faiss_reason(e)})") \
+                from None
+        if index.ntotal != len(items):
+            raise BertflowError(f"index kind {kind!r} does not hold vectors added to it")
         config = {"format": INDEX_FOLDER.kind, "format_version": INDEX_FOLDER.version,
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
-                  "max_length": max_length, "kind": kind, "dim": dim, "dims": out,
-                  "count": len(items), "head": head is not None}
+                  "max_length": max_length, "kind": kind, "dim": dim, "dims": dims or dim,
+                  "count": len(items), "trained_on": rows, "head": head is not None}
         return cls(index, list(items), config, head, ids)
 
     @classmethod
@@ -121,10 +120,15 @@ class Index:
               **options: Any) -> Index | None:
         """Embed `sentences` (a list, or a `Corpus`, read streamed, whose ids are the default
         `ids`), then index them. Under torchrun, with a `cache` the processes share the encoding
-        and rank 0 alone gets the index (the others None)."""
+        and rank 0 alone gets the index (the others None). The kind, `dims` and the number of
+        sentences are checked before anything is encoded."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
             else (check_pooling(pooling or DEFAULT_POOLING), max_length or DEFAULT_MAX_LENGTH)
+        if not isinstance(sentences, Corpus | list | tuple):
+            sentences = list(sentences)
+        _plan(options.get("kind", "flat"), head.out_dim if head is not None else
+              encoder.width(pooling), options.get("dims"), len(sentences))
         corpus = sentences if isinstance(sentences, Corpus) else None
         if ids is None and corpus is not None:
             ids = corpus.ids
@@ -197,8 +201,9 @@ class Index:
             encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
             check_pooling(config["pooling"])
             check_max_length(config["max_length"])
-            if config["kind"] not in KINDS or not 1 <= dims <= dim or count < 1:
-                raise ValueError("bad kind, dims or count")
+            if not 1 <= dims <= dim or count < 1:
+                raise ValueError("bad dims or count")
+            expected = structure(make(config["kind"], dim, dims))
         except (KeyError, TypeError, ValueError, BertflowError) as e:
             raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
         stored = read_json(path / _ITEMS)
@@ -215,12 +220,13 @@ class Index:
         except RuntimeError as e:
             raise BertflowError(f"{path / _INDEX} is not a valid FAISS index ({first_line(e)})") \
                 from None
-        if (not isinstance(index, faiss.IndexPreTransform) or index.d != dim
-                or index.metric_type != faiss.METRIC_INNER_PRODUCT
-                or not len(items) == index.ntotal == count):
+        if not len(items) == index.ntotal == count:
             raise BertflowError(f"{path} is inconsistent: {len(items)} items, {index.ntotal} "
-                                f"vectors of {index.d} dimensions; its config says {count} of "
-                                f"{dim}, inner product")
+                                f"vectors; its config says {count}")
+        if structure(index) != expected or not index.is_trained:
+            raise BertflowError(f"{path} is inconsistent: {_INDEX} is not the trained "
+                                f"{config['kind']!r} index of {dim}-d vectors (PCA to {dims}, "
+                                "inner product) that its config describes")
         if bool(config["head"]) != (path / _HEAD).is_dir():
             raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
         head = FlowHead.load(path / _HEAD) if config["head"] else None
@@ -231,6 +237,17 @@ class Index:
                                     f"index holds {dim}-d ones")
         config.pop("sha256", None)  # belongs to the files on disk; `save` writes it afresh
         return cls(index, items, config, head, ids)
+
+
+def _plan(kind: str, dim: int, dims: int | None, count: int, hnsw_m: int = 32
+          ) -> tuple[Any, int]:
+    """The empty index of `kind` for `count` vectors of `dim` dimensions, PCA to `dims`, and
+    how many of them it is trained on; refused where that cannot be."""
+    if dims is not None and not 1 <= dims <= min(dim, count):
+        raise BertflowError(f"dims must be between 1 and {min(dim, count)} (the "
+                            f"dimension and the number of items), got {dims}")
+    index = make(kind, dim, dims or dim, hnsw_m)
+    return index, training_rows(index, kind, count)
 
 
 def _check_ids(ids: Sequence[str] | None, count: int) -> list[str]:
