@@ -56,6 +56,7 @@ class TensorBoard:
         for key in sorted(last.keys() - set(RECORD)):
             metrics[f"hparams/{key}"] = best.get(key, math.nan)
             metrics[f"hparams/last_{key}"] = last[key]
+        _after_newest_events(Path(self.writer.log_dir))  # its own event file, read last
         self.writer.add_hparams(_flatten(hparams), metrics, run_name=".", global_step=step)
 
     def _spectrum(self, which: str, x: Tensor, step: int) -> None:
