@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .errors import BertflowError
-from .files import Checked, atomic_file, refuse_link
+from .files import Checked, Recheck, atomic_file, refuse_link
 from .train import TrainState
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointFile",
@@ -32,8 +32,7 @@ class Checkpoint:
     run: dict[str, Any]
     logs: str | None = None
 
-    def save(self, path: str | os.PathLike,
-             recheck: Callable[[Path], object] | None = None) -> None:
+    def save(self, path: str | os.PathLike, recheck: Recheck | None = None) -> None:
         """Write to `path` atomically (`atomic_file`, with its `recheck`)."""
         buffer = io.BytesIO()
         torch.save({"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,

@@ -51,7 +51,8 @@ class Corpus:
 
             return read_corpus(path)
         path, counter = Path(path), itertools.count()
-        counted = zip(iter_sentences(path), counter, strict=False)  # one count per sentence
+        # zip draws from `counter` once per sentence read: after the pass it holds the count
+        counted = zip(iter_sentences(path), counter, strict=False)
         digest = corpus_sha256(s for s, _ in counted)
         return cls(next(counter), digest, lambda start: iter_sentences(path, start), str(path))
 

@@ -20,10 +20,14 @@ import numpy as np
 
 from .errors import BertflowError, first_line
 
-__all__ = ["Checked", "atomic_directory", "atomic_file", "check_finite", "check_outputs",
+__all__ = ["Checked", "Recheck", "atomic_directory", "atomic_file", "check_finite", "check_outputs",
            "disk_errors", "fsync", "identity", "iter_sentences", "meta_path", "read_json",
            "read_sentences", "refuse_link", "remove_stale_temporaries", "sha256_file",
            "write_json"]
+
+
+# `atomic_file`'s last check, `recheck(path, tmp)`: it raises to keep what is at `path`
+Recheck = Callable[[Path, Path], object]
 
 
 def read_sentences(path: str | os.PathLike) -> list[str]:
@@ -103,8 +107,7 @@ def read_json(path: str | os.PathLike) -> dict[str, Any]:
     return value
 
 
-def write_json(path: str | os.PathLike, value: Any,
-               recheck: Callable[[Path], object] | None = None) -> None:
+def write_json(path: str | os.PathLike, value: Any, recheck: Recheck | None = None) -> None:
     """Write `value` as JSON to `path` atomically (`atomic_file`, with its `recheck`)."""
     with atomic_file(Path(path), recheck=recheck) as tmp:
         tmp.write_text(json.dumps(value, indent=2, sort_keys=False) + "\n", encoding="utf-8")
@@ -120,10 +123,10 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 @contextlib.contextmanager
 def atomic_file(path: Path, suffix: str = ".tmp",
-                recheck: Callable[[Path], object] | None = None) -> Iterator[Path]:
+                recheck: Recheck | None = None) -> Iterator[Path]:
     """Yield a temporary file beside `path`; if the block succeeds, flush it, rename it onto
     `path` and flush the folder: `path` holds the old file or the whole new one, even after a
-    power loss. `recheck(path)`, just before the rename, keeps what is there by raising."""
+    power loss. `recheck(path, tmp)`, just before the rename, keeps what is there by raising."""
     path = Path(path)
     refuse_link(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +140,7 @@ def atomic_file(path: Path, suffix: str = ".tmp",
             yield tmp
             fsync(tmp)
         if recheck is not None:
-            recheck(path, tmp) if isinstance(recheck, Checked) else recheck(path)
+            recheck(path, tmp)
         os.replace(tmp, path)
         fsync(path.parent)
     finally:

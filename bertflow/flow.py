@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from .config import FLOW_CEILINGS, MAX_FLOW_PARAMETERS, DictConfig
 from .errors import BertflowError
+from .rows import Moments
 
 __all__ = ["ActNorm", "AdditiveCoupling", "AffineCoupling", "Conditioner", "FlowConfig", "Glow",
            "InvertibleLinear", "StandardScaler", "bits_per_dim", "live_scale", "log_likelihood",
@@ -118,14 +119,11 @@ class StandardScaler(Transform):
         self.register_buffer("std", std.detach().clone().float())
 
     @classmethod
-    def from_data(cls, x: Tensor) -> StandardScaler:
-        """The mean and `robust_std` of `x` (rows, features)."""
-        return cls(x.mean(0), robust_std(x))
-
-    @classmethod
-    def from_moments(cls, mean: Tensor, std: Tensor) -> StandardScaler:
-        """The same from per-feature means and standard deviations."""
-        return cls(mean, live_scale(std))
+    def from_moments(cls, stats: Moments) -> StandardScaler:
+        """The per-feature means and standard deviations of `stats`, dead features' set to 1
+        (`live_scale`)."""
+        return cls(torch.from_numpy(stats.mean).float(),
+                   live_scale(torch.from_numpy(stats.std).float()))
 
     def forward(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return (inputs - self.mean) / self.std, -self.std.log().sum().expand(inputs.shape[0])

@@ -177,19 +177,20 @@ class FlowHead(nn.Module):
     def encode(self, sentences: str | Sequence[str],
                encoder: Encoder | str | os.PathLike | None = None,
                batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None, *,
-               device: str | torch.device | None = None, **options: Any) -> Any:
+               convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               normalize_embeddings: bool = False, device: str | torch.device | None = None,
+               **options: Any) -> Any:
         """Embed sentences with the head's pooling and `encoder` (default: the one it records),
-        then transform them; `options` are sentence-transformers' `encode` options."""
+        then transform them; it also takes sentence-transformers' `encode` options."""
         st_api.check_options(options, device)
         if self.pooling is None:
             raise BertflowError("this head does not record its pooling; encode, then transform")
-        names = ("convert_to_numpy", "convert_to_tensor", "normalize_embeddings")  # `convert`'s
-        output = {name: options.pop(name) for name in names if name in options}
         sentences, single = st_api.as_sentences(sentences)
         encoder = resolve_encoder(encoder, self.encoder, "auto" if device is None else device)
         x = encoder.encode(sentences, *self.settings(encoder), batch_size, progress,
                            device=device, **options)
-        return st_api.convert(self.transform(x), single, **output)
+        return st_api.convert(self.transform(x), single, convert_to_numpy, convert_to_tensor,
+                              normalize_embeddings)
 
     # the width of what `encode` returns, by sentence-transformers' names (the second since v6)
     get_sentence_embedding_dimension = get_embedding_dimension = out_dim.fget
@@ -212,9 +213,7 @@ class FlowHead(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(train.seed)
             glow = Glow(data.shape[1], flow)
-        scaler = StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
-                                             torch.from_numpy(stats.std).float()) \
-            if before == "standardize" else None
+        scaler = StandardScaler.from_moments(stats) if before == "standardize" else None
         white = fit_map(data, "whitening", what="the training embeddings") \
             if before == "whiten" else None
         head = cls(glow, scaler, linear=white, encoder=encoder, pooling=pooling,

@@ -14,6 +14,7 @@ from .errors import BertflowError
 from .flow import FlowConfig, StandardScaler
 from .head import FlowHead
 from .linear import linear_method
+from .rows import as_rows, moments
 from .train import TrainConfig
 
 __all__ = ["METHODS", "Method", "make_method"]
@@ -32,7 +33,7 @@ class Method:
 
     def fit(self, x: np.ndarray) -> Method:
         if self.name == "standardize":
-            self.scaler = StandardScaler.from_data(torch.from_numpy(np.asarray(x, np.float64)))
+            self.scaler = StandardScaler.from_moments(moments(as_rows(x)))
         elif self.name == "flow":
             self.head = FlowHead.fit(x, **self.options)
         elif self.name != "raw":

@@ -138,7 +138,7 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
     z = np.ascontiguousarray(z, dtype=np.float32)
     placed = None  # what this call renamed onto the sidecar
 
-    def keep_new_data(p: Path) -> None:  # p is `path`, which `checked` watches first
+    def keep_new_data(p: Path, _: Path) -> None:  # p is `path`, which `checked` watches first
         if identity(p) not in (None, checked.seen[0]):
             if identity(sidecar) == placed:
                 sidecar.unlink()

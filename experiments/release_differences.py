@@ -171,9 +171,7 @@ def fit_head(x: np.ndarray, variant: Variant, train: TrainConfig) -> FlowHead:
                         module._transforms[i] = ReleaseActNorm(step.shift.numel())
     scaler = None
     if variant.standardize:
-        stats = moments(as_rows(x))
-        scaler = StandardScaler.from_moments(torch.from_numpy(stats.mean).float(),
-                                          torch.from_numpy(stats.std).float())
+        scaler = StandardScaler.from_moments(moments(as_rows(x)))
     head = FlowHead(glow, scaler)
     head.history = fit(head, x, train)
     return head
