@@ -8,6 +8,7 @@ a GPU) or output, and are not. Every relative link of these pages names a file o
 repository, and every anchor a heading of it."""
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -60,11 +61,40 @@ def _guitar_finds_guitar(out: str) -> None:
     assert out.strip().splitlines()[-1] == "A man is playing a guitar. 1", out
 
 
+def _beir_queries_find_their_documents(out: str) -> None:
+    """search --json: each query's top hit is the document its qrels judge; eval scores the
+    head (first_last pooling, its own) at 100 on every measure."""
+    hits = {row["id"]: row["hits"][0]["id"] for row in map(json.loads, re.findall(
+        r"^\{.*\}$", out, re.MULTILINE))}
+    assert hits == {"q1": "d1", "q2": "d2"}, out
+    row = [cell.strip() for cell in out.strip().splitlines()[-1].split("|")]
+    assert row[2:4] == ["first_last", "flow"] and row[7:11] == ["100.00"] * 4, out
+
+
+DOG_COSINE = 0.69  # "Where can dogs run?" and "Dogs need to run in a park." after the ready head
+
+
+def _ids_and_own_faiss(out: str) -> None:
+    first, second = out.strip().splitlines()[-2:]
+    assert first == "d1 A guitar has six nylon strings.", out
+    found, score = second.split()
+    assert found == "d2" and abs(float(score) - DOG_COSINE) <= 0.01, out
+
+
+def _pipeline_finds_the_dogs(out: str) -> None:
+    """The exported pipeline gives the cosine the README's FAISS block gives."""
+    found = re.fullmatch(r"Dogs need to run in a park\. (-?[\d.]+)", out.strip().splitlines()[-1])
+    assert found and abs(float(found.group(1)) - DOG_COSINE) <= 0.01, out
+
+
 # a string that marks a block -> the check of its standard output
 CHECKS = {
     'search --index corpus-index --query "An instrument like a guitar': _search_finds_the_noori,
     'print(f"paraphrase {s[0, 1]:.2f}': _paraphrase_beats_unrelated,
     'search(["A man plays guitar."], k=2)': _guitar_finds_guitar,
+    "--queries tiny/queries.jsonl --top 1 --json": _beir_queries_find_their_documents,
+    "own = faiss.IndexFlatIP(": _ids_and_own_faiss,
+    "util.semantic_search(": _pipeline_finds_the_dogs,
 }
 
 
