@@ -240,7 +240,9 @@ def report(results: dict) -> str:
         lines.append("")
         gains = [head["recall@10"] - raw["recall@10"] for raw, head in pairs(runs)
                  if "PQ" in raw["kind"]]
-        if gains:
+        if len(gains) == 1:
+            lines += [f"PQ: recall@10 after the head minus raw: {gains[0]:+.3f}.\n"]
+        elif gains:
             lines += [f"PQ kinds here: recall@10 after the head minus raw, from "
                       f"{min(gains):+.3f} to {max(gains):+.3f} (mean {np.mean(gains):+.3f}) "
                       f"over {len(gains)} kind and nprobe settings.\n"]
