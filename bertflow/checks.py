@@ -38,13 +38,17 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
     if getattr(args, "head", None) is not None and args.command == "eval":
         if args.fit_on is not None:
             raise BertflowError("--fit-on does not apply to --head: the head is already fit")
-        if args.k is not None or args.d is not None:
-            raise BertflowError("--k and --d apply to --method whitening, whitening-k and abtt, "
-                                f"not to --head {args.head}, which is fit already")
+        if args.k is not None or args.d is not None or args.shrinkage is not None:
+            raise BertflowError("--k, --d and --shrinkage apply to --method whitening, "
+                                f"whitening-k and abtt, not to --head {args.head}, which is fit "
+                                "already")
     if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
             getattr(args, "d", None) is not None and method != "abtt"):
         raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
                             "--method abtt")
+    if getattr(args, "shrinkage", None) is not None and method not in ("whitening",
+                                                                       "whitening-k"):
+        raise BertflowError("--shrinkage applies to --method whitening and whitening-k")
     if args.command == "transform" and args.embeddings is not None:
         _check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
     if args.command == "export" and args.format != "sentence-transformers" and (

@@ -86,11 +86,12 @@ def _fit(args: argparse.Namespace) -> None:
     from .card import nll_text, summary
     from .runs import FitJob, fit_head
 
-    job = FitJob(args.input, args.out, args.method, args.k, args.d, recipe=_flow_options(args),
-                 encoder=args.encoder, pooling=args.pooling, max_length=args.max_length,
-                 batch_size=args.encode_batch_size, device=args.device, dtype=args.dtype,
-                 cache=args.cache, checkpoint=args.checkpoint, resume=args.resume,
-                 logdir=args.logdir, dev_sts=args.dev_sts)
+    job = FitJob(args.input, args.out, args.method, args.k, args.d, args.shrinkage,
+                 recipe=_flow_options(args), encoder=args.encoder, pooling=args.pooling,
+                 max_length=args.max_length, batch_size=args.encode_batch_size,
+                 device=args.device, dtype=args.dtype, cache=args.cache,
+                 checkpoint=args.checkpoint, resume=args.resume, logdir=args.logdir,
+                 dev_sts=args.dev_sts)
     say = None if args.progress is False else functools.partial(print, file=sys.stderr)
     fitted = fit_head(job, say=say, progress=args.progress)
     if fitted is None:  # another process of a torchrun job
@@ -150,7 +151,8 @@ def _eval(args: argparse.Namespace) -> None:
     fit_on = args.fit_on or ["target" if args.retrieval is None else "corpus"]
     head, encoder = _head_and_encoder(args, flow=method == "flow")
     options = {"pooling": args.pooling, "max_length": args.max_length, "fit_on": fit_on,
-               "k": args.k, "d": args.d, "recipe": _flow_options(args), "name": str(args.head),
+               "k": args.k, "d": args.d, "shrinkage": args.shrinkage,
+               "recipe": _flow_options(args), "name": str(args.head),
                "batch_size": args.encode_batch_size, "progress": args.progress}
     if args.retrieval is not None:
         from .retrieval_eval import evaluate_retrieval, format_retrieval_table

@@ -298,6 +298,9 @@ def _baseline_options(p: argparse.ArgumentParser) -> None:
                         "--method whitening --k K is whitening-k keeping K")
     p.add_argument("--d", type=natural, default=None,
                    help="directions removed by abtt (default: a hundredth of the dimension)")
+    p.add_argument("--shrinkage", type=unit, default=None, metavar="ALPHA",
+                   help="shrink whitening's covariance towards a multiple of the identity: "
+                        "(1−α)Σ + α·tr Σ/n·I (default 0)")
 
 
 def _head_or_flow_options(p: argparse.ArgumentParser) -> None:
@@ -398,3 +401,4 @@ max_length_type = _integer(2)
 seed_type = _integer(0, 2**32)
 positive_float = _typed(float, "positive", lambda v: v > 0)
 fraction = _typed(float, "in [0, 1)", lambda v: 0 <= v < 1)
+unit = _typed(float, "in [0, 1]", lambda v: 0 <= v <= 1)

@@ -131,8 +131,9 @@ def undefined_notes(rows: Results) -> list[str]:
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
-    """A row's encoder, pooling, method (``whitening-k (k=128)``) and fit data."""
-    options = ", ".join(f"{o}={row[o]}" for o in ("k", "d") if row.get(o) is not None)
+    """A row's encoder, pooling, method (``whitening-k (k=128, shrinkage=0.5)``) and fit data."""
+    options = ", ".join(f"{o}={row[o]}" for o in ("k", "d", "shrinkage")
+                        if row.get(o) is not None)
     method = f"{row['method']} ({options})" if options else row["method"]
     return row["encoder"], row["pooling"], method, row["fit_on"]
 
@@ -149,14 +150,15 @@ def _cell(row: dict[str, Any]) -> str:
 def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str | FlowHead,
                     encoder: Encoder, cache: EmbeddingCache, *, pooling: str | None = None,
                     max_length: int | None = None, fit_on: FitOn = "target",
-                    k: int | None = None, d: int | None = None,
+                    k: int | None = None, d: int | None = None, shrinkage: float | None = None,
                     recipe: Recipe | dict[str, Any] | None = None, name: str | None = None,
                     batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
-    """`evaluate` a method of `METHODS` fit on `fit_on` (the flow with `recipe`), or a fitted
-    head, labelled `name`, with its pooling and max length (`FlowHead.settings`)."""
+    """`evaluate` a method of `METHODS` fit on `fit_on` (`k`, `d`, `shrinkage` for the
+    baselines, `recipe` for the flow), or a fitted head, labelled `name`, with its pooling and
+    max length (`FlowHead.settings`)."""
     make, pooling, max_length, labels = method_maker(
-        method, encoder, pooling=pooling, max_length=max_length, k=k, d=d, recipe=recipe,
-        name=name, progress=progress)
+        method, encoder, pooling=pooling, max_length=max_length, k=k, d=d, shrinkage=shrinkage,
+        recipe=recipe, name=name, progress=progress)
     sentences, also = None, []
     if not isinstance(method, FlowHead):
         sentences, also, labels["fit_on"] = fit_sources(fit_on)
@@ -167,8 +169,8 @@ def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str 
 
 def method_maker(method: str | FlowHead, encoder: Encoder, *, pooling: str | None = None,
                  max_length: int | None = None, k: int | None = None, d: int | None = None,
-                 recipe: Recipe | dict[str, Any] | None = None, name: str | None = None,
-                 progress: bool | None = None
+                 shrinkage: float | None = None, recipe: Recipe | dict[str, Any] | None = None,
+                 name: str | None = None, progress: bool | None = None
                  ) -> tuple[Callable[[], Method], str, int, dict[str, Any]]:
     """A maker of fresh `Method`s of `METHODS` (the flow with `recipe`) or of a fitted head
     (labelled `name`: it needs no fit), the pooling and max length to embed with (the head's),
@@ -179,9 +181,9 @@ def method_maker(method: str | FlowHead, encoder: Encoder, *, pooling: str | Non
         labels = {"method": method.method, "head": name,
                   "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
         return functools.partial(Method, "flow", head=method), pooling, max_length, labels
-    pooling, method = pooling or DEFAULT_POOLING, linear_method(method, k, d)
+    pooling, method = pooling or DEFAULT_POOLING, linear_method(method, k, d, shrinkage)
     make = functools.partial(make_method, method,
-                             **linear_options(method, encoder.width(pooling), k, d),
+                             **linear_options(method, encoder.width(pooling), k, d, shrinkage),
                              **resolve(recipe, pooling).fit_options(),
                              progress=progress is not False)
     return make, pooling, max_length or DEFAULT_MAX_LENGTH, {"method": method, **make().describe()}

@@ -228,12 +228,16 @@ class FlowHead(nn.Module):
 
     @classmethod
     def fit_linear(cls, x: np.ndarray | Tensor | Rows, method: str = "whitening", *,
-                   k: int | None = None, d: int | None = None,
+                   k: int | None = None, d: int | None = None, shrinkage: float | None = None,
                    corpus: dict[str, Any] | None = None, **origin: Any) -> FlowHead:
-        """A baseline as a head: ``whitening``, ``whitening-k`` (`k`) or ``abtt`` (`d`)."""
+        """A baseline as a head: ``whitening``, ``whitening-k`` (`k`) or ``abtt`` (`d`); either
+        whitening of the covariance shrunk by `shrinkage` (`bertflow.linear.shrunk`), which
+        its `training_info` records when given."""
         data, _, record = _training_rows(x, corpus)
-        linear = fit_map(data, method, k=k, d=d, what="the training embeddings")
-        training = {"corpus": record, "method": linear.method, "out_dim": linear.out_features}
+        linear = fit_map(data, method, k=k, d=d, shrinkage=shrinkage,
+                         what="the training embeddings")
+        training = {"corpus": record, "method": linear.method, "out_dim": linear.out_features,
+                    **({} if shrinkage is None else {"shrinkage": shrinkage})}
         return cls(None, linear=linear, training_info=training, **origin)
 
     def describe(self) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Closed-form linear maps: BERT-whitening (Su et al., 2021), whitening-k and all-but-the-top."""
+"""Closed-form linear maps: BERT-whitening (Su et al., 2021), whitening-k and all-but-the-top;
+whitening's covariance optionally shrunk towards a multiple of the identity."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .files import check_finite
 from .rows import Rows, as_rows
 
 __all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "covariance", "default_d", "default_k",
-           "fit_map", "linear_method", "linear_options", "principal_directions",
+           "fit_map", "linear_method", "linear_options", "principal_directions", "shrunk",
            "whitening_weight"]
 
 _BLOCK = 8192
@@ -117,11 +118,22 @@ def principal_directions(cov: np.ndarray,
     return np.maximum(values[order], 0.0), vectors[:, order]
 
 
+def shrunk(cov: np.ndarray, shrinkage: float) -> np.ndarray:
+    r"""$\Sigma_\alpha = (1 - \alpha)\,\Sigma + \alpha\,(\operatorname{tr}\Sigma / n)\, I$ for
+    $\alpha$ = `shrinkage` in [0, 1]: the covariance shrunk towards the identity scaled to the
+    same mean variance ($\alpha = 1$: whitening only centres and scales uniformly)."""
+    dim = cov.shape[0]
+    return (1 - shrinkage) * cov + (shrinkage * np.trace(cov) / dim) * np.eye(dim)
+
+
 def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = None,
-                     what: str = "the embeddings") -> np.ndarray:
+                     what: str = "the embeddings", shrinkage: float = 0.0) -> np.ndarray:
     r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$, keeping the top `k`
-    components (default: all). A direction without variance is scaled as the largest, so
-    that full whitening stays invertible; whitening-k refuses to keep one."""
+    components (default: all), of $\Sigma$ `shrunk` by `shrinkage` first when it is above 0. A
+    direction without variance is scaled as the largest, so that full whitening stays
+    invertible; whitening-k refuses to keep one."""
+    if shrinkage:
+        cov = shrunk(cov, shrinkage)
     dim = cov.shape[0]
     kept = dim if k is None else k
     if not 1 <= kept <= dim:
@@ -152,34 +164,44 @@ def default_d(dim: int) -> int:
     return max(1, dim // 100)
 
 
-def linear_method(method: str, k: int | None = None, d: int | None = None) -> str:
-    """`method` given `k` and `d` (whitening with `k` is whitening-k); misplaced ones refused."""
+def linear_method(method: str, k: int | None = None, d: int | None = None,
+                  shrinkage: float | None = None) -> str:
+    """`method` given `k`, `d` and `shrinkage` (whitening with `k` is whitening-k); misplaced
+    ones, and a `shrinkage` outside [0, 1], refused."""
     if k is not None and method not in ("whitening", "whitening-k"):
         raise BertflowError(f"k (components kept) applies to whitening and whitening-k, "
                             f"not to {method}")
+    if shrinkage is not None and method not in ("whitening", "whitening-k"):
+        raise BertflowError(f"shrinkage applies to whitening and whitening-k, not to {method}")
+    if shrinkage is not None and not 0 <= shrinkage <= 1:
+        raise BertflowError(f"shrinkage must be in [0, 1], got {shrinkage}")
     if d is not None and method != "abtt":
         raise BertflowError(f"d (directions removed) applies to abtt, not to {method}")
     return "whitening-k" if method == "whitening" and k is not None else method
 
 
-def linear_options(method: str, dim: int, k: int | None = None,
-                   d: int | None = None) -> dict[str, int]:
-    """The `k` of whitening-k or the `d` of abtt on `dim`-d embeddings, defaults filled in."""
-    method = linear_method(method, k, d)
+def linear_options(method: str, dim: int, k: int | None = None, d: int | None = None,
+                   shrinkage: float | None = None) -> dict[str, Any]:
+    """The `k` of whitening-k or the `d` of abtt on `dim`-d embeddings, defaults filled in, and
+    the `shrinkage` of either whitening where given."""
+    method = linear_method(method, k, d, shrinkage)
+    given = {} if shrinkage is None else {"shrinkage": shrinkage}
     if method == "whitening-k":
-        return {"k": default_k(dim) if k is None else k}
-    return {"d": default_d(dim) if d is None else d} if method == "abtt" else {}
+        return {"k": default_k(dim) if k is None else k, **given}
+    return {"d": default_d(dim) if d is None else d} if method == "abtt" else given
 
 
 def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
-            d: int | None = None, what: str = "the embeddings") -> LinearMap:
-    """A `LinearMap` fit on embeddings `x`: whitening, whitening-k or abtt (`linear_options`)."""
-    method = linear_method(method, k, d)
+            d: int | None = None, shrinkage: float | None = None,
+            what: str = "the embeddings") -> LinearMap:
+    """A `LinearMap` fit on embeddings `x`: whitening, whitening-k or abtt (`linear_options`);
+    whitening's covariance `shrunk` by `shrinkage` (default 0: none)."""
+    method = linear_method(method, k, d, shrinkage)
     if method not in LINEAR_METHODS:
         raise BertflowError(f"unknown linear method {method!r}; choose one of "
                             f"{', '.join(LINEAR_METHODS)}")
     rows, dim = as_rows(x).shape
-    options = linear_options(method, dim, k, d)
+    options = linear_options(method, dim, k, d, shrinkage)
     mean, cov = covariance(x, what)
     if method == "abtt":
         d = options["d"]
@@ -188,6 +210,6 @@ def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = 
         top = principal_directions(cov, d)[1]
         weight = np.eye(dim) - top @ top.T  # I - U_d U_dᵀ: the top d directions removed
     else:
-        weight = whitening_weight(cov, options.get("k"), rows, what)
+        weight = whitening_weight(cov, options.get("k"), rows, what, shrinkage or 0.0)
     return LinearMap(torch.from_numpy(mean), torch.from_numpy(weight), method)
 

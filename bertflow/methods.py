@@ -51,19 +51,24 @@ class Method:
         return self.head.transform(x)
 
     def describe(self) -> dict[str, Any]:
-        """The options that a row of results records: `k`, `d`, or the flow's settings."""
+        """The options that a row of results records: `k`, `d`, `shrinkage`, or the flow's
+        settings."""
         return {key: value.to_dict() if isinstance(value, DictConfig) else value
                 for key, value in self.options.items() if key != "progress"}
 
 
 def make_method(name: str, *, k: int | None = None, d: int | None = None,
-                flow: FlowConfig | None = None, train: TrainConfig | None = None,
-                before: str = "standardize", progress: bool = False) -> Method:
-    """A fresh method of `METHODS` by name: `k`, `d` for the baselines, the rest for the flow."""
+                shrinkage: float | None = None, flow: FlowConfig | None = None,
+                train: TrainConfig | None = None, before: str = "standardize",
+                progress: bool = False) -> Method:
+    """A fresh method of `METHODS` by name: `k`, `d`, `shrinkage` (whitening's, where given)
+    for the baselines, the rest for the flow."""
     if name not in METHODS:
         raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
-    name = linear_method(name, k, d)
+    name = linear_method(name, k, d, shrinkage)
     if name == "flow":
         return Method(name, {"flow": flow or FlowConfig(), "train": train or TrainConfig(),
                              "before": before, "progress": progress})
-    return Method(name, {"whitening-k": {"k": k}, "abtt": {"d": d}}.get(name, {}))
+    shrink = {} if shrinkage is None else {"shrinkage": shrinkage}
+    return Method(name, {"whitening": shrink, "whitening-k": {"k": k, **shrink},
+                         "abtt": {"d": d}}.get(name, {}))

@@ -38,18 +38,19 @@ def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
                        max_length: int | None = None,
                        fit_on: str | os.PathLike | Sequence[str | os.PathLike] = "corpus",
                        k: int | None = None, d: int | None = None,
+                       shrinkage: float | None = None,
                        recipe: Recipe | dict[str, Any] | None = None, name: str | None = None,
                        batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None,
                        top: int = TOP) -> list[dict[str, Any]]:
-    """One row scoring `task`: a method of `METHODS` (`k`, `d`, the flow's `recipe`) fit on
-    `fit_on` (``"corpus"``, ``"queries"``, text files, or several: their embeddings together),
-    or a fitted head (labelled `name`, not fit again); documents and queries are embedded once
-    through `cache` with the pooling and max length (the head's), transformed, and every
-    document is ranked by cosine for each query (its `top`). The row holds `MEASURES` and the
-    labels of `bertflow.evaluate`'s rows."""
+    """One row scoring `task`: a method of `METHODS` (`k`, `d`, `shrinkage`, the flow's
+    `recipe`) fit on `fit_on` (``"corpus"``, ``"queries"``, text files, or several: their
+    embeddings together), or a fitted head (labelled `name`, not fit again); documents and
+    queries are embedded once through `cache` with the pooling and max length (the head's),
+    transformed, and every document is ranked by cosine for each query (its `top`). The row
+    holds `MEASURES` and the labels of `bertflow.evaluate`'s rows."""
     make, pooling, max_length, labels = method_maker(
-        method, encoder, pooling=pooling, max_length=max_length, k=k, d=d, recipe=recipe,
-        name=name, progress=progress)
+        method, encoder, pooling=pooling, max_length=max_length, k=k, d=d, shrinkage=shrinkage,
+        recipe=recipe, name=name, progress=progress)
 
     def embed(corpus: Corpus) -> np.ndarray:
         return cache.files(corpus, encoder, pooling, max_length, batch_size,

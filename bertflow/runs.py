@@ -42,6 +42,7 @@ class FitJob:
     method: str = "flow"
     k: int | None = None
     d: int | None = None
+    shrinkage: float | None = None
     recipe: Recipe | dict[str, Any] = field(default_factory=dict)
     encoder: str | None = None
     pooling: str | None = None
@@ -83,9 +84,9 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     if not flow:
         if not distributed.is_main():
             return None
-        head = FlowHead.fit_linear(x, job.method, k=job.k, d=job.d, encoder=origin["encoder"],
-                                   pooling=origin["pooling"], max_length=origin["max_length"],
-                                   corpus=origin["corpus"])
+        head = FlowHead.fit_linear(x, job.method, k=job.k, d=job.d, shrinkage=job.shrinkage,
+                                   encoder=origin["encoder"], pooling=origin["pooling"],
+                                   max_length=origin["max_length"], corpus=origin["corpus"])
         head.save(job.out)
         return FittedHead(head, None)
     return _train(job, x, origin, checkpoint, dev, say, progress)

@@ -508,18 +508,38 @@ def test_whitening_with_k_is_whitening_k_in_fit_and_eval(tmp_path, capsys, corpu
     assert "| whitening-k (k=6) | corpus.txt |" in out
 
 
+def test_shrinkage_in_fit_and_eval(tmp_path, capsys, corpus_file, tiny_encoder_dir):
+    """`--shrinkage` reaches the head fit (its config records it) and eval's rows and table."""
+    common = ("--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache", tmp_path / "c")
+    code, out, err = run(capsys, "fit", corpus_file, "--out", tmp_path / "h", "--method",
+                         "whitening", "--shrinkage", "0.9", *common)
+    assert code == 0 and "whitening, a linear map 16 → 16" in out, err
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert config["training"]["shrinkage"] == 0.9
+    rows = tmp_path / "rows.json"
+    code, out, err = run(capsys, "eval", "--data", _stsb(tmp_path / "data"), "--method",
+                         "whitening", "--k", "6", "--shrinkage", "0.5", "--fit-on", corpus_file,
+                         "--json", rows, "--tasks", "STS-B", *common, "--quiet")
+    assert code == 0, err
+    assert {(r["method"], r["k"], r["shrinkage"]) for r in json.loads(rows.read_text())} == {
+        ("whitening-k", 6, 0.5)}
+    assert "| whitening-k (k=6, shrinkage=0.5) | corpus.txt |" in out
+
+
 def test_k_and_d_are_refused_where_they_do_not_apply(tmp_path, capsys, corpus_file,
                                                      tiny_encoder_dir):
     data = _stsb(tmp_path / "data")
     common = ("--encoder", tiny_encoder_dir, "--cache", tmp_path / "c", "--quiet")
     for method, option in [("abtt", "--k"), ("raw", "--k"), ("standardize", "--k"),
                            ("flow", "--k"), ("whitening", "--d"), ("whitening-k", "--d"),
-                           ("flow", "--d")]:
+                           ("flow", "--d"), ("abtt", "--shrinkage"), ("raw", "--shrinkage"),
+                           ("flow", "--shrinkage")]:
+        value = "0.5" if option == "--shrinkage" else "3"
         if method not in ("raw", "standardize"):  # not methods of fit
             assert_refused(capsys, ["fit", corpus_file, "--out", tmp_path / "h", "--method",
-                                    method, option, "3", *common], "applies to",
+                                    method, option, value, *common], "applies to",
                            tmp_path / "h")
-        assert_refused(capsys, ["eval", "--data", data, "--method", method, option, "3",
+        assert_refused(capsys, ["eval", "--data", data, "--method", method, option, value,
                                 "--json", tmp_path / "rows.json", *common],
                        "applies to", tmp_path / "rows.json")
 
@@ -602,13 +622,15 @@ def test_options_that_cannot_apply_are_refused(tmp_path, capsys, inputs, no_enco
     assert not (tmp_path / "z.npy").exists() and not (tmp_path / "rows.json").exists()
 
 
-@pytest.mark.parametrize("options", [["--k", "3"], ["--d", "3"], ["--k", "3", "--d", "2"]])
-def test_eval_refuses_k_and_d_with_a_head(tmp_path, capsys, inputs, no_encoder, options):
+@pytest.mark.parametrize("options", [["--k", "3"], ["--d", "3"], ["--k", "3", "--d", "2"],
+                                     ["--shrinkage", "0.5"]])
+def test_eval_refuses_k_d_and_shrinkage_with_a_head(tmp_path, capsys, inputs, no_encoder,
+                                                    options):
     rows = tmp_path / "rows.json"
     assert_refused(capsys, ["eval", "--data", inputs["data"], "--head", inputs["head"], *options,
                             "--json", rows, "--quiet"],
-                   "--k and --d apply to --method whitening, whitening-k and abtt, not to "
-                   f"--head {inputs['head']}", rows)
+                   "--k, --d and --shrinkage apply to --method whitening, whitening-k and abtt, "
+                   f"not to --head {inputs['head']}", rows)
 
 
 @pytest.mark.parametrize("args,message", [

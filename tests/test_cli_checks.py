@@ -33,6 +33,8 @@ def test_missing_inputs_and_bad_options_are_refused_before_torch_is_imported(tmp
         (["fit", missing, "--out", out], f"no such file: {missing}"),
         (["fit", tmp_path, "--out", out], f"{tmp_path} is not a file"),
         (["fit", missing, "--out", out, "--method", "abtt", "--k", "3"], "--k applies to"),
+        (["fit", missing, "--out", out, "--shrinkage", "0.5"],
+         "--shrinkage applies to --method whitening and whitening-k"),
         (["transform", "--head", missing, "--sentences", missing, "--out", out / "z.npy"],
          f"no such file: {missing}"),
         (["transform", "--head", missing, "--embeddings", tmp_path, "--out", out / "z.npy",
@@ -40,6 +42,11 @@ def test_missing_inputs_and_bad_options_are_refused_before_torch_is_imported(tmp
         (["eval", "--data", missing], f"no data folder at {missing}"),
         (["eval", "--data", missing, "--method", "raw", "--lr", "0.1"],
          "--lr apply to --method flow only"),
+        (["eval", "--retrieval", missing, "--method", "abtt", "--shrinkage", "0"],
+         "--shrinkage applies to --method whitening and whitening-k"),
+        (["eval", "--data", missing, "--head", missing, "--shrinkage", "0.9"],
+         "--k, --d and --shrinkage apply to --method whitening, whitening-k and abtt, not to "
+         f"--head {missing}"),
         (["eval", "--data", tmp_path, "--head", missing], f"no flow head folder at {missing}"),
         (["eval", "--data", tmp_path, "--fit-on", "target", missing],
          f"no such file: {missing}"),
@@ -77,6 +84,19 @@ def test_search_takes_top_and_refuses_k(capsys, tmp_path):
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(lines) == 1
     assert "argument --k: hits per query are --top" in lines[0]
+
+
+@pytest.mark.parametrize("value,message", [
+    ("1.5", "must be in [0, 1], got 1.5"), ("-0.1", "must be in [0, 1], got -0.1"),
+    ("nan", "must be a finite number, got nan"), ("half", "expected a number, got 'half'")])
+def test_shrinkage_out_of_range_is_refused(capsys, tmp_path, value, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", str(tmp_path / "x.npy"), "--out", str(tmp_path / "h"), "--method",
+              "whitening", "--shrinkage", value])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1
+    assert f"argument --shrinkage: {message}" in lines[0]
+    assert not (tmp_path / "h").exists()
 
 
 def test_recipes_prints_each_poolings_recipe(capsys):

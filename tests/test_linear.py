@@ -320,3 +320,83 @@ def test_the_inverse_stays_float64_across_casts_of_the_head():
     first = linear.inverse(z)[0]
     second = linear.float().double().inverse(z)[0]
     assert torch.equal(first, second)
+
+
+# covariance shrinkage: Σ_α = (1 − α)·Σ + α·(tr Σ / n)·I ------------------------------------
+
+def test_no_shrinkage_is_todays_whitening_bit_for_bit(x):
+    from bertflow import FlowHead
+    from bertflow.linear import whitening_weight
+
+    cov = covariance(x)[1]
+    assert np.array_equal(whitening_weight(cov, shrinkage=0.0), whitening_weight(cov))
+    assert np.array_equal(whitening_weight(cov, 4, shrinkage=0.0), whitening_weight(cov, 4))
+    for options in ({}, {"k": 4}):
+        plain, zero = fit_map(x, **options), fit_map(x, **options, shrinkage=0)
+        assert torch.equal(plain.weight, zero.weight) and torch.equal(plain.mean, zero.mean)
+        head = FlowHead.fit_linear(x, "whitening", **options, shrinkage=0.0)
+        same = FlowHead.fit_linear(x, "whitening", **options)
+        for name, tensor in same.state_dict().items():
+            assert torch.equal(head.state_dict()[name], tensor), name
+
+
+def test_full_shrinkage_gives_the_cosines_of_centred_embeddings(x):
+    from bertflow.methods import make_method
+
+    def cosines(v):
+        v = v.astype(np.float64) / np.linalg.norm(v, axis=1, keepdims=True)
+        return v @ v.T
+
+    z = make_method("whitening", shrinkage=1.0).fit(x).transform(x)
+    np.testing.assert_allclose(cosines(z), cosines(x.astype(np.float64) - x.mean(0)), atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [None, 5])
+def test_partial_shrinkage_whitens_the_shrunk_covariance(x, k):
+    """W Wᵀ is Σ_α⁻¹ (full) or U_k Λ_k⁻¹ U_kᵀ of Σ_α's top k (whitening-k), as numpy has it."""
+    alpha = 0.3
+    cov = np.cov(x.astype(np.float64), rowvar=False)
+    shrunk = (1 - alpha) * cov + alpha * np.trace(cov) / 12 * np.eye(12)
+    values, vectors = np.linalg.eigh(shrunk)
+    top = np.argsort(values)[::-1][:k]
+    expected = vectors[:, top] @ np.diag(1 / values[top]) @ vectors[:, top].T
+    weight = fit_map(x, k=k, shrinkage=alpha).weight.double().numpy()
+    np.testing.assert_allclose(weight @ weight.T, expected, rtol=1e-4, atol=1e-8)
+    assert not np.allclose(weight @ weight.T, np.linalg.inv(cov), rtol=1e-2)
+
+
+def test_shrinkage_out_of_range_or_misplaced_is_refused(x):
+    from bertflow import FlowHead
+    from bertflow.methods import make_method
+
+    for alpha in (-0.1, 1.5, float("nan")):
+        with pytest.raises(BertflowError, match=r"shrinkage must be in \[0, 1\], got"):
+            fit_map(x, shrinkage=alpha)
+        with pytest.raises(BertflowError, match=r"shrinkage must be in \[0, 1\]"):
+            make_method("whitening-k", shrinkage=alpha)
+    for name in ("abtt", "raw", "flow"):
+        with pytest.raises(BertflowError,
+                           match=f"shrinkage applies to whitening and whitening-k, not to {name}"):
+            make_method(name, shrinkage=0.5)
+    with pytest.raises(BertflowError, match="not to abtt"):
+        FlowHead.fit_linear(x, "abtt", shrinkage=0.5)
+
+
+def test_a_head_fit_with_shrinkage_records_it_and_reloads(x, tmp_path):
+    import json
+
+    from bertflow import FlowHead
+    from bertflow.methods import make_method
+
+    head = FlowHead.fit_linear(x, "whitening-k", k=4, shrinkage=0.9)
+    assert head.training_info["shrinkage"] == 0.9
+    assert "shrinkage" not in FlowHead.fit_linear(x, "whitening").training_info
+    folder = head.save(tmp_path / "h")
+    assert json.loads((folder / "config.json").read_text())["training"]["shrinkage"] == 0.9
+    loaded = FlowHead.load(folder)
+    assert loaded.training_info["shrinkage"] == 0.9 and loaded.method == "whitening-k"
+    np.testing.assert_array_equal(loaded.transform(x), head.transform(x))
+    method = make_method("whitening", k=4, shrinkage=0.9)
+    assert method.describe() == {"k": 4, "shrinkage": 0.9}
+    assert make_method("whitening", shrinkage=0.9).describe() == {"shrinkage": 0.9}
+    np.testing.assert_array_equal(method.fit(x).transform(x), head.transform(x))

@@ -168,15 +168,16 @@ def test_methods_fit_on_the_documents_the_queries_or_a_file_never_the_qrels(
             evaluate_retrieval(task, "raw", tiny_encoder, cache, pooling="mean", fit_on=bad)
 
 
-@pytest.mark.parametrize("method", ["standardize", "whitening-k", "abtt", "flow"])
+@pytest.mark.parametrize("method", ["standardize", "whitening", "whitening-k", "abtt", "flow"])
 def test_each_method_scores(task, tiny_encoder, tmp_path, method):
-    options = {"k": 4} if method == "whitening-k" else {"d": 1} if method == "abtt" else {}
+    options = {"whitening": {"shrinkage": 0.9}, "whitening-k": {"k": 4, "shrinkage": 0.5},
+               "abtt": {"d": 1}}.get(method, {})
     recipe = {"flow": {"levels": 2, "depth": 2}, "train": {"epochs": 1}}
     [row] = evaluate_retrieval(task, method, tiny_encoder, EmbeddingCache(tmp_path / "c"),
                                pooling="mean", max_length=32, recipe=recipe, progress=False,
                                **options)
     assert row["method"] == method and all(0 <= row[m] <= 1 for m in MEASURES)
-    assert row.get("k") == options.get("k") and row.get("d") == options.get("d")
+    assert all(row.get(o) == options.get(o) for o in ("k", "d", "shrinkage"))
     again = evaluate_retrieval(task, method, tiny_encoder, EmbeddingCache(tmp_path / "c"),
                                pooling="mean", max_length=32, recipe=recipe, progress=False,
                                **options)
