@@ -229,8 +229,9 @@ def report(rows: list[dict[str, Any]], chosen: list[dict[str, Any]],
         f"MTEB runs it; {len(test.corpus):,} documents, {len(tasks['train'].queries)} train "
         f"and {len(test.queries)} test queries; {seconds / 60:.0f} min on 2 CPU cores). "
         "nDCG@10 × 100; a flow's cell is the mean ± standard deviation over seeds 0-2. Every "
-        "method is fit on text alone (the column), never on qrels; each row is what `bertflow "
-        "eval --retrieval` prints for it.",
+        "method is fit on text alone (the column), never on qrels; each row but \"standardize "
+        "apart\" (queries and documents each standardised by their own moments, which no "
+        "single head does) is what `bertflow eval --retrieval` prints for it.",
         "",
     ]
     for split in ("test", "train"):
