@@ -18,8 +18,8 @@ from .encoder_id import EncoderId, fingerprint, locate, recorded_location
 from .errors import BertflowError, first_line
 from .forward import FusedBert, supports_fused
 
-__all__ = ["CHUNK_SIZE", "Encoder", "check_pooling", "encode", "load_encoder", "pool",
-           "resolve_device", "resolve_dtype", "resolve_encoder"]
+__all__ = ["CHUNK_SIZE", "Encoder", "check_architecture", "check_pooling", "encode",
+           "load_encoder", "pool", "resolve_device", "resolve_dtype", "resolve_encoder"]
 
 CHUNK_SIZE = 8192  # sentences tokenised together, then encoded a batch at a time
 
@@ -262,13 +262,32 @@ def load_encoder(name_or_path: str | os.PathLike | None = None,
     transformers.utils.logging.disable_progress_bar()
     source, name, address = locate(name_or_path)
     try:
+        check_architecture(transformers.AutoConfig.from_pretrained(source), name_or_path)
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
         model = transformers.AutoModel.from_pretrained(source)
+    except BertflowError:
+        raise
     except Exception as e:  # a truncated or pickled weights file fails deep in the loaders
         where = "folder" if os.path.isdir(source) else "hub id (no such local folder)"
         raise BertflowError(f"cannot load encoder {name_or_path} as a {where}: "
                             f"{type(e).__name__}: {first_line(e)}") from None
     return Encoder(model, tokenizer, name, device, dtype, address)
+
+
+def check_architecture(config: Any, name: str | os.PathLike | None) -> None:
+    """Refuse a model that is not a bidirectional text encoder: one whose kind transformers
+    pairs with a masked-language-model head (BERT, RoBERTa, MPNet, ...), used as an encoder."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    kind = getattr(config, "model_type", None) or "unknown"
+    if (kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
+            and not getattr(config, "is_encoder_decoder", False)):
+        return
+    named = ", ".join(getattr(config, "architectures", None) or []) or "no architectures named"
+    raise BertflowError(f"encoder {name} is a {kind} model ({named}): bertflow pools the hidden "
+                        "states of a bidirectional text encoder (BERT, RoBERTa, MPNet, "
+                        "DistilBERT, ... : a kind with a masked-language-model head), not a "
+                        "decoder-only, encoder-decoder or vision model")
 
 
 def resolve_encoder(encoder: Encoder | str | os.PathLike | None,

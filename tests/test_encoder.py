@@ -298,6 +298,33 @@ def test_a_damaged_or_pickled_encoder_folder_is_one_error(tiny_encoder_dir, tmp_
         load_encoder(pickled)
 
 
+@pytest.mark.parametrize("kind, config, named", [
+    ("gpt2", {"n_layer": 1, "n_embd": 8, "n_head": 2}, "gpt2 model"),
+    ("t5", {"d_model": 8, "num_layers": 1, "num_heads": 2, "d_kv": 4, "d_ff": 16}, "t5 model"),
+    ("vit", {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "intermediate_size": 16}, "vit model"),
+    ("bert", {"is_decoder": True}, "bert model"),
+])
+def test_an_encoder_of_another_architecture_is_one_line(kind, config, named, tmp_path, capsys):
+    """A decoder-only, encoder-decoder or vision model, or BERT made a decoder, is refused by
+    one line naming its kind and what is supported, before its weights are read."""
+    import transformers
+
+    from bertflow.cli import main
+
+    folder = tmp_path / kind
+    transformers.AutoConfig.for_model(kind, **config).save_pretrained(folder)
+    with pytest.raises(BertflowError, match=f"is a {kind} model .*bidirectional text encoder"):
+        load_encoder(folder)
+    sentences = tmp_path / "s.txt"
+    sentences.write_text("one sentence\n")
+    assert main(["encode", str(sentences), "--encoder", str(folder), "--out",
+                 str(tmp_path / "e.npy")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err and "MPNet" in err, err
+    assert not (tmp_path / "e.npy").exists()
+
+
 def test_progress_advances_per_batch_within_a_chunk(tiny_encoder, tiny_encoder_dir, tmp_path,
                                                     monkeypatch):
     """The bar moves by each batch's sentences, not once per chunk: in `encode` and in the
