@@ -66,7 +66,7 @@ def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
                                    for p in parts]))
         labels["fit_on"] = " + ".join(p if isinstance(p, str) else p.name for p in parts)
     run = ranking(fitted.transform(queries), fitted.transform(documents), list(task.queries),
-                  _document_ids(task.corpus), top)
+                  task.corpus.ids, top)
     return [{"encoder": encoder.id.name, "pooling": pooling, "max_length": max_length, **labels,
              "task": task.name, "split": task.split, "queries": len(task.queries),
              "documents": len(task.corpus), **score_run(task.qrels, run)}]
@@ -80,12 +80,6 @@ def _fit_parts(fit_on: str | os.PathLike | Sequence[str | os.PathLike]) -> list[
     if not parts or len(set(named)) < len(named):
         raise BertflowError("fit on 'corpus' and 'queries' at most once each, and on text files")
     return parts
-
-
-def _document_ids(corpus: Corpus) -> list[str]:
-    """A BEIR corpus's document ids; a text file's lines ("1", "2"...)."""
-    ids = getattr(corpus, "ids", None)
-    return list(ids) if ids is not None else [str(i + 1) for i in range(len(corpus))]
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
