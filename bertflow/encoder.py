@@ -16,7 +16,7 @@ from .batches import check_batch_size, check_max_length, release_free_memory, to
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING, DTYPES, POOLINGS, PROGRESS_FROM
 from .encoder_id import EncoderId, fingerprint, locate, recorded_location
 from .errors import BertflowError, first_line
-from .forward import FusedBert, supports_fused
+from .forward import FusedEncoder, supports_fused
 
 __all__ = ["CHUNK_SIZE", "Encoder", "check_architecture", "check_pooling", "encode",
            "load_encoder", "pool", "resolve_device", "resolve_dtype", "resolve_encoder"]
@@ -104,7 +104,7 @@ class Encoder:
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "right"
-        self.fused = FusedBert(self.model, self.dtype) if supports_fused(self.model) else None
+        self.fused = FusedEncoder(self.model, self.dtype) if supports_fused(self.model) else None
 
     @property
     def dim(self) -> int:

@@ -1,8 +1,9 @@
-"""The encoder's forward pass for BERT-architecture models, fused and in mixed precision."""
+"""The encoder's forward pass for BERT-architecture models (and MPNet's), fused and in mixed
+precision."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from operator import attrgetter
 from typing import Any
 
@@ -10,56 +11,84 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FusedBert", "supports_fused"]
+__all__ = ["FusedEncoder", "supports_fused"]
+
+# where each kind keeps a layer's query, key, value, attention output, its LayerNorm, the
+# feed-forward's two linears and their LayerNorm: BERT's names (RoBERTa's too), then MPNet's
+_BERT = ("attention.self.query", "attention.self.key", "attention.self.value",
+         "attention.output.dense", "attention.output.LayerNorm",
+         "intermediate.dense", "output.dense", "output.LayerNorm")
+_MPNET = ("attention.attn.q", "attention.attn.k", "attention.attn.v",
+          "attention.attn.o", "attention.LayerNorm",
+          "intermediate.dense", "output.dense", "output.LayerNorm")
 
 
-def supports_fused(model: nn.Module) -> bool:
-    """Whether `FusedBert` computes `model` exactly: post-LN layers with separate query, key and
-    value, absolute positions, fed the embedding output as it is (not ELECTRA's, nor ALBERT's)."""
+def _layout(model: nn.Module) -> tuple[str, ...] | None:
+    """The names of `model`'s layer parts that `FusedEncoder` reads, else None: post-LN layers
+    with separate query, key and value, fed the embedding output as it is (not ELECTRA's, nor
+    ALBERT's), with absolute positions (BERT) or a relative position bias (MPNet)."""
     config = getattr(model, "config", None)
-    layers = getattr(getattr(model, "encoder", None), "layer", None)
+    encoder = getattr(model, "encoder", None)
+    layers = getattr(encoder, "layer", None)
     if config is None or layers is None or not hasattr(model, "embeddings"):
-        return False
+        return None
     words = getattr(model.get_input_embeddings(), "embedding_dim", None)
     if (hasattr(model, "embeddings_project") or words is None
             or words != getattr(config, "hidden_size", None)
             or getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False)
             or getattr(config, "position_embedding_type", "absolute") != "absolute"
             or not isinstance(getattr(config, "hidden_act", None), str)):
-        return False
-    needed = attrgetter("attention.self.query", "attention.self.key", "attention.self.value",
-                        "attention.output.dense", "attention.output.LayerNorm",
-                        "intermediate.dense", "output.dense", "output.LayerNorm")
+        return None
+    relative = getattr(config, "model_type", None) == "mpnet"
+    if relative != hasattr(encoder, "compute_position_bias"):
+        return None
+    layout = _MPNET if relative else _BERT
     try:
-        return all(None not in needed(layer) for layer in layers)
+        return layout if all(None not in attrgetter(*layout)(layer) for layer in layers) else None
     except AttributeError:
-        return False
+        return None
 
 
-class FusedBert(nn.Module):
+def supports_fused(model: nn.Module) -> bool:
+    """Whether `FusedEncoder` computes `model` exactly (see `_layout`)."""
+    return _layout(model) is not None
+
+
+class FusedEncoder(nn.Module):
     """A BERT-style encoder's forward pass with one query-key-value projection per layer and
-    fused attention. In bfloat16 or float16 only the projections run in that precision: the
-    residual stream, LayerNorms, embeddings and (on the CPU) attention stay float32."""
+    fused attention; MPNet's relative position bias joins the attention mask. In bfloat16 or
+    float16 only the projections run in that precision: the residual stream, LayerNorms,
+    embeddings and (on the CPU) attention stay float32."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32):
         super().__init__()
-        if not supports_fused(model):
+        layout = _layout(model)
+        if layout is None:
             raise ValueError(f"{type(model).__name__} is not a BERT-architecture encoder")
         from transformers.activations import ACT2FN
 
         self.embeddings, self.dtype = model.embeddings, dtype
+        # MPNet's bias, (1, heads, length, length) from a batch of one; a method of the model's
+        # own encoder, not a module of this one, so its weights are not registered twice
+        self.position_bias: Callable[[Tensor], Tensor] | None = getattr(
+            model.encoder, "compute_position_bias", None)
         heads, activation = int(model.config.num_attention_heads), ACT2FN[model.config.hidden_act]
-        self.layers = nn.ModuleList(_FusedLayer(layer, heads, activation, dtype)
-                                    for layer in model.encoder.layer)
+        self.layers = nn.ModuleList(
+            _FusedLayer(attrgetter(*layout)(layer), heads, activation, dtype)
+            for layer in model.encoder.layer)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Tensor | None = None,
                 keep: Collection[int] | None = None) -> tuple[Tensor | None, ...]:
         """Float32 hidden states like the model's; None for a layer not in `keep` (default all)."""
-        h = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids).float()
+        inputs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        h = self.embeddings(input_ids=input_ids, **inputs).float()
         count = len(self.layers) + 1
         keep = range(count) if keep is None else {k % count for k in keep}
         mask = attention_mask.bool()[:, None, None, :]
+        if self.position_bias is not None:
+            blocked = torch.zeros(mask.shape, device=h.device).masked_fill_(~mask, -torch.inf)
+            mask = self.position_bias(h[:1]).float() + blocked
         states: list[Tensor | None] = [h if 0 in keep else None]
         for index, layer in enumerate(self.layers, start=1):
             h = layer(h, mask)
@@ -68,24 +97,23 @@ class FusedBert(nn.Module):
 
 
 class _FusedLayer(nn.Module):
-    def __init__(self, layer: nn.Module, heads: int, activation: Any, dtype: torch.dtype):
+    def __init__(self, parts: tuple[nn.Module, ...], heads: int, activation: Any,
+                 dtype: torch.dtype):
         super().__init__()
         self.heads, self.activation, self.dtype = heads, activation, dtype
-        attention = layer.attention
-        self.qkv = _linear(dtype, attention.self.query, attention.self.key, attention.self.value)
-        self.out = _linear(dtype, attention.output.dense)
-        self.norm1 = attention.output.LayerNorm
-        self.up = _linear(dtype, layer.intermediate.dense)
-        self.down = _linear(dtype, layer.output.dense)
-        self.norm2 = layer.output.LayerNorm
+        query, key, value, out, self.norm1, up, down, self.norm2 = parts
+        self.qkv = _linear(dtype, query, key, value)
+        self.out, self.up, self.down = (_linear(dtype, part) for part in (out, up, down))
 
     def forward(self, h: Tensor, mask: Tensor) -> Tensor:
+        """One layer; `mask` is boolean (True: attend) or a float bias added to the scores."""
         batch, length, dim = h.shape
         qkv = self.qkv(h.to(self.dtype)).view(batch, length, 3, self.heads, dim // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)
         if h.device.type == "cpu":
             q, k, v = q.float(), k.float(), v.float()
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dtype == torch.bool
+                                           else mask.to(q.dtype))
         a = a.transpose(1, 2).reshape(batch, length, dim).to(self.dtype)
         h = self.norm1(h + self.out(a).float())
         y = self.down(self.activation(self.up(h.to(self.dtype))))

@@ -68,6 +68,38 @@ def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int
     return folder
 
 
+def make_tiny_mpnet(folder: Path, hidden: int = 16, layers: int = 3, seed: int = 0) -> Path:
+    """Save a randomly initialised tiny MPNet (relative position bias, padding id 1, no token
+    types) and its tokenizer to `folder`."""
+    from transformers import MPNetConfig, MPNetModel, MPNetTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(["<s>", "<pad>", "</s>", "<unk>", "[UNK]", "<mask>", *WORDS]) + "\n")
+    tokenizer = MPNetTokenizerFast(vocab=str(vocab), do_lower_case=True)
+    config = MPNetConfig(vocab_size=len(WORDS) + 6, hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, intermediate_size=2 * hidden,
+                         max_position_embeddings=130)
+    torch.manual_seed(seed)
+    MPNetModel(config, add_pooling_layer=False).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert tokenizer.pad_token_id == 1 and tokenizer.unk_token_id not in tokenizer(" ".join(WORDS))[
+        "input_ids"]
+    return folder
+
+
+def mpnet_dir() -> Path:
+    """The real all-mpnet-base-v2 folder (`make mpnet` fetches it): $BERTFLOW_MPNET, else
+    ~/.cache/bertflow/encoders/all-mpnet-base-v2."""
+    default = Path.home() / ".cache" / "bertflow" / "encoders" / "all-mpnet-base-v2"
+    return Path(os.environ.get("BERTFLOW_MPNET", default))
+
+
+@pytest.fixture(scope="session")
+def tiny_mpnet_dir(tmp_path_factory) -> Path:
+    return make_tiny_mpnet(tmp_path_factory.mktemp("tiny-mpnet"))
+
+
 @pytest.fixture(scope="session")
 def tiny_encoder_dir(tmp_path_factory) -> Path:
     return make_tiny_encoder(tmp_path_factory.mktemp("tiny-bert"))

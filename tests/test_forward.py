@@ -5,11 +5,13 @@ from transformers import (
     BertModel,
     DistilBertConfig,
     DistilBertModel,
+    MPNetConfig,
+    MPNetModel,
     RobertaConfig,
     RobertaModel,
 )
 
-from bertflow.forward import FusedBert, supports_fused
+from bertflow.forward import FusedEncoder, supports_fused
 
 SIZES = dict(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
              intermediate_size=64, max_position_embeddings=40)
@@ -29,13 +31,14 @@ def models() -> list[torch.nn.Module]:
     torch.manual_seed(0)
     bert = BertModel(BertConfig(**SIZES, hidden_act="gelu")).eval()
     roberta = RobertaModel(RobertaConfig(**SIZES, pad_token_id=1, hidden_act="gelu_new")).eval()
-    return [bert, roberta]
+    mpnet = MPNetModel(MPNetConfig(**SIZES), add_pooling_layer=False).eval()  # relative bias
+    return [bert, roberta, mpnet]
 
 
-@pytest.mark.parametrize("model", models(), ids=["bert", "roberta"])
+@pytest.mark.parametrize("model", models(), ids=["bert", "roberta", "mpnet"])
 def test_float32_forward_is_the_models_own(model):
     ids, mask = padded_batch()
-    fused = FusedBert(model)
+    fused = FusedEncoder(model)
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         got = fused(ids, mask)
@@ -50,22 +53,23 @@ def test_keep_returns_only_the_layers_asked_for():
     model = models()[0]
     ids, mask = padded_batch()
     with torch.no_grad():
-        every = FusedBert(model)(ids, mask)
-        some = FusedBert(model)(ids, mask, keep={1, -1})
+        every = FusedEncoder(model)(ids, mask)
+        some = FusedEncoder(model)(ids, mask, keep={1, -1})
     assert [s is not None for s in some] == [False, True, False, True]
     assert torch.equal(some[1], every[1]) and torch.equal(some[-1], every[-1])
 
 
-def test_bfloat16_computes_projections_low_and_returns_float32_close_to_float32():
-    model = models()[0]
+@pytest.mark.parametrize("which", [0, 2], ids=["bert", "mpnet"])
+def test_bfloat16_computes_projections_low_and_returns_float32_close_to_float32(which):
+    model = models()[which]
     ids, mask = padded_batch(1)
     with torch.no_grad():
-        exact = FusedBert(model)(ids, mask)[-1]
-        fused = FusedBert(model, torch.bfloat16)
+        exact = FusedEncoder(model)(ids, mask)[-1]
+        fused = FusedEncoder(model, torch.bfloat16)
         low = fused(ids, mask)[-1]
     assert fused.layers[0].qkv.weight.dtype == torch.bfloat16
     assert low.dtype == torch.float32
-    assert model.encoder.layer[0].attention.self.query.weight.dtype == torch.float32  # untouched
+    assert next(model.encoder.layer[0].parameters()).dtype == torch.float32  # untouched
     real = mask.bool()
     cos = torch.nn.functional.cosine_similarity(low[real], exact[real], dim=-1)
     assert cos.min() > 0.999
@@ -78,6 +82,6 @@ def test_other_architectures_are_not_claimed():
                                               hidden_dim=64, max_position_embeddings=40))
     assert not supports_fused(distil)
     with pytest.raises(ValueError, match="not a BERT-architecture"):
-        FusedBert(distil)
+        FusedEncoder(distil)
     decoder = BertModel(BertConfig(**SIZES, is_decoder=True))
     assert not supports_fused(decoder)
