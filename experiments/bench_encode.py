@@ -7,17 +7,21 @@ runner's throughput over sentence-transformers', how far its unit vectors are fr
 sentence-transformers' (float32) or from bertflow's float32 ones (lower precisions), and the
 fraction of a matmul peak the encoder reaches: transformer FLOPs counted from the real
 (unpadded) token counts, over the GFLOP/s of a large square matmul timed in the same run at
-the same dtype. Writes experiments/results/bench_encode-<device>.md and, with --json, the
-numbers.
+the same dtype. With --profile, the report also says where bertflow's encode spends its time,
+per operator, and what share of it is outside the matrix products. Writes
+experiments/results/bench_encode-<device>[-<encoder>].md (the encoder's name where one is
+given) and, with --json, the numbers.
 
-    python experiments/bench_encode.py [--data ../shared/data] [--sentences 2000]
-        [--rounds 5] [--device auto] [--batch-size 32] [--json FILE] [--profile]
+    python experiments/bench_encode.py [--data ../shared/data] [--encoder DIR]
+        [--sentences 2000] [--rounds 5] [--device auto] [--batch-size 32] [--json FILE]
+        [--profile] [--compile]
 """
 
 from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,21 +38,24 @@ from bertflow.files import read_sentences
 
 
 def main() -> None:
-    options = parser(__doc__, "data", "out")
+    options = parser(__doc__, "data", "encoder", "out")
     options.add_argument("--sentences", type=int, default=2000)
     options.add_argument("--rounds", type=int, default=5)
     options.add_argument("--device", default="auto")
     options.add_argument("--batch-size", type=int, default=32)
     options.add_argument("--json", type=Path, default=None)
     options.add_argument("--profile", action="store_true",
-                         help="print where bertflow's encode spends its time, per operator")
+                         help="report where bertflow's encode spends its time, per operator")
+    options.add_argument("--compile", action="store_true",
+                         help="also time bertflow's fused forward compiled by torch.compile "
+                              "(inductor; needs a C++ compiler on the CPU)")
     args = options.parse_args()
 
     device = resolve_device(args.device)
     sentences = read_sentences(args.data / "unlabeled" / "wiki-sample.txt")[: args.sentences]
     dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
-    encoders = {dtype: load_encoder(None, device, dtype) for dtype in dtypes}
-    st = SentenceTransformer(str(default_encoder_path()), device=str(device))
+    encoders = {dtype: load_encoder(args.encoder, device, dtype) for dtype in dtypes}
+    st = SentenceTransformer(str(args.encoder or default_encoder_path()), device=str(device))
     max_length = st.max_seq_length
     tokens = [len(ids) for ids in encoders["float32"].tokenize(sentences, max_length)["input_ids"]]
     flops = encoder_flops(encoders["float32"], tokens)
@@ -60,9 +67,12 @@ def main() -> None:
     for dtype, encoder in encoders.items():
         runners[f"bertflow {dtype}"] = lambda e=encoder: e.encode(
             sentences, "mean", max_length, args.batch_size, progress=False)
-    if args.profile:
+    if args.compile:
         for dtype in dtypes:
-            profile(runners[f"bertflow {dtype}"], f"bertflow {dtype}")
+            runners[f"bertflow {dtype} compiled"] = compiled(
+                load_encoder(args.encoder, device, dtype), sentences, max_length, args.batch_size)
+    profiles = {dtype: profile(runners[f"bertflow {dtype}"], device)
+                for dtype in dtypes} if args.profile else {}
     outputs = {name: unit(run()) for name, run in runners.items()}  # warm-up
     seconds = {name: [] for name in runners}
     for _ in range(args.rounds):
@@ -76,6 +86,8 @@ def main() -> None:
     base = best["sentence-transformers float32"]
     exact = outputs["bertflow float32"]
     results: dict[str, object] = {
+        "encoder": encoders["float32"].id.name,
+        "command": "".join(f" {a}" for a in sys.argv[1:]).replace(str(Path.home()), "~"),
         "device": describe(device),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -95,15 +107,22 @@ def main() -> None:
         results[f"gflops_{short[dtype]}"] = achieved
         results[f"peak_gflops_{short[dtype]}"] = peaks[dtype]
         results[f"peak_fraction_{short[dtype]}"] = achieved / peaks[dtype]
+        results[f"fp32_peak_fraction_{short[dtype]}"] = achieved / peaks["float32"]
+        if f"bertflow {dtype} compiled" in best:
+            results[f"ratio_{short[dtype]}_compiled"] = base / best[f"bertflow {dtype} compiled"]
+            results[f"gflops_{short[dtype]}_compiled"] = (
+                flops / best[f"bertflow {dtype} compiled"] / 1e9)
         if dtype != "float32":
             cos = (outputs[f"bertflow {dtype}"] * exact).sum(1)
             results[f"min_cos_{short[dtype]}"] = float(cos.min())
     results["peak_fraction"] = min(results[f"peak_fraction_{short[d]}"] for d in dtypes)
+    results["profile"] = profiles
 
     text = report(results, dtypes, short)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"bench_encode-{device.type}.md").write_text(text)
+    named = f"-{results['encoder']}" if args.encoder else ""
+    (args.out / f"bench_encode-{device.type}{named}.md").write_text(text)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
@@ -133,17 +152,40 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int = 10) -> 
     return 2 * n**3 / best / 1e9
 
 
-def profile(run: Callable[[], object], name: str) -> None:
+# the operators that multiply matrices (the projections, and attention's products where they
+# are not fused); the fused attention kernels are counted apart
+MATMULS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn_linear",
+           "mkldnn::_linear_pointwise", "aten::mkldnn_linear")
+
+
+def profile(run: Callable[[], object], device: torch.device, rows: int = 10) -> dict:
+    """One run under the profiler: each operator's own time (on the GPU where there is one),
+    the top `rows` of them, and the share of all of it outside the matrix products."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     run()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
-                                           if torch.cuda.is_available() else [])
+    gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with torch_profile(activities=activities) as prof:
         run()
-    print(f"## Where {name} spends its time\n")
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    own = {e.key: (e.self_device_time_total if gpu else e.self_cpu_time_total)
+           for e in prof.key_averages()}
+    total = sum(own.values())
+    top = sorted(own.items(), key=lambda kv: -kv[1])[:rows]
+    matmul = sum(t for name, t in own.items() if name in MATMULS)
+    return {"total_ms": total / 1e3, "outside_matmul": 1 - matmul / total,
+            "top": [{"op": name, "ms": t / 1e3, "share": t / total} for name, t in top]}
+
+
+def compiled(encoder: Encoder, sentences: list[str], max_length: int,
+             batch_size: int) -> Callable[[], np.ndarray]:
+    """A runner whose encoder (its own) has its fused forward compiled by torch.compile, with
+    dynamic shapes."""
+    if encoder.fused is None:
+        raise SystemExit(f"{encoder.id.name} has no fused forward to compile")
+    encoder.fused.forward = torch.compile(encoder.fused.forward, dynamic=True)
+    return lambda: encoder.encode(sentences, "mean", max_length, batch_size, progress=False)
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -164,17 +206,18 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
     lo, mean, hi = results["tokens_per_sentence"]
     lines = [
         f"# Encoding speed on {results['device']}\n",
-        "Made by `python experiments/bench_encode.py`: all-MiniLM-L6-v2, mean pooling, "
+        f"Made by `python experiments/bench_encode.py{results['command']}`: "
+        f"{results['encoder']}, mean pooling, "
         f"{results['sentences']} Wikipedia sentences ({lo} to {hi} tokens, {mean:.1f} on "
         f"average), batch size {results['batch_size']}, max length {results['max_length']}, best "
         f"of {results['rounds']} interleaved rounds, torch {results['torch']}.\n",
         "| runner | sentences/s | × sentence-transformers | GFLOP/s | of the matmul peak | "
-        "agreement |",
-        "|---|---:|---:|---:|---:|---|",
+        "of the float32 peak | agreement |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     speed = results["sentences_per_s"]
     lines.append(f"| sentence-transformers float32 | {speed['sentence-transformers float32']:.0f}"
-                 " | 1.00 | | | |")
+                 " | 1.00 | | | | |")
     for dtype in dtypes:
         s = short[dtype]
         agreement = (f"max abs diff {results['max_abs_diff_fp32']:.1e} (unit vectors)"
@@ -183,7 +226,21 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
         lines.append(
             f"| bertflow {dtype} | {speed[f'bertflow {dtype}']:.0f} | {results[f'ratio_{s}']:.2f}"
             f" | {results[f'gflops_{s}']:.0f} | {results[f'peak_fraction_{s}']:.2f} of "
-            f"{results[f'peak_gflops_{s}']:.0f} | {agreement} |")
+            f"{results[f'peak_gflops_{s}']:.0f} | {results[f'fp32_peak_fraction_{s}']:.2f} of "
+            f"{results['peak_gflops_fp32']:.0f} | {agreement} |")
+        if f"ratio_{s}_compiled" in results:
+            lines.append(
+                f"| bertflow {dtype}, torch.compile | "
+                f"{speed[f'bertflow {dtype} compiled']:.0f} | {results[f'ratio_{s}_compiled']:.2f}"
+                f" | {results[f'gflops_{s}_compiled']:.0f} | | | |")
+    for dtype, found in results["profile"].items():
+        lines += [f"\n## Where bertflow {dtype} spends its time\n",
+                  f"One encode of the same sentences under torch's profiler: "
+                  f"{found['total_ms']:,.0f} ms of operators' own time, "
+                  f"{found['outside_matmul']:.0%} of it outside the matrix products "
+                  f"({', '.join(m.removeprefix('aten::') for m in MATMULS[:4])}, ...).\n",
+                  "| operator | own ms | share |", "|---|---:|---:|"]
+        lines += [f"| `{r['op']}` | {r['ms']:,.0f} | {r['share']:.1%} |" for r in found["top"]]
     return "\n".join(lines) + "\n"
 
 

@@ -4,13 +4,16 @@ Corpora of 10k, 100k and 1M sentences are recombined from the Wikipedia sample o
 folder (each sentence joins the first half of one sample sentence to the second half of
 another, seeded). Each command runs in a fresh process whose peak resident set size (file
 pages it maps included) is read from the kernel when it exits. Two encoders: a small random
-BERT built here (all-MiniLM-L6-v2's tokenizer, 2 layers of width 128), run at every size,
-which is what the 1M-versus-10k comparison uses; and all-MiniLM-L6-v2 itself at 10k and 100k,
-for real timings. `fit` trains the default flow (one epoch) from the `.npy` that `encode`
-wrote. Writes experiments/results/bench_memory-<device>.md and, with --json, the numbers.
+BERT built here (all-MiniLM-L6-v2's tokenizer, 2 layers of width 128), run at `--sizes`,
+which is what the 1M-versus-10k comparison uses; and a real one (all-MiniLM-L6-v2, or the
+folder `--encoder` names) at `--real-sizes`, for real timings. `fit` trains the default flow
+(one epoch) from the `.npy` that `encode` wrote. Writes
+experiments/results/bench_memory-<device>[-<encoder>].md (the encoder's name where one is
+given) and, with --json, the numbers.
 
     python experiments/bench_memory.py [--data ../shared/data] [--work DIR] [--json FILE]
-        [--sizes 10000 100000 1000000] [--real-sizes 10000 100000] [--device cpu]
+        [--encoder DIR] [--sizes 10000 100000 1000000] [--real-sizes 10000 100000]
+        [--device cpu]
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from common import parser
 
 
 def main() -> None:
-    options = parser(__doc__, "data", "out")
+    options = parser(__doc__, "data", "encoder", "out")
     options.add_argument("--work", type=Path, default=None, help="scratch folder (default: a "
                          "temporary one, removed at the end)")
-    options.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    options.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
     options.add_argument("--real-sizes", type=int, nargs="*", default=[10_000, 100_000])
     options.add_argument("--device", default="cpu")
     options.add_argument("--json", type=Path, default=None)
@@ -49,7 +52,8 @@ def main() -> None:
     text = report(results)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"bench_memory-{results['device_type']}.md").write_text(text)
+    named = f"-{Path(args.encoder).name}" if args.encoder else ""
+    (args.out / f"bench_memory-{results['device_type']}{named}.md").write_text(text)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
@@ -64,9 +68,10 @@ def run(args: argparse.Namespace, work: Path) -> dict:
         corpus = make_corpus(args.data, size, work / f"corpus-{size}.txt")
         encoders = [("small random BERT (2 × 128)", small)] if size in args.sizes else []
         if size in args.real_sizes:
-            encoders.append(("all-MiniLM-L6-v2", None))
+            encoders.append((Path(args.encoder).name if args.encoder else "all-MiniLM-L6-v2",
+                             args.encoder))
         for name, folder in encoders:
-            tag = "small" if folder else "minilm"
+            tag = "small" if folder == small else "real"
             emb = work / f"{tag}-{size}.npy"
             encoder = ["--encoder", str(folder)] if folder else []
             encode = measure(["encode", str(corpus), "--out", str(emb), "--no-cache",
@@ -77,18 +82,18 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                          "dim": json.loads(emb.with_suffix(".meta.json").read_text())["dim"]})
             print(json.dumps(rows[-1]), flush=True)
             emb.unlink()
-    small_rows = {r["sentences"]: r for r in rows if r["encoder"].startswith("small")}
-    lo, hi = min(small_rows), max(small_rows)
-    return {
-        "device_type": device.type,
-        "cpu_threads": os.cpu_count(),
-        "rows": rows,
-        "rss_mb": {command: {str(size): r[command]["rss_mb"] for size, r in small_rows.items()}
-                   for command in ("encode", "fit")},
-        "rss_ratio": {command: small_rows[hi][command]["rss_mb"] / small_rows[lo][command][
-            "rss_mb"] for command in ("encode", "fit")},
-        "ratio_sizes": [lo, hi],
-    }
+    ratios = {}
+    for name in dict.fromkeys(r["encoder"] for r in rows):
+        mine = {r["sentences"]: r for r in rows if r["encoder"] == name}
+        lo, hi = min(mine), max(mine)
+        if lo < hi:
+            ratios[name] = {"sizes": [lo, hi], **{
+                command: mine[hi][command]["rss_mb"] / mine[lo][command]["rss_mb"]
+                for command in ("encode", "fit")}}
+    command = "".join(f" {a}" for a in sys.argv[1:]).replace(str(Path.home()), "~")
+    return {"device_type": device.type, "cpu_threads": os.cpu_count(), "rows": rows,
+            "command": command,
+            "rss_ratio": ratios}
 
 
 def measure(arguments: list[str]) -> dict:
@@ -136,13 +141,12 @@ def make_small_encoder(folder: Path) -> Path:
 
 
 def report(results: dict) -> str:
-    lo, hi = results["ratio_sizes"]
     lines = [
         f"# Memory and time of encode and fit ({results['device_type']}, "
         f"{results['cpu_threads']} CPU threads)\n",
-        "Made by `python experiments/bench_memory.py`. Peak RSS of each command in its own "
-        "process (file pages it maps included); `fit` trains the default flow for one epoch "
-        "from the `.npy` that `encode` wrote.\n",
+        f"Made by `python experiments/bench_memory.py{results['command']}`. Peak RSS of each "
+        "command in its own process (file pages it maps included); `fit` trains the default "
+        "flow for one epoch from the `.npy` that `encode` wrote.\n",
         "| encoder | sentences | encode s | encode sentences/s | encode peak RSS MiB | "
         "fit s | fit peak RSS MiB |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -152,9 +156,11 @@ def report(results: dict) -> str:
         lines.append(f"| {r['encoder']} ({r['dim']}-d) | {r['sentences']:,} | "
                      f"{e['seconds']:.0f} | {r['sentences'] / e['seconds']:,.0f} | "
                      f"{e['rss_mb']:.0f} | {f['seconds']:.0f} | {f['rss_mb']:.0f} |")
-    ratio = results["rss_ratio"]
-    lines.append(f"\nPeak RSS at {hi:,} over {lo:,} sentences (small BERT): encode "
-                 f"{ratio['encode']:.3f}, fit {ratio['fit']:.3f}.")
+    lines.append("")
+    for name, ratio in results["rss_ratio"].items():
+        lo, hi = ratio["sizes"]
+        lines.append(f"Peak RSS at {hi:,} over {lo:,} sentences ({name}): encode "
+                     f"{ratio['encode']:.3f}, fit {ratio['fit']:.3f}.")
     return "\n".join(lines) + "\n"
 
 
