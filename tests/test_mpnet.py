@@ -2,6 +2,9 @@
 and the real all-mpnet-base-v2 (`make mpnet` fetches it; those tests skip without it)."""
 
 import json
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -88,3 +91,24 @@ def test_a_head_fit_on_mpnet_records_it_and_refuses_minilm(real_sentences, tmp_p
     assert main(["transform", "--head", str(head), "--sentences", str(corpus),
                  "--out", str(tmp_path / "z.npy"), "--encoder", str(default_encoder_path())]) != 0
     assert "head" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("torchrun")
+def test_two_processes_encode_with_mpnet_bit_for_bit(real_sentences, tmp_path):
+    """A 2-process torchrun encode equals one process's, byte for byte."""
+    folder = real_mpnet()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(real_sentences[:64]) + "\n", encoding="utf-8")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    command = ["-m", "bertflow", "encode", str(corpus), "--encoder", str(folder), "--pooling",
+               "first_last", "--no-cache", "--out"]
+    one = subprocess.run([sys.executable, *command, str(tmp_path / "one.npy")],
+                         capture_output=True, text=True)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", port, *command, str(tmp_path / "two.npy")],
+                         capture_output=True, text=True)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    assert (tmp_path / "two.npy").read_bytes() == (tmp_path / "one.npy").read_bytes()
