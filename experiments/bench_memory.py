@@ -13,7 +13,7 @@ given) and, with --json, the numbers.
 
     python experiments/bench_memory.py [--data ../shared/data] [--work DIR] [--json FILE]
         [--encoder DIR] [--sizes 10000 100000 1000000] [--real-sizes 10000 100000]
-        [--device cpu]
+        [--device cpu] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main() -> None:
     options.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
     options.add_argument("--real-sizes", type=int, nargs="*", default=[10_000, 100_000])
     options.add_argument("--device", default="cpu")
+    options.add_argument("--dtype", default="float32", help="the encoder's precision")
     options.add_argument("--json", type=Path, default=None)
     args = options.parse_args()
 
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace, work: Path) -> dict:
             emb = work / f"{tag}-{size}.npy"
             encoder = ["--encoder", str(folder)] if folder else []
             encode = measure(["encode", str(corpus), "--out", str(emb), "--no-cache",
-                              "--device", str(device), *encoder])
+                              "--device", str(device), "--dtype", args.dtype, *encoder])
             fit = measure(["fit", str(emb), "--out", str(work / f"head-{tag}-{size}"),
                            "--quiet"])
             rows.append({"encoder": name, "sentences": size, "encode": encode, "fit": fit,
@@ -92,21 +93,22 @@ def run(args: argparse.Namespace, work: Path) -> dict:
                 for command in ("encode", "fit")}}
     command = "".join(f" {a}" for a in sys.argv[1:]).replace(str(Path.home()), "~")
     return {"device_type": device.type, "cpu_threads": os.cpu_count(), "rows": rows,
-            "command": command,
+            "command": command, "dtype": args.dtype,
             "rss_ratio": ratios}
 
 
 def measure(arguments: list[str]) -> dict:
     """Run `python -m bertflow ARGS` in a fresh process: seconds and peak RSS in MiB."""
     began = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "bertflow", *arguments],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - began
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"bertflow {' '.join(arguments)} failed:\n"
-                         f"{process.stderr.read().decode()[-2000:]}")
-    process.stderr.close()
+    with tempfile.TemporaryFile() as errors:  # a pipe left unread would fill and stall it
+        process = subprocess.Popen([sys.executable, "-m", "bertflow", *arguments],
+                                   stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - began
+        if os.waitstatus_to_exitcode(status) != 0:
+            errors.seek(0)
+            raise SystemExit(f"bertflow {' '.join(arguments)} failed:\n"
+                             f"{errors.read().decode()[-2000:]}")
     return {"seconds": seconds, "rss_mb": usage.ru_maxrss / 1024}
 
 
@@ -143,7 +145,7 @@ def make_small_encoder(folder: Path) -> Path:
 def report(results: dict) -> str:
     lines = [
         f"# Memory and time of encode and fit ({results['device_type']}, "
-        f"{results['cpu_threads']} CPU threads)\n",
+        f"{results['cpu_threads']} CPU threads, encoder in {results.get('dtype', 'float32')})\n",
         f"Made by `python experiments/bench_memory.py{results['command']}`. Peak RSS of each "
         "command in its own process (file pages it maps included); `fit` trains the default "
         "flow for one epoch from the `.npy` that `encode` wrote.\n",
