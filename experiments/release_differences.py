@@ -290,7 +290,8 @@ def dropout_pass(encoder: Encoder, sentences: Sequence[str], max_length: int,
                 batch = encoder.tokenize([sentences[i] for i in rows], max_length,
                                          padding=True, return_tensors="pt")
                 batch = {k: v.to(encoder.device) for k, v in batch.items()}
-                inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+                inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")
+                          if k in batch}  # MPNet has no token types
                 hidden = model(**inputs, output_hidden_states=True).hidden_states
                 words = model.get_input_embeddings()(batch["input_ids"])
                 for p in POOLINGS:
