@@ -175,8 +175,9 @@ def _eval(args: argparse.Namespace) -> None:
     notes = evaluate.undefined_notes(rows)
     if missing:
         notes.append(f"missing from {args.data}: {', '.join(missing)}")
-    if head is None and method == "flow":
-        notes.append(corpus_note(pooling, fit_on))
+    if head is None and method == "flow":  # of the recipes the rule chose for the tasks
+        kinds = dict.fromkeys(r["recipe_corpus"] for r in rows if r.get("recipe_corpus"))
+        notes += [corpus_note(pooling, fit_on, kind) for kind in kinds]
     for note in filter(None, notes):
         print(note)
 
@@ -224,14 +225,22 @@ def _info(args: argparse.Namespace) -> None:
 
 
 def _recipes(args: argparse.Namespace) -> None:
-    from .recipes import RECIPES
+    from .recipes import ISOTROPIC, ISOTROPIC_RECIPES, RECIPES
 
     for pooling, recipe in RECIPES.items():
-        if args.pooling in (None, pooling):
-            print(f"{pooling}:\n  before:   {recipe.before}\n  corpus:   {recipe.corpus}")
-            for name, config in (("flow", recipe.flow), ("training", recipe.train)):
+        if args.pooling not in (None, pooling):
+            continue
+        print(f"{pooling}:")
+        for indent, each in (("  ", recipe), ("    ", ISOTROPIC_RECIPES.get(pooling))):
+            if each is None:
+                continue
+            if each is not recipe:
+                print(f"  where the fit embeddings' mean random-pair cosine is under "
+                      f"{ISOTROPIC}:")
+            print(f"{indent}before:   {each.before}\n{indent}corpus:   {each.corpus}")
+            for name, config in (("flow", each.flow), ("training", each.train)):
                 settings = " ".join(f"{k}={v}" for k, v in config.to_dict().items())
-                print(f"  {name + ':':<9} {settings}")
+                print(f"{indent}{name + ':':<9} {settings}")
 
 
 def _export(args: argparse.Namespace) -> None:

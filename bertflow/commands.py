@@ -267,7 +267,9 @@ def _info(p: argparse.ArgumentParser) -> None:
 @_command("recipes", "print each pooling's recommended flow recipe", """
     The settings `bertflow fit` and `bertflow eval --method flow` start from, per pooling
     (bertflow.recipes): what comes before the flow, the flow, its training, and the kind of
-    text the recipe was chosen on. An option given to those commands changes only itself.""")
+    text the recipe was chosen on; where a recipe whitens, the one used instead when the
+    embeddings the flow is fit on are already isotropic. An option given to those commands
+    changes only itself.""")
 def _recipes(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="print this pooling's recipe only")

@@ -106,7 +106,7 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
     label = "flow" if head is None else f"the head ({head.method})"
     if head is None:
         head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
-                            **resolve(recipe, pooling).fit_options(),
+                            **resolve(recipe, pooling, x).fit_options(),
                             progress=progress is not False)
     z = head.transform(x)
     say = say or (lambda line: None)

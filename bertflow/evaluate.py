@@ -65,8 +65,11 @@ def evaluate(tasks: dict[str, Task], missing: Sequence[str], embed: Embed,
         vectors = method.transform(embed(sentences))
         scores = score(task.test, sentences, vectors)
         measures = {**isotropy_measures(vectors), **pair_measures(task.test, sentences, vectors)}
+        settled = method.settled()  # what the rule chose (`Method.settle`)
+        labels = {**dict.fromkeys(settled), **labels}  # the averages say it where tasks agree
         for a in AGGREGATIONS:
-            row = {**labels, "task": name, "aggregation": a, "spearman": scores[a], **measures}
+            row = {**labels, **settled, "task": name, "aggregation": a, "spearman": scores[a],
+                   **measures}
             if scores[a] is None:
                 row["undefined"] = scores["undefined"][a]
             rows.append(row)
@@ -92,7 +95,9 @@ def summarise(rows: Results, labels: dict[str, Any]) -> Results:
         scored = [r for r in rows if r["aggregation"] == aggregation and r["spearman"] is not None]
         if not scored:
             continue
-        row = {**labels, "task": "avg", "aggregation": aggregation,
+        agreed = {k: scored[0].get(k) if all(r.get(k) == scored[0].get(k) for r in scored)
+                  else None for k in labels}  # what the tasks' fits share
+        row = {**agreed, "task": "avg", "aggregation": aggregation,
                "spearman": float(np.mean([r["spearman"] for r in scored])),
                "tasks": [r["task"] for r in scored]}
         for key in MEASURES:
@@ -185,6 +190,7 @@ def method_maker(method: str | FlowHead, encoder: Encoder, *, pooling: str | Non
     make = functools.partial(make_method, method,
                              **linear_options(method, encoder.width(pooling), k, d, shrinkage),
                              **resolve(recipe, pooling).fit_options(),
+                             settle=lambda x: resolve(recipe, pooling, x),
                              progress=progress is not False)
     return make, pooling, max_length or DEFAULT_MAX_LENGTH, {"method": method, **make().describe()}
 

@@ -9,22 +9,25 @@ import torch
 from scipy.special import logsumexp
 
 from .errors import BertflowError
+from .rows import Rows
 
 __all__ = ["alignment", "condition_number", "effective_rank", "isotropy_measures",
            "mean_pair_cosine", "pair_cosines", "partition_isotropy", "singular_values",
            "uniformity"]
 
 
-def pair_cosines(x: np.ndarray | torch.Tensor, pairs: int = 10000, seed: int = 0) -> np.ndarray:
-    """Cosine similarities of `pairs` random pairs of distinct rows of `x`."""
-    x = _tensor(x)
+def pair_cosines(x: np.ndarray | torch.Tensor | Rows, pairs: int = 10000,
+                 seed: int = 0) -> np.ndarray:
+    """Cosine similarities of `pairs` random pairs of distinct rows of `x` (only those rows are
+    read from `Rows` such as an `EmbeddingFile`)."""
     if x.shape[0] < 2:
         return np.full(0, np.nan)
-    u, v = (_unit(x[k]) for k in _random_pairs(x.shape[0], pairs, seed))
+    u, v = (_unit(_take(x, k)) for k in _random_pairs(x.shape[0], pairs, seed))
     return (u * v).sum(1).numpy()
 
 
-def mean_pair_cosine(x: np.ndarray | torch.Tensor, pairs: int = 10000, seed: int = 0) -> float:
+def mean_pair_cosine(x: np.ndarray | torch.Tensor | Rows, pairs: int = 10000,
+                     seed: int = 0) -> float:
     """Mean cosine of random pairs of distinct rows: near 0 for an isotropic cloud."""
     cosines = pair_cosines(x, pairs, seed)
     return float(cosines.mean()) if cosines.size else math.nan
@@ -105,6 +108,14 @@ def _tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.detach().cpu()
     return torch.from_numpy(np.array(x, dtype=np.float64))
+
+
+def _take(x: np.ndarray | torch.Tensor | Rows, rows: torch.Tensor) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()[rows]
+    if hasattr(x, "take") and hasattr(x, "read"):
+        return torch.from_numpy(x.take(rows.numpy()))
+    return torch.from_numpy(np.asarray(x)[rows.numpy()])
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:

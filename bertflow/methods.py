@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,7 @@ from .errors import BertflowError
 from .flow import FlowConfig, StandardScaler
 from .head import FlowHead
 from .linear import linear_method
+from .recipes import Recipe
 from .rows import as_rows, moments
 from .train import TrainConfig
 
@@ -30,11 +32,19 @@ class Method:
     options: dict[str, Any] = field(default_factory=dict)
     head: FlowHead | None = None
     scaler: StandardScaler | None = None
+    # the flow's recipe for the embeddings it is fit on, where it depends on them (a rule:
+    # `bertflow.recipes.isotropic`): when the flow is fit, its settings replace `options`' and
+    # it is kept as `recipe`
+    settle: Callable[[Any], Recipe] | None = None
+    recipe: Recipe | None = None
 
     def fit(self, x: np.ndarray) -> Method:
         if self.name == "standardize":
             self.scaler = StandardScaler.from_moments(moments(as_rows(x)))
         elif self.name == "flow":
+            if self.settle is not None:
+                self.recipe = self.settle(x)
+                self.options = {**self.options, **self.recipe.fit_options()}
             self.head = FlowHead.fit(x, **self.options)
         elif self.name != "raw":
             self.head = FlowHead.fit_linear(x, self.name, **self.options)
@@ -56,19 +66,25 @@ class Method:
         return {key: value.to_dict() if isinstance(value, DictConfig) else value
                 for key, value in self.options.items() if key != "progress"}
 
+    def settled(self) -> dict[str, Any]:
+        """What `settle` chose, for a row of results: the flow's settings and the kind of text
+        its recipe was chosen on (``recipe_corpus``); empty where nothing was settled."""
+        return {**self.describe(), "recipe_corpus": self.recipe.corpus} if self.recipe else {}
+
 
 def make_method(name: str, *, k: int | None = None, d: int | None = None,
                 shrinkage: float | None = None, flow: FlowConfig | None = None,
                 train: TrainConfig | None = None, before: str = "standardize",
+                settle: Callable[[Any], Recipe] | None = None,
                 progress: bool = False) -> Method:
     """A fresh method of `METHODS` by name: `k`, `d`, `shrinkage` (whitening's, where given)
-    for the baselines, the rest for the flow."""
+    for the baselines, the rest for the flow (`settle`: see `Method`)."""
     if name not in METHODS:
         raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     name = linear_method(name, k, d, shrinkage)
     if name == "flow":
         return Method(name, {"flow": flow or FlowConfig(), "train": train or TrainConfig(),
-                             "before": before, "progress": progress})
+                             "before": before, "progress": progress}, settle=settle)
     shrink = {} if shrinkage is None else {"shrinkage": shrinkage}
     return Method(name, {"whitening": shrink, "whitening-k": {"k": k, **shrink},
                          "abtt": {"d": d}}.get(name, {}))

@@ -1,7 +1,13 @@
 """Each pooling's recommended flow head (before the Glow, its architecture, its training),
 chosen on STS-B dev and unlabeled text only (`experiments/recipe.py`, evidence in
 `experiments/results/recipe.md`). `bertflow fit` and `eval --method flow` start from it and change
-what their options name; `FlowHead.fit` keeps the release's flow as its defaults."""
+what their options name; `FlowHead.fit` keeps the release's flow as its defaults.
+
+One rule reads the embeddings the flow is fit on, no labels and no encoder name: a recipe that
+whitens is for anisotropic embeddings. Where their mean random-pair cosine is under `ISOTROPIC`,
+they already fill the sphere, whitening them only costs alignment, and the pooling's
+`ISOTROPIC_RECIPES` entry is used instead (all-mpnet-base-v2's CLS, chosen the same way:
+`experiments/results/recipe-all-mpnet-base-v2.md`)."""
 
 from __future__ import annotations
 
@@ -13,9 +19,11 @@ from typing import Any
 from .constants import BEFORE, POOLINGS
 from .errors import BertflowError
 from .flow import FlowConfig
+from .isotropy import mean_pair_cosine
 from .train import TrainConfig
 
-__all__ = ["BEFORE", "CORPORA", "RECIPES", "Recipe", "corpus_note", "recommended", "resolve"]
+__all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "RECIPES", "Recipe",
+           "corpus_note", "recommended", "resolve"]
 
 CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe is chosen on
 
@@ -65,11 +73,26 @@ RECIPES: dict[str, Recipe] = {
 }
 assert set(RECIPES) == set(POOLINGS)
 
+# Under this mean random-pair cosine, embeddings count as isotropic: all-MiniLM-L6-v2's CLS is at
+# 0.51 to 0.75 on every corpus here (STS-B, SICK, the Wikipedia sample, SNLI), where whitening
+# first is chosen; all-mpnet-base-v2's at 0.045 to 0.089, where it is not. 0.3 lies between;
+# two encoders are all the evidence
+ISOTROPIC = 0.3
+ISOTROPIC_RECIPES: dict[str, Recipe] = {
+    # all-mpnet-base-v2's CLS: standardised, the flow that moves least (learning rate 1e-4), fit
+    # on the target sentences; no flow and no baseline is above raw there on STS-B dev
+    "cls": Recipe(train=TrainConfig(lr=1e-4)),
+}
+assert all(RECIPES[p].before == "whiten" and r.before != "whiten"
+           for p, r in ISOTROPIC_RECIPES.items())
 
-def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike]) -> str | None:
+
+def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike],
+                kind: str | None = None) -> str | None:
     """What to say when a flow of `pooling` is fit on `fit_on` (``"target"`` and text files, as
-    `bertflow eval --fit-on` takes them) but its recipe was chosen on other text; else None."""
-    kind, given = recommended(pooling).corpus, [str(p) for p in fit_on]
+    `bertflow eval --fit-on` takes them) but its recipe was chosen on other text, `kind` (one of
+    `CORPORA`; default: the recommended recipe's); else None."""
+    kind, given = kind or recommended(pooling).corpus, [str(p) for p in fit_on]
     fit = ("target" in given, any(p != "target" for p in given))  # the target, text files
     if fit == ("target" in kind, "generic" in kind):
         return None
@@ -81,14 +104,25 @@ def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike]) -> str | None
             f"{' '.join(given)}")
 
 
-def recommended(pooling: str) -> Recipe:
-    """The recipe for embeddings of `pooling`."""
+def recommended(pooling: str, x: Any = None) -> Recipe:
+    """The recipe for embeddings of `pooling`; with `x`, the embeddings it is to be fit on, the
+    pooling's `ISOTROPIC_RECIPES` entry where they are isotropic (`isotropic`)."""
     if pooling not in RECIPES:
         raise BertflowError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+    if x is not None and pooling in ISOTROPIC_RECIPES and isotropic(x):
+        return ISOTROPIC_RECIPES[pooling]
     return RECIPES[pooling]
 
 
-def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str) -> Recipe:
-    """`recipe` itself, or the recommended recipe of `pooling` changed by `recipe`'s
-    `Recipe.updated` keywords (a dict, or None)."""
-    return recipe if isinstance(recipe, Recipe) else recommended(pooling).updated(**(recipe or {}))
+def isotropic(x: Any) -> bool:
+    """Whether embeddings `x` are isotropic enough that whitening them first only costs: the mean
+    cosine of 10,000 seeded random pairs of rows is under `ISOTROPIC`."""
+    return mean_pair_cosine(x) < ISOTROPIC
+
+
+def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None) -> Recipe:
+    """`recipe` itself, or the recommended recipe of `pooling` (for embeddings `x`, where given)
+    changed by `recipe`'s `Recipe.updated` keywords (a dict, or None)."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    return recommended(pooling, x).updated(**(recipe or {}))

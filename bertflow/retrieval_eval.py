@@ -68,6 +68,7 @@ def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
     run = ranking(fitted.transform(queries), fitted.transform(documents), list(task.queries),
                   task.corpus.ids, top)
     return [{"encoder": encoder.id.name, "pooling": pooling, "max_length": max_length, **labels,
+             **fitted.settled(),  # what the rule chose (`Method.settle`)
              "task": task.name, "split": task.split, "queries": len(task.queries),
              "documents": len(task.corpus), **score_run(task.qrels, run)}]
 

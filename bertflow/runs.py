@@ -99,15 +99,16 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
     flow, max_length = job.method == "flow", job.max_length or DEFAULT_MAX_LENGTH
     if job.source.suffix != ".npy":
         pooling = job.pooling or DEFAULT_POOLING
-        if flow:
-            job = replace(job, recipe=resolve(job.recipe, pooling))
         check_max_length(max_length)  # and against the encoder when one encodes the text
         corpus = Corpus.from_file(job.source)
         loaded = load_encoder(job.encoder, job.device, job.dtype)
         if flow:
-            job.recipe.flow.check(loaded.width(pooling))
+            resolve(job.recipe, pooling).flow.check(loaded.width(pooling))
         x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
                                             progress=progress)[pooling]
+        if flow:  # the recipe for these embeddings (`bertflow.recipes.isotropic`)
+            job = replace(job, recipe=resolve(job.recipe, pooling, x))
+            job.recipe.flow.check(loaded.width(pooling))
         return job, x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
                         "data": corpus.sha256, "loaded": loaded,
                         "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
@@ -116,16 +117,18 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
     if job.max_length not in (None, meta.get("max_length", job.max_length)):
         raise BertflowError(f"--max-length {job.max_length} differs from the "
                             f"{meta['max_length']} that {job.source} was encoded with")
+    pooling = meta.get("pooling") or job.pooling or DEFAULT_POOLING
     if flow:
-        job = replace(job, recipe=resolve(job.recipe, meta.get("pooling") or job.pooling
-                                          or DEFAULT_POOLING))
-        job.recipe.flow.check(width)
+        resolve(job.recipe, pooling).flow.check(width)
     loaded = None  # --encoder, where given: on the device and in the precision --dev-sts needs
     if job.encoder is not None:
         loaded = load_encoder(job.encoder, *(
             (job.device, meta.get("precision") or job.dtype) if job.dev_sts else ("cpu",)))
     x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
                                 max_length=max_length)
+    if flow:
+        job = replace(job, recipe=resolve(job.recipe, pooling, x))
+        job.recipe.flow.check(width)
     return job, x, {**origin, "loaded": loaded}
 
 

@@ -46,7 +46,7 @@ def main() -> None:
     print(f"encoder: {encoder.id}, {encoder.dim}-d")
 
     def fit_export_reload(x: np.ndarray, pooling: str, name: str, corpus: str) -> FlowHead:
-        recipe = recommended(pooling).updated(train={"seed": args.seed})
+        recipe = recommended(pooling, x).updated(train={"seed": args.seed})
         print(f"fitting the {pooling} head on {len(x)} {name} sentences ({recipe.before}, then "
               f"{recipe.train.epochs} epoch(s) of the flow)", flush=True)
         head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=128,

@@ -153,7 +153,7 @@ def _methods(pooling: str, target: np.ndarray, generic: np.ndarray):
     yield "raw", make_method("raw"), target
     yield "whitening", make_method("whitening"), target
     yield "flow", make_method("flow"), target
-    recipe = recommended(pooling)
+    recipe = recommended(pooling, target)  # the rule reads the task's embeddings
     text = {"target": target, "generic": generic}
     yield ("flow (recipe)", make_method("flow", **recipe.fit_options()),
            np.concatenate([text[part] for part in recipe.corpus.split("+")]))

@@ -126,7 +126,8 @@ class Study:
     def flow(self, fit: str, seed: int = 0, lr: float | None = None) -> list[dict[str, Any]]:
         train = {"seed": seed, **({"lr": lr} if lr is not None else {})}
         options = resolve({"train": train}, self.pooling).fit_options()
-        return self.scored(lambda: make_method("flow", **options), fit)
+        return self.scored(lambda: make_method("flow", **options, settle=lambda x: resolve(
+            {"train": train}, self.pooling, x)), fit)
 
     def scored(self, make: Callable[[], Method], fit: str) -> list[dict[str, Any]]:
         rows, fitted = [], None

@@ -47,7 +47,7 @@ def main() -> None:
             embed = cache.embedder(encoder, pooling)
             methods = [("raw", {}), ("standardize", {}), ("whitening", {}),
                        ("whitening-k", {"k": k}), ("abtt", {"d": d}), ("flow", {})]
-            methods.append(("flow", {"recipe": recommended(pooling)}))
+            methods.append(("flow", {"recipe": pooling}))
             for method, options in methods:
                 for fit_on, also, label in sources:
                     if method == "raw" and label != args.generic.name:
@@ -80,8 +80,10 @@ def main() -> None:
 
 
 def _factory(method: str, options: dict, k: int, d: int):
-    if "recipe" in options:
-        return (lambda: make_method("flow", **options["recipe"].fit_options())), "flow (recipe)"
+    if "recipe" in options:  # the pooling's, by the rule on the embeddings each flow is fit on
+        pooling = options["recipe"]
+        return (lambda: make_method("flow", **recommended(pooling).fit_options(),
+                                    settle=lambda x: recommended(pooling, x))), "flow (recipe)"
     name = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}"}.get(method, method)
     return (lambda: make_method(method, **options)), name
 

@@ -11,6 +11,7 @@ from bertflow.isotropy import (
     effective_rank,
     isotropy_measures,
     mean_pair_cosine,
+    pair_cosines,
     partition_isotropy,
     uniformity,
 )
@@ -120,3 +121,14 @@ def test_uniformity_on_a_high_dimensional_sphere():
     assert uniformity(x, t=t) == pytest.approx(expected, abs=0.01)
     assert uniformity(x, t=t) == uniformity(x, t=t)  # seeded
     assert uniformity(x, t=t, seed=1) != uniformity(x, t=t)
+
+
+def test_pair_cosines_read_only_the_pairs_rows_from_a_file(tmp_path):
+    """An `EmbeddingFile` (a table read by rows) gives the array's cosines, bit for bit."""
+    from bertflow.embeddings import EmbeddingFile
+
+    x = np.random.default_rng(1).normal(size=(300, 6)).astype(np.float32) + 0.5
+    np.save(tmp_path / "x.npy", x)
+    with EmbeddingFile(tmp_path / "x.npy") as file:
+        np.testing.assert_array_equal(pair_cosines(file, 500), pair_cosines(x, 500))
+        assert mean_pair_cosine(file) == mean_pair_cosine(x) > 0.1

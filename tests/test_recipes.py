@@ -7,6 +7,7 @@ import pytest
 
 from bertflow import BertflowError, FlowConfig, FlowHead, TrainConfig
 from bertflow.constants import POOLINGS
+from bertflow.isotropy import mean_pair_cosine
 from bertflow.recipes import RECIPES, Recipe, recommended
 
 from .conftest import REPO
@@ -88,6 +89,8 @@ def test_a_flow_fit_on_other_text_than_its_recipe_s_says_so():
     assert note.endswith("together (--fit-on target FILE); this flow was fit on target")
     assert "--fit-on target FILE" in corpus_note("mean", ["news.txt"])
     assert corpus_note("mean", ["target", "a + b.txt"]) is None  # a file name is not parsed
+    assert corpus_note("cls", ["target"], "target") is None  # the recipe the rule chose
+    assert "alone (--fit-on target)" in corpus_note("cls", ["wiki-sample.txt"], "target")
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -95,7 +98,7 @@ def test_retrieval_fits_the_recipe_s_flow_on_the_recipe_s_text(pooling):
     """experiments/retrieval.py's "flow (recipe)" row is fit on the text its recipe names
     (target sentences and the generic sample, or the generic sample alone); the others on the
     target sentences."""
-    target, generic = np.zeros((3, 2)), np.ones((5, 2))
+    target, generic = np.ones((3, 2)), np.full((5, 2), 2.0)  # a cone: the rule keeps the recipe
     fit_on = {label: x for label, _, x in _script("retrieval")._methods(pooling, target, generic)}
     assert all(x is target for label, x in fit_on.items() if label != "flow (recipe)")
     parts = {"target": [target], "generic": [generic], "target+generic": [target, generic]}
@@ -103,8 +106,97 @@ def test_retrieval_fits_the_recipe_s_flow_on_the_recipe_s_text(pooling):
                                   np.concatenate(parts[recommended(pooling).corpus]))
 
 
-def test_the_dropout_pass_runs_on_the_encoder_s_device(tiny_encoder):
+@pytest.mark.parametrize("kind", ["bert", "mpnet"])
+def test_the_dropout_pass_runs_on_the_encoder_s_device(kind, request):
     """release_differences.dropout_pass (recipe.py's dropout levers) without dropout gives the
-    library's embeddings wherever the encoder is loaded (CUDA where there is one)."""
+    library's embeddings wherever the encoder is loaded (CUDA where there is one), for BERT and
+    for MPNet (no token types)."""
+    from bertflow import load_encoder
+
+    folder = request.getfixturevalue({"bert": "tiny_encoder_dir", "mpnet": "tiny_mpnet_dir"}[kind])
     sentences = [f"sentence number {i} is here ." for i in range(20)]
-    _script("release_differences")._check_dropout_pass(tiny_encoder, sentences)
+    _script("release_differences")._check_dropout_pass(load_encoder(folder), sentences)
+
+
+def _cloud(offset: float, n: int = 400, dim: int = 16) -> np.ndarray:
+    """Gaussian rows shifted by `offset` along one direction: isotropic at 0, a cone beyond."""
+    x = np.random.default_rng(0).normal(size=(n, dim)).astype(np.float32)
+    x[:, 0] += offset
+    return x
+
+
+def test_a_whitening_recipe_is_for_anisotropic_embeddings_only():
+    """The rule reads the fit embeddings: under `ISOTROPIC` mean random-pair cosine the
+    pooling's isotropic recipe replaces the whitening one; above it, and without embeddings,
+    the recipe stays; poolings without an isotropic recipe never change; options given change
+    whichever recipe the rule picks."""
+    from bertflow.recipes import ISOTROPIC, ISOTROPIC_RECIPES, isotropic, resolve
+
+    flat, cone = _cloud(0.0), _cloud(8.0)
+    assert mean_pair_cosine(flat) < 0.05 < ISOTROPIC < 0.6 < mean_pair_cosine(cone)
+    assert isotropic(flat) and not isotropic(cone)
+    assert RECIPES["cls"].before == "whiten" and ISOTROPIC_RECIPES["cls"].before != "whiten"
+    assert recommended("cls", flat) == ISOTROPIC_RECIPES["cls"]
+    assert recommended("cls", cone) == recommended("cls") == RECIPES["cls"]
+    for pooling in set(POOLINGS) - set(ISOTROPIC_RECIPES):
+        assert recommended(pooling, flat) == recommended(pooling, cone) == RECIPES[pooling]
+    given = {"train": {"seed": 3}, "flow": {"hidden": 8}}
+    assert resolve(given, "cls", flat) == ISOTROPIC_RECIPES["cls"].updated(**given)
+    assert resolve(given, "cls", cone) == RECIPES["cls"].updated(**given)
+    assert resolve(RECIPES["cls"], "cls", flat) is RECIPES["cls"]  # a whole recipe is kept
+
+
+def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys):
+    """`bertflow fit` of a CLS `.npy` whitens a cone first and only standardises an isotropic
+    cloud; `eval`'s flow rows record the settings each fit used."""
+    from bertflow.cli import main
+    from bertflow.evaluate import evaluate
+    from bertflow.methods import make_method
+    from bertflow.recipes import ISOTROPIC_RECIPES, resolve
+    from bertflow.sts import Pairs, Task
+
+    for name, x, before in (("flat", _cloud(0.0), "standardize"), ("cone", _cloud(8.0),
+                                                                   "whiten")):
+        np.save(tmp_path / f"{name}.npy", x)
+        out = tmp_path / f"head-{name}"
+        assert main(["fit", str(tmp_path / f"{name}.npy"), "--pooling", "cls", "--out", str(out),
+                     "--epochs", "1", "--levels", "1", "--depth", "2", "--quiet"]) == 0
+        head = FlowHead.load(out)
+        assert (head.linear is not None, head.standardize is not None) == (
+            before == "whiten", before == "standardize"), name
+    capsys.readouterr()
+
+    def make():
+        return make_method("flow", **resolve({"flow": {"levels": 1, "depth": 2}}, "cls")
+                           .fit_options(), settle=lambda x: resolve(
+                               {"flow": {"levels": 1, "depth": 2}}, "cls", x))
+
+    sentences = [f"s{i}" for i in range(400)]
+    pairs = Pairs("pairs", sentences[:200], sentences[200:], np.arange(200.0) % 5)
+    task = Task("STS-B", (pairs,), tuple(sentences))
+    for offset, before in ((0.0, "standardize"), (8.0, "whiten")):
+        vectors = dict(zip(sentences, _cloud(offset), strict=True))
+        rows = evaluate({"STS-B": task}, [], lambda s, v=vectors: np.stack([v[t] for t in s]),
+                        make, "target", {"method": "flow"})
+        assert len(rows) > 2 and all(r["before"] == before for r in rows), offset
+        kind = (ISOTROPIC_RECIPES if offset == 0 else RECIPES)["cls"].corpus
+        assert {r["recipe_corpus"] for r in rows} == {kind}  # what `eval`'s note reads
+
+
+def test_the_isotropic_recipe_replayed_on_the_second_encoder_s_rows(experiment):
+    """The CLS recipe for isotropic embeddings is what `recipe.py --encoder` chose on
+    all-mpnet-base-v2's CLS (mean random-pair cosine under `ISOTROPIC`), replayed on the rows
+    committed in recipe-all-mpnet-base-v2.json."""
+    from bertflow.recipes import ISOTROPIC_RECIPES
+
+    made = json.loads((REPO / "experiments" / "results" / "recipe-all-mpnet-base-v2.json")
+                      .read_text())
+    for pooling, recipe in ISOTROPIC_RECIPES.items():
+        mine = [r for r in made["rows"] if r["pooling"] == pooling]
+        read = {(r["table"], r["lever"]): r for r in mine if r["table"] in ("joint", "stage")}
+        defaults = [r for r in mine if r["table"] == "defaults"]
+        trial, levers = experiment.choose(
+            lambda t, table, lever, rows=read: rows[table, lever]["stsb_dev"],
+            experiment.seed_spread(defaults, made["spread"]))
+        assert levers == made["chosen"][pooling]["levers"]
+        assert experiment.as_recipe(trial) == recipe
