@@ -23,7 +23,7 @@ from .isotropy import mean_pair_cosine
 from .train import TrainConfig
 
 __all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "RECIPES", "Recipe",
-           "corpus_note", "recommended", "resolve"]
+           "corpus_note", "isotropic", "recommended", "resolve", "rule_note"]
 
 CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe is chosen on
 
@@ -112,6 +112,15 @@ def recommended(pooling: str, x: Any = None) -> Recipe:
     if x is not None and pooling in ISOTROPIC_RECIPES and isotropic(x):
         return ISOTROPIC_RECIPES[pooling]
     return RECIPES[pooling]
+
+
+def rule_note(pooling: str, x: Any) -> str | None:
+    """What to say where the rule chose `pooling`'s isotropic recipe for embeddings `x`."""
+    if pooling not in ISOTROPIC_RECIPES or not isotropic(x):
+        return None
+    return (f"note: these {pooling} embeddings are isotropic already (mean random-pair cosine "
+            f"{mean_pair_cosine(x):.3f} < {ISOTROPIC}): the {pooling} recipe for isotropic "
+            f"embeddings, which does not whiten (`bertflow recipes --pooling {pooling}`)")
 
 
 def isotropic(x: Any) -> bool:

@@ -24,7 +24,7 @@ from .files import check_outputs
 from .folders import HEAD_FOLDER
 from .head import FlowHead
 from .logs import RunLogs
-from .recipes import Recipe, resolve
+from .recipes import Recipe, resolve, rule_note
 from .train import TrainState
 
 __all__ = ["FitJob", "FittedHead", "fit_head"]
@@ -80,7 +80,12 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     flow = job.method == "flow"
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
+    given = job.recipe
     job, x, origin = _source(job, progress)
+    if flow and say is not None and not isinstance(given, Recipe):
+        note = rule_note(origin["pooling"] or DEFAULT_POOLING, x)
+        if note is not None:
+            say(note)
     if not flow:
         if not distributed.is_main():
             return None

@@ -148,7 +148,7 @@ def test_a_whitening_recipe_is_for_anisotropic_embeddings_only():
 
 def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys):
     """`bertflow fit` of a CLS `.npy` whitens a cone first and only standardises an isotropic
-    cloud; `eval`'s flow rows record the settings each fit used."""
+    cloud, and says so; `eval`'s flow rows record the settings each fit used."""
     from bertflow.cli import main
     from bertflow.evaluate import evaluate
     from bertflow.methods import make_method
@@ -160,7 +160,9 @@ def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys
         np.save(tmp_path / f"{name}.npy", x)
         out = tmp_path / f"head-{name}"
         assert main(["fit", str(tmp_path / f"{name}.npy"), "--pooling", "cls", "--out", str(out),
-                     "--epochs", "1", "--levels", "1", "--depth", "2", "--quiet"]) == 0
+                     "--epochs", "1", "--levels", "1", "--depth", "2"]) == 0
+        said = "".join(capsys.readouterr())
+        assert ("note: these cls embeddings are isotropic already" in said) == (name == "flat")
         head = FlowHead.load(out)
         assert (head.linear is not None, head.standardize is not None) == (
             before == "whiten", before == "standardize"), name
