@@ -227,20 +227,19 @@ def _info(args: argparse.Namespace) -> None:
 def _recipes(args: argparse.Namespace) -> None:
     from .recipes import ISOTROPIC, ISOTROPIC_RECIPES, RECIPES
 
+    def show(recipe: Any, indent: str) -> None:
+        print(f"{indent}before:   {recipe.before}\n{indent}corpus:   {recipe.corpus}")
+        for name, config in (("flow", recipe.flow), ("training", recipe.train)):
+            settings = " ".join(f"{k}={v}" for k, v in config.to_dict().items())
+            print(f"{indent}{name + ':':<9} {settings}")
+
     for pooling, recipe in RECIPES.items():
-        if args.pooling not in (None, pooling):
-            continue
-        print(f"{pooling}:")
-        for indent, each in (("  ", recipe), ("    ", ISOTROPIC_RECIPES.get(pooling))):
-            if each is None:
-                continue
-            if each is not recipe:
-                print(f"  where the fit embeddings' mean random-pair cosine is under "
-                      f"{ISOTROPIC}:")
-            print(f"{indent}before:   {each.before}\n{indent}corpus:   {each.corpus}")
-            for name, config in (("flow", each.flow), ("training", each.train)):
-                settings = " ".join(f"{k}={v}" for k, v in config.to_dict().items())
-                print(f"{indent}{name + ':':<9} {settings}")
+        if args.pooling in (None, pooling):
+            print(f"{pooling}:")
+            show(recipe, "  ")
+            if pooling in ISOTROPIC_RECIPES:
+                print(f"  where the fit embeddings' mean random-pair cosine is under {ISOTROPIC}:")
+                show(ISOTROPIC_RECIPES[pooling], "    ")
 
 
 def _export(args: argparse.Namespace) -> None:

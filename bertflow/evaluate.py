@@ -20,8 +20,8 @@ from .files import read_sentences, refuse_link
 from .head import FlowHead
 from .isotropy import alignment, isotropy_measures, uniformity
 from .linear import linear_method, linear_options
-from .methods import Method, make_method
-from .recipes import Recipe, resolve
+from .methods import Method, flow_by_recipe, make_method
+from .recipes import Recipe
 from .sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 
 __all__ = ["AGGREGATIONS", "MEASURES", "check_rows_destination", "evaluate", "evaluate_method",
@@ -187,11 +187,9 @@ def method_maker(method: str | FlowHead, encoder: Encoder, *, pooling: str | Non
                   "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
         return functools.partial(Method, "flow", head=method), pooling, max_length, labels
     pooling, method = pooling or DEFAULT_POOLING, linear_method(method, k, d, shrinkage)
-    make = functools.partial(make_method, method,
-                             **linear_options(method, encoder.width(pooling), k, d, shrinkage),
-                             **resolve(recipe, pooling).fit_options(),
-                             settle=lambda x: resolve(recipe, pooling, x),
-                             progress=progress is not False)
+    make = functools.partial(flow_by_recipe, pooling, recipe, progress=progress is not False) \
+        if method == "flow" else functools.partial(
+            make_method, method, **linear_options(method, encoder.width(pooling), k, d, shrinkage))
     return make, pooling, max_length or DEFAULT_MAX_LENGTH, {"method": method, **make().describe()}
 
 

@@ -15,11 +15,11 @@ from .errors import BertflowError
 from .flow import FlowConfig, StandardScaler
 from .head import FlowHead
 from .linear import linear_method
-from .recipes import Recipe
+from .recipes import Recipe, resolve
 from .rows import as_rows, moments
 from .train import TrainConfig
 
-__all__ = ["METHODS", "Method", "make_method"]
+__all__ = ["METHODS", "Method", "flow_by_recipe", "make_method"]
 
 
 @dataclass
@@ -32,9 +32,8 @@ class Method:
     options: dict[str, Any] = field(default_factory=dict)
     head: FlowHead | None = None
     scaler: StandardScaler | None = None
-    # the flow's recipe for the embeddings it is fit on, where it depends on them (a rule:
-    # `bertflow.recipes.isotropic`): when the flow is fit, its settings replace `options`' and
-    # it is kept as `recipe`
+    # the flow's recipe for the embeddings it is fit on (`bertflow.recipes.recommended`'s rule):
+    # when the flow is fit, its settings replace `options`' and it is kept as `recipe`
     settle: Callable[[Any], Recipe] | None = None
     recipe: Recipe | None = None
 
@@ -75,16 +74,23 @@ class Method:
 def make_method(name: str, *, k: int | None = None, d: int | None = None,
                 shrinkage: float | None = None, flow: FlowConfig | None = None,
                 train: TrainConfig | None = None, before: str = "standardize",
-                settle: Callable[[Any], Recipe] | None = None,
                 progress: bool = False) -> Method:
     """A fresh method of `METHODS` by name: `k`, `d`, `shrinkage` (whitening's, where given)
-    for the baselines, the rest for the flow (`settle`: see `Method`)."""
+    for the baselines, the rest for the flow."""
     if name not in METHODS:
         raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
     name = linear_method(name, k, d, shrinkage)
     if name == "flow":
         return Method(name, {"flow": flow or FlowConfig(), "train": train or TrainConfig(),
-                             "before": before, "progress": progress}, settle=settle)
+                             "before": before, "progress": progress})
     shrink = {} if shrinkage is None else {"shrinkage": shrinkage}
     return Method(name, {"whitening": shrink, "whitening-k": {"k": k, **shrink},
                          "abtt": {"d": d}}.get(name, {}))
+
+
+def flow_by_recipe(pooling: str, recipe: Recipe | dict[str, Any] | None = None, *,
+                   progress: bool = False) -> Method:
+    """A fresh flow by `pooling`'s recommended recipe changed by `recipe` (`resolve`), settled
+    on the embeddings it is fit on (the rule of `bertflow.recipes`)."""
+    return Method("flow", {**resolve(recipe, pooling).fit_options(), "progress": progress},
+                  settle=lambda x: resolve(recipe, pooling, x))

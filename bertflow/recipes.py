@@ -23,7 +23,7 @@ from .isotropy import mean_pair_cosine
 from .train import TrainConfig
 
 __all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "RECIPES", "Recipe",
-           "corpus_note", "isotropic", "recommended", "resolve", "rule_note"]
+           "corpus_note", "recommended", "resolve", "rule_note"]
 
 CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe is chosen on
 
@@ -106,27 +106,23 @@ def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike],
 
 def recommended(pooling: str, x: Any = None) -> Recipe:
     """The recipe for embeddings of `pooling`; with `x`, the embeddings it is to be fit on, the
-    pooling's `ISOTROPIC_RECIPES` entry where they are isotropic (`isotropic`)."""
+    pooling's `ISOTROPIC_RECIPES` entry where they are isotropic: the mean cosine of 10,000
+    seeded random pairs of their rows is under `ISOTROPIC`."""
     if pooling not in RECIPES:
         raise BertflowError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
-    if x is not None and pooling in ISOTROPIC_RECIPES and isotropic(x):
+    if x is not None and pooling in ISOTROPIC_RECIPES and mean_pair_cosine(x) < ISOTROPIC:
         return ISOTROPIC_RECIPES[pooling]
     return RECIPES[pooling]
 
 
 def rule_note(pooling: str, x: Any) -> str | None:
     """What to say where the rule chose `pooling`'s isotropic recipe for embeddings `x`."""
-    if pooling not in ISOTROPIC_RECIPES or not isotropic(x):
+    cosine = mean_pair_cosine(x) if pooling in ISOTROPIC_RECIPES else ISOTROPIC
+    if cosine >= ISOTROPIC:
         return None
     return (f"note: these {pooling} embeddings are isotropic already (mean random-pair cosine "
-            f"{mean_pair_cosine(x):.3f} < {ISOTROPIC}): the {pooling} recipe for isotropic "
+            f"{cosine:.3f} < {ISOTROPIC}): the {pooling} recipe for isotropic "
             f"embeddings, which does not whiten (`bertflow recipes --pooling {pooling}`)")
-
-
-def isotropic(x: Any) -> bool:
-    """Whether embeddings `x` are isotropic enough that whitening them first only costs: the mean
-    cosine of 10,000 seeded random pairs of rows is under `ISOTROPIC`."""
-    return mean_pair_cosine(x) < ISOTROPIC
 
 
 def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None) -> Recipe:

@@ -80,12 +80,7 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     flow = job.method == "flow"
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
-    given = job.recipe
-    job, x, origin = _source(job, progress)
-    if flow and say is not None and not isinstance(given, Recipe):
-        note = rule_note(origin["pooling"] or DEFAULT_POOLING, x)
-        if note is not None:
-            say(note)
+    job, x, origin = _source(job, progress, say)
     if not flow:
         if not distributed.is_main():
             return None
@@ -97,7 +92,8 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     return _train(job, x, origin, checkpoint, dev, say, progress)
 
 
-def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, Any]]:
+def _source(job: FitJob, progress: bool | None,
+            say: Say | None) -> tuple[FitJob, Any, dict[str, Any]]:
     """The job with its recipe resolved, the embeddings and their origin (`open_embeddings`'s,
     and the `Encoder` as ``loaded``); a flow too wide for them, or a --max-length other than a
     `.npy`'s, is refused before anything is encoded (a text file's through the cache)."""
@@ -111,9 +107,7 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
             resolve(job.recipe, pooling).flow.check(loaded.width(pooling))
         x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
                                             progress=progress)[pooling]
-        if flow:  # the recipe for these embeddings (`bertflow.recipes.isotropic`)
-            job = replace(job, recipe=resolve(job.recipe, pooling, x))
-            job.recipe.flow.check(loaded.width(pooling))
+        job = _settle(job, pooling, x, loaded.width(pooling), say)
         return job, x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
                         "data": corpus.sha256, "loaded": loaded,
                         "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
@@ -131,10 +125,21 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
             (job.device, meta.get("precision") or job.dtype) if job.dev_sts else ("cpu",)))
     x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
                                 max_length=max_length)
-    if flow:
-        job = replace(job, recipe=resolve(job.recipe, pooling, x))
-        job.recipe.flow.check(width)
-    return job, x, {**origin, "loaded": loaded}
+    return _settle(job, pooling, x, width, say), x, {**origin, "loaded": loaded}
+
+
+def _settle(job: FitJob, pooling: str, x: Any, width: int, say: Say | None) -> FitJob:
+    """The job with a flow's recipe resolved for embeddings `x` (`bertflow.recipes`' rule, said
+    where it chose the isotropic recipe) and checked against their `width`."""
+    if job.method != "flow":
+        return job
+    if say is not None and not isinstance(job.recipe, Recipe):
+        note = rule_note(pooling, x)
+        if note is not None:
+            say(note)
+    job = replace(job, recipe=resolve(job.recipe, pooling, x))
+    job.recipe.flow.check(width)
+    return job
 
 
 def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFile | None,

@@ -35,8 +35,7 @@ from bertflow.beir import BeirTask, load_task
 from bertflow.cache import EmbeddingCache
 from bertflow.corpus import Corpus
 from bertflow.files import write_json
-from bertflow.methods import Method, make_method
-from bertflow.recipes import resolve
+from bertflow.methods import Method, flow_by_recipe, make_method
 from bertflow.retrieval_eval import MEASURES, evaluate_retrieval, ranking, score_run
 
 MAX_LENGTH = 256  # MTEB's for all-MiniLM-L6-v2
@@ -125,9 +124,7 @@ class Study:
 
     def flow(self, fit: str, seed: int = 0, lr: float | None = None) -> list[dict[str, Any]]:
         train = {"seed": seed, **({"lr": lr} if lr is not None else {})}
-        options = resolve({"train": train}, self.pooling).fit_options()
-        return self.scored(lambda: make_method("flow", **options, settle=lambda x: resolve(
-            {"train": train}, self.pooling, x)), fit)
+        return self.scored(lambda: flow_by_recipe(self.pooling, {"train": train}), fit)
 
     def scored(self, make: Callable[[], Method], fit: str) -> list[dict[str, Any]]:
         rows, fitted = [], None

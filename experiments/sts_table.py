@@ -22,8 +22,7 @@ from bertflow.cache import EmbeddingCache
 from bertflow.evaluate import evaluate, fit_sources, format_table
 from bertflow.files import read_sentences, write_json
 from bertflow.linear import default_d, default_k
-from bertflow.methods import make_method
-from bertflow.recipes import recommended
+from bertflow.methods import flow_by_recipe, make_method
 from bertflow.sts import load_tasks
 
 
@@ -47,12 +46,12 @@ def main() -> None:
             embed = cache.embedder(encoder, pooling)
             methods = [("raw", {}), ("standardize", {}), ("whitening", {}),
                        ("whitening-k", {"k": k}), ("abtt", {"d": d}), ("flow", {})]
-            methods.append(("flow", {"recipe": pooling}))
+            methods.append(("recipe", {}))
             for method, options in methods:
                 for fit_on, also, label in sources:
                     if method == "raw" and label != args.generic.name:
                         continue  # nothing to fit: once is enough
-                    make, describe = _factory(method, options, k, d)
+                    make, describe = _factory(method, options, k, d, pooling)
                     labels = {"encoder": encoder.id.name, "pooling": pooling,
                               "method": describe, "fit_on": "-" if method == "raw" else label}
                     started = time.perf_counter()
@@ -79,11 +78,9 @@ def main() -> None:
     print(f"{len(rows)} rows in {minutes:.1f} min")
 
 
-def _factory(method: str, options: dict, k: int, d: int):
-    if "recipe" in options:  # the pooling's, by the rule on the embeddings each flow is fit on
-        pooling = options["recipe"]
-        return (lambda: make_method("flow", **recommended(pooling).fit_options(),
-                                    settle=lambda x: recommended(pooling, x))), "flow (recipe)"
+def _factory(method: str, options: dict, k: int, d: int, pooling: str):
+    if method == "recipe":  # the flow by the pooling's recipe (the rule reads each fit's text)
+        return (lambda: flow_by_recipe(pooling)), "flow (recipe)"
     name = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}"}.get(method, method)
     return (lambda: make_method(method, **options)), name
 

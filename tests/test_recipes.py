@@ -130,11 +130,10 @@ def test_a_whitening_recipe_is_for_anisotropic_embeddings_only():
     pooling's isotropic recipe replaces the whitening one; above it, and without embeddings,
     the recipe stays; poolings without an isotropic recipe never change; options given change
     whichever recipe the rule picks."""
-    from bertflow.recipes import ISOTROPIC, ISOTROPIC_RECIPES, isotropic, resolve
+    from bertflow.recipes import ISOTROPIC, ISOTROPIC_RECIPES, resolve
 
     flat, cone = _cloud(0.0), _cloud(8.0)
     assert mean_pair_cosine(flat) < 0.05 < ISOTROPIC < 0.6 < mean_pair_cosine(cone)
-    assert isotropic(flat) and not isotropic(cone)
     assert RECIPES["cls"].before == "whiten" and ISOTROPIC_RECIPES["cls"].before != "whiten"
     assert recommended("cls", flat) == ISOTROPIC_RECIPES["cls"]
     assert recommended("cls", cone) == recommended("cls") == RECIPES["cls"]
@@ -151,8 +150,8 @@ def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys
     cloud, and says so; `eval`'s flow rows record the settings each fit used."""
     from bertflow.cli import main
     from bertflow.evaluate import evaluate
-    from bertflow.methods import make_method
-    from bertflow.recipes import ISOTROPIC_RECIPES, resolve
+    from bertflow.methods import flow_by_recipe
+    from bertflow.recipes import ISOTROPIC_RECIPES
     from bertflow.sts import Pairs, Task
 
     for name, x, before in (("flat", _cloud(0.0), "standardize"), ("cone", _cloud(8.0),
@@ -169,9 +168,7 @@ def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys
     capsys.readouterr()
 
     def make():
-        return make_method("flow", **resolve({"flow": {"levels": 1, "depth": 2}}, "cls")
-                           .fit_options(), settle=lambda x: resolve(
-                               {"flow": {"levels": 1, "depth": 2}}, "cls", x))
+        return flow_by_recipe("cls", {"flow": {"levels": 1, "depth": 2}})
 
     sentences = [f"s{i}" for i in range(400)]
     pairs = Pairs("pairs", sentences[:200], sentences[200:], np.arange(200.0) % 5)
