@@ -56,6 +56,7 @@ from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, load_encoder, 
 from bertflow.cache import EmbeddingCache
 from bertflow.corpus import corpus_sha256
 from bertflow.files import read_sentences, write_json
+from bertflow.isotropy import mean_pair_cosine
 from bertflow.methods import make_method
 from bertflow.recipes import Recipe
 
@@ -332,7 +333,9 @@ def main() -> None:
                     for seed in args.seeds]
         spread = seed_spread(defaults, args.spread)
         trial, kept = choose(runner.dev(pooling, rows), spread)
-        chosen[pooling] = {"trial": json.loads(trial.key()), "levers": kept, "spread": spread}
+        chosen[pooling] = {"trial": json.loads(trial.key()), "levers": kept, "spread": spread,
+                           "cosine": {n: mean_pair_cosine(data.embed(n, pooling))
+                                      for n in ("stsb", "sick", "wiki", "snli")}}
         rows += [runner.flow(pooling, trial, seed, table="recipe", lever=" + ".join(kept))
                  for seed in args.seeds]
         rows += defaults
@@ -392,7 +395,10 @@ def _markdown(rows: list[dict], chosen: dict, args: Any, minutes: float) -> str:
     for pooling in args.poolings:
         mine = [r for r in rows if r["pooling"] == pooling]
         levers = " + ".join(chosen[pooling]["levers"]) or "the defaults"
-        text += [f"\n## {pooling}\n", f"Recipe: {levers} (kept: more than "
+        cosine = ", ".join(f"{n} {c:.3f}" for n, c in chosen[pooling]["cosine"].items())
+        text += [f"\n## {pooling}\n", "Mean random-pair cosine of the raw embeddings (the "
+                 f"statistic of `bertflow.recipes`' rule): {cosine}.\n",
+                 f"Recipe: {levers} (kept: more than "
                  f"{chosen[pooling]['spread']:.2f} over the recipe before it on STS-B dev; "
                  f"seeds {', '.join(map(str, args.seeds))}).\n", head[0].format("method"),
                  head[1]]
