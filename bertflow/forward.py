@@ -80,7 +80,9 @@ class FusedEncoder(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Tensor | None = None,
                 keep: Collection[int] | None = None) -> tuple[Tensor | None, ...]:
-        """Float32 hidden states like the model's; None for a layer not in `keep` (default all)."""
+        """Float32 hidden states like the model's at every real token (zero at padding); None for
+        a layer not in `keep` (default all). Between the attentions the layers run on the real
+        tokens alone, packed, so no projection is spent on padding."""
         inputs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         h = self.embeddings(input_ids=input_ids, **inputs).float()
         count = len(self.layers) + 1
@@ -89,11 +91,29 @@ class FusedEncoder(nn.Module):
         if self.position_bias is not None:
             blocked = torch.zeros(mask.shape, device=h.device).masked_fill_(~mask, -torch.inf)
             mask = self.position_bias(h[:1]).float() + blocked
+        tokens = _Tokens(attention_mask)
         states: list[Tensor | None] = [h if 0 in keep else None]
+        x = tokens.pack(h)
         for index, layer in enumerate(self.layers, start=1):
-            h = layer(h, mask)
-            states.append(h if index in keep else None)
+            x = layer(x, mask, tokens)
+            states.append(tokens.unpack(x) if index in keep else None)
         return tuple(states)
+
+
+class _Tokens:
+    """Where a padded batch's real tokens are: `pack` keeps their rows, `unpack` puts rows back
+    in the padded shape, zero at padding."""
+
+    def __init__(self, attention_mask: Tensor):
+        self.shape = attention_mask.shape
+        self.index = attention_mask.flatten().nonzero().squeeze(1)
+
+    def pack(self, padded: Tensor) -> Tensor:
+        return padded.reshape(self.shape.numel(), -1).index_select(0, self.index)
+
+    def unpack(self, rows: Tensor) -> Tensor:
+        padded = rows.new_zeros(self.shape.numel(), rows.shape[-1])
+        return padded.index_copy_(0, self.index, rows).view(*self.shape, rows.shape[-1])
 
 
 class _FusedLayer(nn.Module):
@@ -105,19 +125,20 @@ class _FusedLayer(nn.Module):
         self.qkv = _linear(dtype, query, key, value)
         self.out, self.up, self.down = (_linear(dtype, part) for part in (out, up, down))
 
-    def forward(self, h: Tensor, mask: Tensor) -> Tensor:
-        """One layer; `mask` is boolean (True: attend) or a float bias added to the scores."""
-        batch, length, dim = h.shape
-        qkv = self.qkv(h.to(self.dtype)).view(batch, length, 3, self.heads, dim // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        if h.device.type == "cpu":
+    def forward(self, x: Tensor, mask: Tensor, tokens: _Tokens) -> Tensor:
+        """One layer on the packed rows `x` of `tokens`; `mask` is boolean (True: attend) or a
+        float bias added to the scores."""
+        dim = x.shape[-1]
+        qkv = tokens.unpack(self.qkv(x.to(self.dtype)))
+        q, k, v = qkv.view(*tokens.shape, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        if x.device.type == "cpu":
             q, k, v = q.float(), k.float(), v.float()
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dtype == torch.bool
                                            else mask.to(q.dtype))
-        a = a.transpose(1, 2).reshape(batch, length, dim).to(self.dtype)
-        h = self.norm1(h + self.out(a).float())
-        y = self.down(self.activation(self.up(h.to(self.dtype))))
-        return self.norm2(h + y.float())
+        a = tokens.pack(a.transpose(1, 2)).to(self.dtype)
+        x = self.norm1(x + self.out(a).float())
+        y = self.down(self.activation(self.up(x.to(self.dtype))))
+        return self.norm2(x + y.float())
 
 
 def _linear(dtype: torch.dtype, *parts: nn.Linear) -> nn.Linear:

@@ -85,3 +85,17 @@ def test_other_architectures_are_not_claimed():
         FusedEncoder(distil)
     decoder = BertModel(BertConfig(**SIZES, is_decoder=True))
     assert not supports_fused(decoder)
+
+
+def test_projections_see_only_the_real_tokens():
+    model = models()[2]
+    ids, mask = padded_batch()
+    fused = FusedEncoder(model)
+    rows = []
+    for layer in fused.layers:
+        for part in (layer.qkv, layer.out, layer.up, layer.down):
+            part.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+    with torch.no_grad():
+        states = fused(ids, mask)
+    assert rows == [int(mask.sum())] * 4 * len(fused.layers)
+    assert not states[-1][~mask.bool()].any()  # padding is zero, not the model's values
