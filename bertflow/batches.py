@@ -62,10 +62,11 @@ def token_batches(tokenize: Callable[[Sequence[str]], Any], sentences: Sequence[
         yield rows, {key: torch.from_numpy(value) for key, value in batch.items()}
 
 
-def padded_width(longest: int) -> int:
-    """`longest` rounded up to an eighth of its power of two: a few dozen batch shapes instead
-    of one per length keep the CPU allocator from fragmenting, so memory does not creep up."""
-    step = max(1, (1 << (longest.bit_length() - 1)) // 8)
+def padded_width(longest: int, steps: int = 8) -> int:
+    """`longest` rounded up to a `steps`-th of its power of two: a few dozen batch shapes
+    instead of one per length keep the CPU allocator from fragmenting, so memory does not
+    creep up."""
+    step = max(1, (1 << (longest.bit_length() - 1)) // steps)
     return -(-longest // step) * step
 
 

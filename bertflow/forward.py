@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .batches import padded_width
+
 __all__ = ["FusedEncoder", "supports_fused"]
 
 # where each kind keeps a layer's query, key, value, attention output, its LayerNorm, the
@@ -102,11 +104,16 @@ class FusedEncoder(nn.Module):
 
 class _Tokens:
     """Where a padded batch's real tokens are: `pack` keeps their rows, `unpack` puts rows back
-    in the padded shape, zero at padding."""
+    in the padded shape, zero where no row was kept. The rows kept are the real tokens and, to
+    round their count up as `padded_width` does, the first padded positions: a few dozen row
+    counts instead of one per batch keep the CPU allocator from fragmenting."""
 
     def __init__(self, attention_mask: Tensor):
         self.shape = attention_mask.shape
-        self.index = attention_mask.flatten().nonzero().squeeze(1)
+        real = attention_mask.flatten().bool()
+        count = int(real.sum())
+        extra = min(padded_width(count, 16), real.numel()) - count
+        self.index = torch.cat([real.nonzero(), (~real).nonzero()[:extra]]).squeeze(1)
 
     def pack(self, padded: Tensor) -> Tensor:
         return padded.reshape(self.shape.numel(), -1).index_select(0, self.index)
