@@ -95,6 +95,7 @@ def main() -> None:
         "tokens": int(sum(tokens)),
         "tokens_per_sentence": [int(min(tokens)), float(np.mean(tokens)), int(max(tokens))],
         "batch_size": args.batch_size,
+        "padding_share": padding_share(tokens, args.batch_size),
         "max_length": max_length,
         "rounds": args.rounds,
         "sentences_per_s": {name: len(sentences) / t for name, t in best.items()},
@@ -125,6 +126,15 @@ def main() -> None:
     (args.out / f"bench_encode-{device.type}{named}.md").write_text(text)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def padding_share(tokens: list[int], batch_size: int) -> float:
+    """The share of token positions that are padding when the sentences are sorted by length
+    and each batch is padded to its longest, as sentence-transformers does."""
+    lengths = np.sort(tokens)[::-1]
+    positions = sum(int(lengths[i]) * len(lengths[i : i + batch_size])
+                    for i in range(0, len(lengths), batch_size))
+    return 1 - float(lengths.sum()) / positions
 
 
 def encoder_flops(encoder: Encoder, tokens: list[int]) -> float:
@@ -233,6 +243,10 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
                 f"| bertflow {dtype}, torch.compile | "
                 f"{speed[f'bertflow {dtype} compiled']:.0f} | {results[f'ratio_{s}_compiled']:.2f}"
                 f" | {results[f'gflops_{s}_compiled']:.0f} | | | |")
+    lines.append(f"\nSorted by length in batches of {results['batch_size']}, each padded to its "
+                 f"longest, {results['padding_share']:.0%} of these sentences' token positions "
+                 "are padding: sentence-transformers' projections compute them, bertflow's "
+                 "run on the real tokens (rounded up to a sixteenth of their power of two).")
     for dtype, found in results["profile"].items():
         lines += [f"\n## Where bertflow {dtype} spends its time\n",
                   f"One encode of the same sentences under torch's profiler: "
