@@ -82,9 +82,9 @@ class FusedEncoder(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Tensor | None = None,
                 keep: Collection[int] | None = None) -> tuple[Tensor | None, ...]:
-        """Float32 hidden states like the model's at every real token (zero at padding); None for
-        a layer not in `keep` (default all). Between the attentions the layers run on the real
-        tokens alone, packed, so no projection is spent on padding."""
+        """Float32 hidden states like the model's at every real token (padding holds no
+        meaningful values); None for a layer not in `keep` (default all). Between the attentions
+        the layers run on the real tokens alone, packed, so no projection is spent on padding."""
         inputs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         h = self.embeddings(input_ids=input_ids, **inputs).float()
         count = len(self.layers) + 1

@@ -23,7 +23,7 @@ from .isotropy import mean_pair_cosine
 from .train import TrainConfig
 
 __all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "RECIPES", "Recipe",
-           "corpus_note", "recommended", "resolve", "rule_note"]
+           "corpus_note", "recommended", "resolve", "settle"]
 
 CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe is chosen on
 
@@ -108,26 +108,35 @@ def recommended(pooling: str, x: Any = None) -> Recipe:
     """The recipe for embeddings of `pooling`; with `x`, the embeddings it is to be fit on, the
     pooling's `ISOTROPIC_RECIPES` entry where they are isotropic: the mean cosine of 10,000
     seeded random pairs of their rows is under `ISOTROPIC`."""
+    return _rule(pooling, x)[0]
+
+
+def _rule(pooling: str, x: Any) -> tuple[Recipe, float | None]:
+    """`recommended`'s recipe, and the mean random-pair cosine where it is the isotropic one."""
     if pooling not in RECIPES:
         raise BertflowError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
-    if x is not None and pooling in ISOTROPIC_RECIPES and mean_pair_cosine(x) < ISOTROPIC:
-        return ISOTROPIC_RECIPES[pooling]
-    return RECIPES[pooling]
-
-
-def rule_note(pooling: str, x: Any) -> str | None:
-    """What to say where the rule chose `pooling`'s isotropic recipe for embeddings `x`."""
-    cosine = mean_pair_cosine(x) if pooling in ISOTROPIC_RECIPES else ISOTROPIC
-    if cosine >= ISOTROPIC:
-        return None
-    return (f"note: these {pooling} embeddings are isotropic already (mean random-pair cosine "
-            f"{cosine:.3f} < {ISOTROPIC}): the {pooling} recipe for isotropic "
-            f"embeddings, which does not whiten (`bertflow recipes --pooling {pooling}`)")
+    if x is not None and pooling in ISOTROPIC_RECIPES:
+        cosine = mean_pair_cosine(x)
+        if cosine < ISOTROPIC:
+            return ISOTROPIC_RECIPES[pooling], cosine
+    return RECIPES[pooling], None
 
 
 def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None) -> Recipe:
     """`recipe` itself, or the recommended recipe of `pooling` (for embeddings `x`, where given)
     changed by `recipe`'s `Recipe.updated` keywords (a dict, or None)."""
+    return settle(recipe, pooling, x)[0]
+
+
+def settle(recipe: Recipe | dict[str, Any] | None, pooling: str,
+           x: Any = None) -> tuple[Recipe, str | None]:
+    """`resolve`'s recipe, and what to say where the rule chose `pooling`'s isotropic recipe
+    for embeddings `x` (else None)."""
     if isinstance(recipe, Recipe):
-        return recipe
-    return recommended(pooling, x).updated(**(recipe or {}))
+        return recipe, None
+    chosen, cosine = _rule(pooling, x)
+    note = None if cosine is None else (
+        f"note: these {pooling} embeddings are isotropic already (mean random-pair cosine "
+        f"{cosine:.3f} < {ISOTROPIC}): the {pooling} recipe for isotropic "
+        f"embeddings, which does not whiten (`bertflow recipes --pooling {pooling}`)")
+    return chosen.updated(**(recipe or {})), note

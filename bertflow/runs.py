@@ -24,7 +24,7 @@ from .files import check_outputs
 from .folders import HEAD_FOLDER
 from .head import FlowHead
 from .logs import RunLogs
-from .recipes import Recipe, resolve, rule_note
+from .recipes import Recipe, resolve, settle
 from .train import TrainState
 
 __all__ = ["FitJob", "FittedHead", "fit_head"]
@@ -133,13 +133,11 @@ def _settle(job: FitJob, pooling: str, x: Any, width: int, say: Say | None) -> F
     where it chose the isotropic recipe) and checked against their `width`."""
     if job.method != "flow":
         return job
-    if say is not None and not isinstance(job.recipe, Recipe):
-        note = rule_note(pooling, x)
-        if note is not None:
-            say(note)
-    job = replace(job, recipe=resolve(job.recipe, pooling, x))
-    job.recipe.flow.check(width)
-    return job
+    recipe, note = settle(job.recipe, pooling, x)
+    if say is not None and note is not None:
+        say(note)
+    recipe.flow.check(width)
+    return replace(job, recipe=recipe)
 
 
 def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFile | None,
