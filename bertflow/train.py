@@ -24,7 +24,7 @@ from .rows import Rows, as_rows, moments
 __all__ = ["RECORD", "History", "Hook", "TrainConfig", "TrainState", "fit", "split_indices"]
 
 _EVAL_ROWS = 1024  # rows per forward pass when evaluating (the peak memory)
-_SAMPLE = 16384  # held-out rows whose latents a `Hook` gets and whose mean cosine is measured
+_SAMPLE = 4096  # held-out rows whose latents a `Hook` gets and whose mean cosine is measured
 # what `fit` records of every epoch; a `measure` adds the rest
 RECORD = ("epoch", "train_nll", "val_nll", "val_bits_per_dim", "val_log_det", "val_cosine",
           "seconds")
