@@ -39,7 +39,7 @@ docs: $(STAMP)
 mpnet: $(MPNET).fetched
 
 $(MPNET).fetched: | $(STAMP)
-	PYTHON=$(BIN)/python bash $(SHARED)/encoders/get-all-mpnet-base-v2.sh $(ENCODERS)
+	PYTHON=$(abspath $(BIN))/python bash $(SHARED)/encoders/get-all-mpnet-base-v2.sh $(ENCODERS)
 	touch $@
 
 lint: $(STAMP)
