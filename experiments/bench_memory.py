@@ -99,11 +99,14 @@ def run(args: argparse.Namespace, work: Path) -> dict:
             "rss_ratio": ratios}
 
 
-def measure(arguments: list[str]) -> dict:
-    """Run `python -m bertflow ARGS` in a fresh process: seconds and peak RSS in MiB."""
+def measure(arguments: list[str], launcher: list[str] | None = None) -> dict:
+    """Run `python -m bertflow ARGS` in a fresh process (or `python LAUNCHER ARGS`, such as
+    torchrun's module ending in ``-m bertflow``): seconds, and the peak RSS in MiB of the
+    process or of the largest of the processes it waited for."""
     began = time.perf_counter()
     with tempfile.TemporaryFile() as errors:  # a pipe left unread would fill and stall it
-        process = subprocess.Popen([sys.executable, "-m", "bertflow", *arguments],
+        process = subprocess.Popen([sys.executable, *(launcher or ["-m", "bertflow"]),
+                                    *arguments],
                                    stdout=subprocess.DEVNULL, stderr=errors)
         _, status, usage = os.wait4(process.pid, 0)
         seconds = time.perf_counter() - began
