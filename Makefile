@@ -38,8 +38,15 @@ docs: $(STAMP)
 
 mpnet: $(MPNET).fetched
 
+# fetched into a folder of its own, moved into place whole: an interrupted fetch leaves no
+# half-written encoder for the tests to find
 $(MPNET).fetched: | $(STAMP)
-	PYTHON=$(abspath $(BIN))/python bash $(SHARED)/encoders/get-all-mpnet-base-v2.sh $(ENCODERS)
+	@if [ -e $(MPNET) ]; then echo "$(MPNET) is there, but not from a finished make mpnet:" \
+	  "remove it, or set ENCODERS to another folder" >&2; exit 1; fi
+	rm -rf $(MPNET).fetching
+	PYTHON=$(abspath $(BIN))/python bash $(SHARED)/encoders/get-all-mpnet-base-v2.sh $(MPNET).fetching
+	mv -T $(MPNET).fetching/all-mpnet-base-v2 $(MPNET)
+	rmdir $(MPNET).fetching
 	touch $@
 
 lint: $(STAMP)
