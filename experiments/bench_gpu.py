@@ -29,11 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_encode import describe
 from bench_memory import make_corpus, measure
 from common import parser
 
 HERE = Path(__file__).resolve().parent
 STEPS = ("speed", "resume", "torchrun")
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+            "-m", "bertflow"]
 
 
 def main() -> None:
@@ -82,15 +85,14 @@ def main() -> None:
 def speed(args: argparse.Namespace, device, work: Path, out: Path) -> dict:
     """bench_encode.py (with its per-operator profile) on each encoder."""
     rows = []
-    for i, encoder in enumerate(args.encoder or [None]):
-        found = work / f"bench_encode-{i}.json"
+    for encoder in args.encoder or [None]:
+        found = out / f"bench_encode-{slug(encoder_name(encoder))}.json"
         subprocess.run([sys.executable, str(HERE / "bench_encode.py"), "--data", str(args.data),
                         "--device", str(device), "--sentences", str(args.bench_sentences),
                         "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
                         "--profile", "--out", str(out), "--json", str(found),
                         *(["--encoder", encoder] if encoder else [])], check=True)
         rows.append(json.loads(found.read_text()))
-        shutil.copy(found, out / f"bench_encode-{slug(rows[-1]['encoder'])}.json")
     return {"encoders": rows}
 
 
@@ -108,7 +110,7 @@ def resume(args: argparse.Namespace, device, work: Path, out: Path) -> dict:
     if stopped.exists():
         raise SystemExit(f"the encode of {args.sentences} sentences ended before it was stopped")
     continued = measure([*encode(args, device, corpus, stopped), "--resume"])
-    return {"sentences": args.sentences, "encoder": encoder_name(args), "whole": full,
+    return {"sentences": args.sentences, "encoder": encoder_name(first(args)), "whole": full,
             "killed_after_s": before, "rows_when_killed": done, "resumed": continued,
             "identical": filecmp.cmp(whole, stopped, shallow=False)}
 
@@ -120,19 +122,15 @@ def torchrun(args: argparse.Namespace, device, work: Path, out: Path) -> dict:
     from safetensors.numpy import load_file
 
     corpus = make_corpus(args.data, args.torchrun_sentences, work / "corpus-torchrun.txt")
-    def launch() -> list[str]:
-        return ["-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port",
-                free_port(), "-m", "bertflow"]
-
     one, under = work / "one.npy", work / "torchrun.npy"
     encoded = {"one": measure(encode(args, device, corpus, one)),
-               "torchrun": measure(encode(args, device, corpus, under), launch())}
+               "torchrun": measure(encode(args, device, corpus, under), TORCHRUN)}
     fitted = {"one": measure(["fit", str(one), "--out", str(work / "head-one"), "--seed", "0",
                               "--quiet"]),
               "torchrun": measure(["fit", str(one), "--out", str(work / "head-torchrun"),
-                                   "--seed", "0", "--quiet"], launch())}
+                                   "--seed", "0", "--quiet"], TORCHRUN)}
     a, b = (load_file(work / f"head-{k}" / "model.safetensors") for k in ("one", "torchrun"))
-    return {"sentences": args.torchrun_sentences, "encoder": encoder_name(args),
+    return {"sentences": args.torchrun_sentences, "encoder": encoder_name(first(args)),
             "encode": encoded, "fit": fitted,
             "encode_identical": filecmp.cmp(one, under, shallow=False),
             "fit_max_abs_diff": max(float(np.abs(a[k].astype(np.float64) - b[k]).max())
@@ -140,7 +138,7 @@ def torchrun(args: argparse.Namespace, device, work: Path, out: Path) -> dict:
 
 
 def encode(args: argparse.Namespace, device, corpus: Path, path: Path) -> list[str]:
-    encoder = args.encoder[0] if args.encoder else None
+    encoder = first(args)
     return ["encode", str(corpus), "--out", str(path), "--no-cache", "--quiet",
             "--pooling", "mean", "--device", str(device), "--dtype", args.dtype,
             "--encode-batch-size", str(args.batch_size),
@@ -163,32 +161,19 @@ def kill_at(process: subprocess.Popen, record: Path, rows: int) -> int:
     return done
 
 
-def free_port() -> str:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
-
-
-def describe(device) -> str:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return next((line.split(":", 1)[1].strip() for line in
-                 Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), "cpu")
-
-
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
 
 
-def encoder_name(args: argparse.Namespace) -> str:
+def first(args: argparse.Namespace) -> str | None:
+    """The encoder of the resumed and torchrun encodes (None: the default)."""
+    return args.encoder[0] if args.encoder else None
+
+
+def encoder_name(encoder: str | None) -> str:
     from bertflow.encoder_id import locate
 
-    return locate(args.encoder[0] if args.encoder else None)[1]
+    return locate(encoder)[1]
 
 
 def save(results: dict, out: Path) -> None:
