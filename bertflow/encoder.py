@@ -1,8 +1,9 @@
-"""A frozen BERT-family encoder, loaded from a folder or the hub, and sentence pooling."""
+"""A frozen BERT-family encoder, loaded from a local folder, and sentence pooling."""
 
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -239,10 +240,10 @@ class Encoder:
             low = self.dtype != torch.float32
             with torch.autocast(self.device.type, dtype=self.dtype, enabled=low):
                 if keep == {-1}:  # the model keeps no other layer
-                    last = self.model(**inputs).last_hidden_state
+                    last = self.model(**inputs, return_dict=True).last_hidden_state
                     hidden = (*[None] * self.num_layers, last.float())
                 else:
-                    outputs = self.model(**inputs, output_hidden_states=True)
+                    outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
                     hidden = tuple(h.float() for h in outputs.hidden_states)
         if "static" in poolings:
             words = self.model.get_input_embeddings()(batch["input_ids"]).float()
@@ -252,7 +253,8 @@ class Encoder:
 def load_encoder(name_or_path: str | os.PathLike | None = None,
                  device: str | torch.device | None = "auto",
                  dtype: str | torch.dtype | None = "float32") -> Encoder:
-    """Load an encoder from a folder or a hub id (None: all-MiniLM-L6-v2) onto `device`."""
+    """Load an encoder from a folder (None: all-MiniLM-L6-v2) onto `device`; a folder whose
+    config, weights and tokenizer do not make one whole model is refused."""
     resolve_dtype(dtype, resolve_device(device))  # refuse before loading anything
     import huggingface_hub
     import transformers
@@ -261,33 +263,103 @@ def load_encoder(name_or_path: str | os.PathLike | None = None,
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     source, name, address = locate(name_or_path)
+    if not os.path.isfile(os.path.join(source, "config.json")):
+        raise BertflowError(f"encoder {name_or_path} has no config.json: not a model folder, or "
+                            "a half-downloaded one")
     try:
-        check_architecture(transformers.AutoConfig.from_pretrained(source), name_or_path)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-        model = transformers.AutoModel.from_pretrained(source)
+        config = transformers.AutoConfig.from_pretrained(source, local_files_only=True)
+        check_architecture(config, name_or_path)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
+        model, loaded = transformers.AutoModel.from_pretrained(
+            source, local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True)
     except BertflowError:
         raise
     except Exception as e:  # a truncated or pickled weights file fails deep in the loaders
-        where = "folder" if os.path.isdir(source) else "hub id (no such local folder)"
-        raise BertflowError(f"cannot load encoder {name_or_path} as a {where}: "
-                            f"{type(e).__name__}: {first_line(e)}") from None
+        detail = f"{type(e).__name__}: {first_line(e)}"
+        if isinstance(e, pickle.UnpicklingError):
+            detail = "a weights file that holds more than tensors, or a damaged one (not unpickled)"
+        raise BertflowError(f"cannot load encoder {name_or_path} as a folder: {detail}") from None
+    _check_weights(model, loaded, name_or_path)
+    _check_tokenizer(tokenizer, config, name_or_path)
     return Encoder(model, tokenizer, name, device, dtype, address)
+
+
+def _check_tokenizer(tokenizer: Any, config: Any, name: str | os.PathLike | None) -> None:
+    """Refuse a tokenizer that cannot run, or that knows under half the model's vocabulary (a
+    folder without its vocabulary loads one of special tokens alone, which reads every word as
+    unknown)."""
+    lacking = "a half-downloaded folder, or one without its tokenizer files"
+    try:
+        tokenizer(["a probe sentence"], truncation=True, max_length=8)
+    except Exception as e:
+        raise BertflowError(f"encoder {name}: its tokenizer cannot run ({first_line(e)}): "
+                            f"{lacking}") from None
+    vocabulary = getattr(config, "vocab_size", None)
+    if isinstance(vocabulary, int) and len(tokenizer) < vocabulary / 2:
+        raise BertflowError(f"encoder {name}: its tokenizer knows {len(tokenizer)} tokens, its "
+                            f"model {vocabulary}: {lacking}")
+
+
+def _check_weights(model: Any, loaded: dict[str, Any], name: str | os.PathLike | None) -> None:
+    """Refuse weights that do not fill the model config.json describes (a tensor missing, of
+    another shape, or a layer the config has no place for): such a model would run on random
+    weights. Only a missing pooler is allowed (bertflow never reads it); it is zeroed, so that
+    the encoder's fingerprint is the same at every load."""
+    mismatched = sorted(loaded.get("mismatched_keys") or ())
+    if mismatched:
+        key, found, wanted = mismatched[0]
+        raise BertflowError(f"encoder {name}: its weights do not fit its config.json: {key} is "
+                            f"{tuple(found)} in the weights, {tuple(wanted)} in the model "
+                            f"({len(mismatched)} such tensors)")
+    missing = sorted(loaded.get("missing_keys") or ())
+    lacking = [key for key in missing if not key.startswith("pooler.")]
+    if lacking:
+        raise BertflowError(f"encoder {name}: its weights lack {len(lacking)} tensors that its "
+                            f"config.json asks for ({lacking[0]}, ...): a half-downloaded folder, "
+                            "or a config.json from another model")
+    own = {child for child, _ in model.named_children()}
+    buffers = {buffer for buffer, _ in model.named_buffers()}
+    extra = sorted(key for key in loaded.get("unexpected_keys") or ()
+                   if key.split(".")[0] in own and key not in buffers)
+    if extra:
+        raise BertflowError(f"encoder {name}: its weights hold {len(extra)} tensors that its "
+                            f"config.json has no place for ({extra[0]}, ...): a config.json "
+                            "from another model")
+    with torch.no_grad():
+        for key in missing:
+            model.get_parameter(key).zero_()
 
 
 def check_architecture(config: Any, name: str | os.PathLike | None) -> None:
     """Refuse a model that is not a bidirectional text encoder: one whose kind transformers
-    pairs with a masked-language-model head (BERT, RoBERTa, MPNet, ...), used as an encoder."""
+    pairs with a masked-language-model head (BERT, RoBERTa, MPNet, ...), used as an encoder,
+    with at least one Transformer layer."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     kind = getattr(config, "model_type", None) or "unknown"
-    if (kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
-            and not getattr(config, "is_encoder_decoder", False)):
-        return
     named = ", ".join(getattr(config, "architectures", None) or []) or "no architectures named"
-    raise BertflowError(f"encoder {name} is a {kind} model ({named}): bertflow pools the hidden "
-                        "states of a bidirectional text encoder (BERT, RoBERTa, MPNet, "
-                        "DistilBERT, ... : a kind with a masked-language-model head), not a "
+    supported = ("bertflow pools the hidden states of a bidirectional text encoder (BERT, RoBERTa, "
+                 "MPNet, DistilBERT, ... : a kind with a masked-language-model head)")
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and getattr(config, "is_decoder", False):
+        raise BertflowError(f"encoder {name} is a {kind} model ({named}) set to run as a decoder "
+                            f"(is_decoder: true in its config.json): {supported}")
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not _encoder_decoder(config):
+        if getattr(config, "num_hidden_layers", None) == 0:
+            raise BertflowError(f"encoder {name} has no Transformer layers (num_hidden_layers: 0 "
+                                "in its config.json)")
+        return
+    raise BertflowError(f"encoder {name} is a {kind} model ({named}): {supported}, not a "
                         "decoder-only, encoder-decoder or vision model")
+
+
+def _encoder_decoder(config: Any) -> bool:
+    """Whether `config` describes an encoder-decoder, by its own flag or by its kind's default
+    (a BART folder that says otherwise is still one)."""
+    try:
+        default = bool(type(config)().is_encoder_decoder)
+    except Exception:  # a config class that needs arguments: its own flag decides
+        default = False
+    return bool(getattr(config, "is_encoder_decoder", False)) or default
 
 
 def resolve_encoder(encoder: Encoder | str | os.PathLike | None,

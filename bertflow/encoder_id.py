@@ -36,8 +36,8 @@ def default_encoder_path() -> Path:
 
 @dataclass(frozen=True)
 class EncoderId:
-    """An encoder's name and weights' fingerprint; `source` (``package:NAME``,
-    ``folder:/absolute/path`` or ``hub:ID``), where it was loaded from, is not compared."""
+    """An encoder's name and weights' fingerprint; `source` (``package:NAME`` or
+    ``folder:/absolute/path``), where it was loaded from, is not compared."""
 
     name: str
     fingerprint: str
@@ -68,7 +68,8 @@ def fingerprint(model: torch.nn.Module) -> str:
 
 
 def locate(name_or_path: str | os.PathLike | None) -> tuple[str, str, str]:
-    """The folder or id to load for a folder, a hub id or None, the name and the `source`."""
+    """The folder to load for a folder or None (the default), the name and the `source`;
+    nothing is looked up in a model hub."""
     package = (DEFAULT_ENCODER_NAME, f"package:{_DEFAULT_PACKAGE}")
     if name_or_path is None:
         return (str(default_encoder_path()), *package)
@@ -76,7 +77,7 @@ def locate(name_or_path: str | os.PathLike | None) -> tuple[str, str, str]:
     if path.exists() and not path.is_dir():
         raise BertflowError(f"encoder {path} is a file; expected a model folder")
     if not path.is_dir():
-        return str(name_or_path), str(name_or_path), f"hub:{name_or_path}"
+        raise BertflowError(f"encoder {path}: no such folder (encoders load from local folders)")
     with contextlib.suppress(BertflowError):  # where no default encoder is installed
         if path.resolve() == default_encoder_path().resolve():
             return (str(path), *package)
@@ -90,11 +91,11 @@ def recorded_folder(source: Any) -> Path | None:
 
 
 def recorded_location(encoder: EncoderId) -> str | None:
-    """The folder or hub id that `encoder`'s source names (None: the default encoder)."""
+    """The folder that `encoder`'s source names (None: the default encoder)."""
     kind, _, where = (encoder.source or "").partition(":")
     if kind == "package" and where == _DEFAULT_PACKAGE:
         return None
-    if kind == "hub" or recorded_folder(encoder.source):
+    if recorded_folder(encoder.source):
         return where
     if kind == "folder":
         raise BertflowError(f"encoder {encoder} was loaded from {where}, which is gone; "

@@ -92,7 +92,7 @@ def test_bad_requests_are_refused(tiny_encoder, tmp_path):
     for size in (0, -1):
         with pytest.raises(BertflowError, match="batch size must be at least 1"):
             tiny_encoder.encode(SENTENCES, "cls", batch_size=size)
-    with pytest.raises(BertflowError, match="cannot load encoder"):
+    with pytest.raises(BertflowError, match="has no config.json"):
         load_encoder(tmp_path)  # a folder without a model
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(BertflowError, match="is a file"):
@@ -303,7 +303,7 @@ def test_a_damaged_or_pickled_encoder_folder_is_one_error(tiny_encoder_dir, tmp_
     ("t5", {"d_model": 8, "num_layers": 1, "num_heads": 2, "d_kv": 4, "d_ff": 16}, "t5 model"),
     ("vit", {"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
              "intermediate_size": 16}, "vit model"),
-    ("bert", {"is_decoder": True}, "bert model"),
+    ("bert", {"is_decoder": True}, "bert model (no architectures named) set to run as a decoder"),
 ])
 def test_an_encoder_of_another_architecture_is_one_line(kind, config, named, tmp_path, capsys):
     """A decoder-only, encoder-decoder or vision model, or BERT made a decoder, is refused by
@@ -323,6 +323,107 @@ def test_an_encoder_of_another_architecture_is_one_line(kind, config, named, tmp
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and named in err and "MPNet" in err, err
     assert not (tmp_path / "e.npy").exists()
+
+
+def _edit_config(source, folder, **changes):
+    """A copy of encoder folder `source` whose config.json has `changes`."""
+    import json
+
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+@pytest.mark.parametrize("changes, says", [
+    ({"num_hidden_layers": 4}, r"weights lack 16 tensors .*encoder\.layer\.3\."),
+    ({"num_hidden_layers": 2}, r"weights hold 16 tensors .*no place for \(encoder\.layer\.2\."),
+    ({"intermediate_size": 48}, r"encoder\.layer\.0\.intermediate\.dense\.bias is \(32,\) in "
+                                r"the weights, \(48,\) in the model \(9 such tensors\)"),
+])
+def test_weights_that_do_not_fill_their_config_are_refused(tiny_encoder_dir, tmp_path, capsys,
+                                                           changes, says):
+    """A config.json that asks for more layers than the weights hold (which transformers fills
+    with random weights), fewer (which drops some), or other shapes: one line, nothing written."""
+    from bertflow.cli import main
+
+    folder = _edit_config(tiny_encoder_dir, tmp_path / "edited", **changes)
+    with pytest.raises(BertflowError, match=says):
+        load_encoder(folder, device="cpu")
+    sentences = tmp_path / "s.txt"
+    sentences.write_text("one sentence\n")
+    assert main(["encode", str(sentences), "--encoder", str(folder), "--out",
+                 str(tmp_path / "e.npy"), "--no-cache"]) == 1
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited", "s.txt"]
+
+
+def test_a_checkpoint_without_a_pooler_loads_the_same_every_time(tmp_path):
+    """A masked-language-model checkpoint (roberta-base's kind) has no pooler, which transformers
+    draws at random: it is zeroed, so the fingerprint and the embeddings repeat; the head's own
+    tensors in the file are left unused."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from .conftest import make_tiny_encoder
+
+    folder = make_tiny_encoder(tmp_path / "mlm")
+    config = BertConfig.from_pretrained(folder)
+    torch.manual_seed(0)
+    BertForMaskedLM(config).save_pretrained(folder)
+    first, second = (load_encoder(folder, device="cpu") for _ in range(2))
+    assert first.id.fingerprint == second.id.fingerprint
+    assert not first.model.pooler.dense.weight.any()
+    np.testing.assert_array_equal(first.encode(SENTENCES, "mean"), second.encode(SENTENCES, "mean"))
+
+
+def test_a_folder_that_is_not_a_whole_encoder_is_one_line(tiny_encoder_dir, tmp_path,
+                                                          monkeypatch):
+    """No folder (never looked up in a model hub), no config.json, no tokenizer files, no
+    Transformer layers: each is refused by a line saying which, before anything is encoded."""
+    import huggingface_hub
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the model hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_network)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    for missing in ("no-such-encoder", str(tmp_path / "gone")):
+        with pytest.raises(BertflowError, match="no such folder .*local folders"):
+            load_encoder(missing)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BertflowError, match="empty has no config.json"):
+        load_encoder(tmp_path / "empty")
+    untokenized = tmp_path / "untokenized"
+    shutil.copytree(tiny_encoder_dir, untokenized)
+    for name in ("vocab.txt", "tokenizer.json"):
+        (untokenized / name).unlink()
+    with pytest.raises(BertflowError, match="untokenized: its tokenizer knows 5 tokens, its model"):
+        load_encoder(untokenized, device="cpu")
+    layerless = _edit_config(tiny_encoder_dir, tmp_path / "layerless", num_hidden_layers=0)
+    with pytest.raises(BertflowError, match="has no Transformer layers"):
+        load_encoder(layerless, device="cpu")
+
+
+def test_a_bart_that_says_it_is_no_encoder_decoder_is_refused(tmp_path):
+    """An encoder-decoder kind is one by its kind's default, whatever its config's flag says."""
+    import transformers
+
+    folder = tmp_path / "bart"
+    transformers.BartConfig(d_model=8, encoder_layers=1, decoder_layers=1,
+                            encoder_attention_heads=2, decoder_attention_heads=2,
+                            encoder_ffn_dim=16, decoder_ffn_dim=16,
+                            is_encoder_decoder=False).save_pretrained(folder)
+    with pytest.raises(BertflowError, match="is a bart model .*not a decoder-only, encoder-dec"):
+        load_encoder(folder)
+
+
+def test_a_model_that_returns_tuples_is_read_by_name(distil_encoder_dir, tmp_path):
+    """`return_dict: false` in a config (the model then returns tuples) changes nothing."""
+    folder = _edit_config(distil_encoder_dir, tmp_path / "tuples", return_dict=False)
+    for pooling in ("cls", "first_last"):
+        np.testing.assert_array_equal(load_encoder(folder, device="cpu").encode(SENTENCES, pooling),
+                                      load_encoder(distil_encoder_dir, device="cpu").encode(
+                                          SENTENCES, pooling))
 
 
 def test_progress_advances_per_batch_within_a_chunk(tiny_encoder, tiny_encoder_dir, tmp_path,
