@@ -126,7 +126,7 @@ def _transform(args: argparse.Namespace) -> None:
         head = FlowHead.load(args.head)
         given = _load_encoder(args) if args.encoder else None
         x, origin = open_embeddings(args.embeddings, pooling=args.pooling, encoder=given)
-        head.check(x.dim, origin["encoder"], origin["pooling"])
+        head.check(x.dim, origin["encoder"], origin["pooling"], origin["max_length"])
         z, source = head.transform(x.load()), origin["corpus"]
     write_transformed(args.out, z, head.describe(), source, out)
     print(f"wrote {args.out}: {z.shape[0]} × {z.shape[1]}")

@@ -285,7 +285,8 @@ _ENCODER_OF_HEAD = ("encoder folder (default: the one the head records, checked 
 _HEADS_POOLING = f"the head's, else {DEFAULT_POOLING}"
 _HEADS_MAX_LENGTH = f"the head's, else {DEFAULT_MAX_LENGTH}"
 _CORPUS_HELP = "text file of one sentence a line, or a BEIR corpus.jsonl (a file named *.jsonl)"
-_CACHE_HELP = "embedding cache folder (default: $BERTFLOW_CACHE, else ~/.cache/bertflow)"
+_CACHE_HELP = ("embedding cache folder (default: $BERTFLOW_CACHE/embeddings, else "
+               "~/.cache/bertflow/embeddings)")
 
 
 def _quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -127,11 +127,12 @@ class FlowHead(nn.Module):
             raise BertflowError(f"a {self.method} head projects: it has no density")
 
     def check(self, dim: int | None = None, encoder: EncoderId | None = None,
-              pooling: str | None = None) -> None:
+              pooling: str | None = None, max_length: int | None = None) -> None:
         """Refuse embeddings this head was not fit for, naming both sides."""
         if dim is not None and dim != self.dim:
-            raise BertflowError(
-                f"head expects {self.dim}-d embeddings{self._origin()}, got {dim}-d embeddings")
+            theirs = f" from encoder {encoder}" if encoder is not None else ""
+            raise BertflowError(f"head expects {self.dim}-d embeddings{self._origin()}, "
+                                f"got {dim}-d embeddings{theirs}")
         mine = self.encoder
         if encoder is not None and mine is not None and encoder.fingerprint != mine.fingerprint:
             raise BertflowError(f"head was fit on embeddings from encoder {mine}, "
@@ -139,6 +140,9 @@ class FlowHead(nn.Module):
         if pooling is not None and self.pooling is not None and pooling != self.pooling:
             raise BertflowError(f"head was fit on {self.pooling} pooling, "
                                 f"but these embeddings use {pooling} pooling")
+        if max_length is not None and self.max_length is not None and max_length != self.max_length:
+            raise BertflowError(f"head was fit on embeddings of at most {self.max_length} tokens, "
+                                f"but these were cut at {max_length}")
 
     def settings(self, encoder: Encoder, pooling: str | None = None,
                  max_length: int | None = None) -> tuple[str, int]:

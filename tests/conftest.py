@@ -137,7 +137,7 @@ def corpus_file(tmp_path) -> Path:
     return path
 
 
-def fit_tiny_head(encoder, pooling: str, seed: int = 0):
+def fit_tiny_head(encoder, pooling: str, seed: int = 0, max_length: int = 32):
     """A small head fit on the tiny encoder's embeddings of a few hundred word salads."""
     import numpy as np
 
@@ -145,8 +145,8 @@ def fit_tiny_head(encoder, pooling: str, seed: int = 0):
 
     rng = np.random.default_rng(seed)
     lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 9))) for _ in range(200)]
-    x = encoder.encode(lines + SENTENCES, pooling)
-    return FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=32,
+    x = encoder.encode(lines + SENTENCES, pooling, max_length=max_length)
+    return FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
                         flow=FlowConfig(levels=2, depth=2, linear="lu"),
                         train=TrainConfig(epochs=2, seed=seed))
 

@@ -152,7 +152,7 @@ def test_bad_embeddings(tmp_path, capsys, fitted):
 
 
 def test_mismatched_head(tmp_path, capsys, fitted, corpus_file, other_encoder_dir,
-                         tiny_encoder_dir):
+                         tiny_encoder_dir, wide_encoder_dir):
     out = tmp_path / "z.npy"
     assert_refused(capsys, ["transform", "--head", fitted, "--sentences", corpus_file,
                             "--encoder", other_encoder_dir, "--out", out],
@@ -162,6 +162,16 @@ def test_mismatched_head(tmp_path, capsys, fitted, corpus_file, other_encoder_di
         "--pooling", "mean")
     assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", emb, "--out", out],
                    "fit on cls pooling, but these embeddings use mean pooling", out)
+    short = tmp_path / "short.npy"
+    run(capsys, "encode", corpus_file, "--out", short, "--encoder", tiny_encoder_dir,
+        "--pooling", "cls", "--max-length", "16")
+    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", short, "--out", out],
+                   "fit on embeddings of at most 128 tokens, but these were cut at 16", out)
+    wide = tmp_path / "wide.npy"
+    run(capsys, "encode", corpus_file, "--out", wide, "--encoder", wide_encoder_dir,
+        "--pooling", "cls")
+    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", wide, "--out", out],
+                   "cls pooling), got 24-d embeddings from encoder tiny-bert-wide", out)
     assert_refused(capsys, ["transform", "--head", tmp_path / "nohead", "--embeddings", emb,
                             "--out", out], "no flow head folder", out)
     (fitted / "model.safetensors").write_bytes(b"garbage")

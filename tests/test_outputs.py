@@ -33,7 +33,7 @@ def world(tmp_path_factory, tiny_encoder_dir, tiny_encoder):
     code = main(["encode", str(corpus), "--out", str(root / "emb.npy"), "--encoder",
                  str(root / "enc"), "--pooling", "cls", "--cache", str(root / "cache")])
     assert code == 0
-    fit_tiny_head(tiny_encoder, "cls").save(root / "head")
+    fit_tiny_head(tiny_encoder, "cls", max_length=128).save(root / "head")  # as emb.npy
     write_stsb(root / "data" / "STSBenchmark", rows_per_split=6)
     (root / "d").mkdir()
     (root / "d" / "s.txt").write_text("a big red car\nmusic\n")
