@@ -305,13 +305,18 @@ def _check_weights(model: Any, loaded: dict[str, Any], name: str | os.PathLike |
     another shape, or a layer the config has no place for): such a model would run on random
     weights. Only a missing pooler is allowed (bertflow never reads it); it is zeroed, so that
     the encoder's fingerprint is the same at every load."""
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
+
+    def own_names(keys: Any) -> list[str]:  # older transformers name some keys as the file does
+        return sorted(key.removeprefix(prefix) for key in keys or ())
+
     mismatched = sorted(loaded.get("mismatched_keys") or ())
     if mismatched:
         key, found, wanted = mismatched[0]
         raise BertflowError(f"encoder {name}: its weights do not fit its config.json: {key} is "
                             f"{tuple(found)} in the weights, {tuple(wanted)} in the model "
                             f"({len(mismatched)} such tensors)")
-    missing = sorted(loaded.get("missing_keys") or ())
+    missing = own_names(loaded.get("missing_keys"))
     lacking = [key for key in missing if not key.startswith("pooler.")]
     if lacking:
         raise BertflowError(f"encoder {name}: its weights lack {len(lacking)} tensors that its "
@@ -319,8 +324,8 @@ def _check_weights(model: Any, loaded: dict[str, Any], name: str | os.PathLike |
                             "or a config.json from another model")
     own = {child for child, _ in model.named_children()}
     buffers = {buffer for buffer, _ in model.named_buffers()}
-    extra = sorted(key for key in loaded.get("unexpected_keys") or ()
-                   if key.split(".")[0] in own and key not in buffers)
+    extra = [key for key in own_names(loaded.get("unexpected_keys"))
+             if key.split(".")[0] in own and key not in buffers]
     if extra:
         raise BertflowError(f"encoder {name}: its weights hold {len(extra)} tensors that its "
                             f"config.json has no place for ({extra[0]}, ...): a config.json "
