@@ -22,6 +22,12 @@ KINDS = ("flat", "hnsw")  # by name; any other kind is an index_factory string
 # (faiss.ClusteringParameters: min_points_per_centroid, max_points_per_centroid).
 MIN_PER_CENTROID, MAX_PER_CENTROID = 39, 256
 TRAIN_SEED = 0  # of the sample of the vectors a trained kind learns from
+# FAISS takes these from an index_factory string and then crashes or hangs on them: a size of
+# 0 (IVF0, PQ8x0, PCA0, NSG0, ...), an HNSW graph of one neighbour (a segfault), an NSG graph
+# of under 8 (its build never ended on 300 vectors at 1 to 7)
+_ZERO = re.compile(r"(?<![\d.])0+(?![\d.])")
+_GRAPH = re.compile(r"(HNSW|NSG)(\d+)")
+_GRAPH_MIN = {"HNSW": 2, "NSG": 8}
 
 
 def faiss_module() -> Any:
@@ -44,6 +50,10 @@ def make(kind: str, dim: int, dims: int, hnsw_m: int = 32) -> Any:
     elif kind == "hnsw":
         inner = faiss.IndexHNSWFlat(dims, hnsw_m, faiss.METRIC_INNER_PRODUCT)
     else:
+        small = [f"{g}{n}" for g, n in _GRAPH.findall(kind) if int(n) < _GRAPH_MIN[g]]
+        if _ZERO.search(kind) or small:
+            raise BertflowError(f"index kind {kind!r}: its sizes must be at least 1, an HNSW "
+                                "graph's neighbours at least 2 and an NSG graph's at least 8")
         try:
             inner = faiss.index_factory(dims, kind, faiss.METRIC_INNER_PRODUCT)
         except RuntimeError as e:

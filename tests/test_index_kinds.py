@@ -105,7 +105,11 @@ def test_refusals(easy, tiny_encoder, monkeypatch):
             ("", "an index kind is flat, hnsw or a FAISS index_factory string"),
             ("OPQ8,IVF16,PQ8x4", "k-means of 256 centroids, which needs at least 9984 "
                                  "vectors .39 a centroid.; got 2000"),
-            ("IVF64,Flat", "needs at least 2496 vectors")):
+            ("IVF64,Flat", "needs at least 2496 vectors"),
+            *((kind, "sizes must be at least 1, an HNSW graph's neighbours at least 2 and an "
+                     "NSG graph's at least 8")
+              for kind in ("IVF0,Flat", "PCA0,Flat", "IVF4,PQ8x0", "HNSW0", "HNSW1",
+                           "IVF4_HNSW0,Flat", "NSG0", "NSG7"))):
         with pytest.raises(BertflowError, match=message) as caught:
             Index.from_embeddings(x, items, pooling="mean", kind=kind)
         assert "\n" not in str(caught.value) and ".cpp" not in str(caught.value)
@@ -119,7 +123,8 @@ def test_refusals(easy, tiny_encoder, monkeypatch):
     # Index.build refuses before it encodes
     monkeypatch.setattr(type(tiny_encoder), "encode", lambda *a, **k: pytest.fail("encoded"))
     for options, message in (({"kind": "IVF64,Flat"}, "needs at least 2496 vectors .*; got 8"),
-                             ({"kind": "IVF2,Flat", "dims": 9}, "dims must be between 1 and 8"),
+                             ({"kind": "IVF2,Flat", "dims": 9},
+                              "dims must be 16 .all. or between 1 and 8"),
                              ({"kind": "PQ3"}, "multiple of")):
         with pytest.raises(BertflowError, match=message):
             Index.build(SENTENCES, tiny_encoder, **options)

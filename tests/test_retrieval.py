@@ -64,8 +64,10 @@ def test_hnsw_and_reduced_indexes(head, tiny_encoder, items):
     p = unit(centred @ top.T)
     scores, ids = small.search_embeddings(x[:10], k=3)
     np.testing.assert_allclose(scores, np.take_along_axis(p[:10] @ p.T, ids, 1), atol=1e-4)
-    with pytest.raises(BertflowError, match="dims must be between 1 and 16"):
+    with pytest.raises(BertflowError, match="dims must be 16 .all. or between 1 and 16"):
         Index.from_embeddings(x, items, dims=17)
+    every = Index.from_embeddings(x[:8], items[:8], dims=16)  # all 16 of 8 rows: no PCA
+    assert every.search_embeddings(x[:2], k=1)[1][:, 0].tolist() == [0, 1]
 
 
 def test_save_load_round_trip(tmp_path, head, tiny_encoder, items):
