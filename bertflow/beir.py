@@ -94,6 +94,8 @@ def read_qrels(path: str | os.PathLike, documents: Collection[str] | None = None
         except ValueError:
             raise BertflowError(f"{path} line {number}: the score {score!r} is not an "
                                 "integer") from None
+        if not -2**31 <= relevance < 2**31:  # pytrec_eval keeps a C int
+            raise BertflowError(f"{path} line {number}: the score {score} is out of range")
         for given, known, what in ((query, queries, "query"), (doc, documents, "document")):
             if known is not None and given not in known:
                 raise BertflowError(f"{path} line {number}: no {what} with id {given!r} "
@@ -157,7 +159,8 @@ def _document(path: Path, number: int, record: dict[str, Any]) -> str:
     title = record.get("title")
     if title is not None and not isinstance(title, str):
         raise BertflowError(f"{path} line {number}: \"title\" is not a string")
-    return document(title or "", _field(path, number, record, "text"))
+    return document(_unicode(path, number, "title", title or ""),
+                    _field(path, number, record, "text"))
 
 
 def _field(path: Path, number: int, record: dict[str, Any], key: str) -> str:
@@ -168,6 +171,16 @@ def _field(path: Path, number: int, record: dict[str, Any], key: str) -> str:
         return str(value)
     if not isinstance(value, str):
         raise BertflowError(f"{path} line {number}: {key!r} is not a string")
+    return _unicode(path, number, key, value)
+
+
+def _unicode(path: Path, number: int, key: str, value: str) -> str:
+    """`value`, refused where JSON's escapes made it no Unicode text (a lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BertflowError(f"{path} line {number}: {key!r} is not valid Unicode (a lone "
+                            "surrogate)") from None
     return value
 
 

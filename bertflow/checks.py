@@ -35,6 +35,8 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         raise BertflowError(f"{', '.join(given)} apply to --method flow only")
     if args.command == "eval":
         _check_eval(args)
+    if args.command == "eval" and method == "raw" and args.fit_on is not None:
+        raise BertflowError("--fit-on applies to a method that is fit, not to --method raw")
     if getattr(args, "head", None) is not None and args.command == "eval":
         if args.fit_on is not None:
             raise BertflowError("--fit-on does not apply to --head: the head is already fit")

@@ -104,6 +104,10 @@ BAD_CORPUS = [  # (corpus.jsonl, the line named, what the message says)
      "duplicate id 'd1' (also on line 1)"),
     ('{"_id": "d1", "text": "a"}\n\n{"_id": "d2", "text": "b"}\n', 2,
      "is blank: expected one JSON object per line"),
+    ('{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": "b\\ud800"}\n', 2,
+     "'text' is not valid Unicode (a lone surrogate)"),
+    ('{"_id": "d1", "text": "a", "title": "\\udfff"}\n', 1,
+     "'title' is not valid Unicode"),
 ]
 
 
@@ -137,6 +141,9 @@ BAD_FOLDERS = [  # (what to write, the file and line named, what the message say
     ({"test": "q1\td1\t1\n"}, "test.tsv line 1", "expected the header"),
     ({"test": tsv([("q1", "d1", "high")])}, "test.tsv line 2", "'high' is not an integer"),
     ({"test": tsv([]) + "q1 d1 1\n"}, "test.tsv line 2", "separated by tabs"),
+    ({"test": tsv([("q1", "d1", 2**31)])}, "test.tsv line 2", "score 2147483648 is out of range"),
+    ({"queries": '{"_id": "q1", "text": "\\ud800"}\n'}, "queries.jsonl line 1",
+     "not valid Unicode"),
     ({"test": tsv([("q1", "d1", 1), ("q1", "d1", 0)])}, "test.tsv line 3", "judged twice"),
     ({"test": tsv([("q1", "d1", 1)]) + "\n" + "q3\td5\t1\n"}, "test.tsv line 3", "is blank"),
     ({"corpus": '{"_id": "d1", "text": "caf\u00e9"}\n'.encode("latin-1")},

@@ -235,6 +235,8 @@ def test_cli_eval_retrieval_refusals(beir, tmp_path, capsys):
         (["--data", tmp_path, "--split", "train"], "--split applies to --retrieval"),
         (["--retrieval", beir, "--head", missing, "--fit-on", "corpus"],
          "--fit-on does not apply to --head"),
+        (["--retrieval", beir, "--method", "raw", "--fit-on", "queries"],
+         "--fit-on applies to a method that is fit, not to --method raw"),
         (["--retrieval", beir, "--json", beir / "rows.json"], "rows.json"),
     ]
     for args, message in cases:
