@@ -39,11 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         if launched:
             args.device = distributed.join(args.device)
         args.run(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
     except PeerError:
         return 1  # the process that failed says why
     except KeyboardInterrupt:
         print("bertflow: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of the output went away (`| head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as e:  # every failure ends in one line, unless asked for the traceback
         if debug:
             raise

@@ -687,3 +687,15 @@ def test_diagnose_leaves_a_folder_of_the_users_plots_alone(tmp_path, capsys, inp
                    "replacing it", tmp_path / "none")
     assert [p.name for p in mine.iterdir()] == ["spectrum.png"]
     assert (mine / "spectrum.png").read_text() == "mine\n"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`bertflow ... | head`: the closed pipe ends the command with 141 and no error line."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "bertflow", "recipes"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    assert process.wait(timeout=120) == 141
+    assert process.stderr.read() == b""
