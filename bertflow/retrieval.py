@@ -231,7 +231,8 @@ class Index:
             raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
         head = FlowHead.load(path / _HEAD) if config["head"] else None
         if head is not None:
-            head.check(encoder=encoder, pooling=config["pooling"])
+            head.check(encoder=encoder, pooling=config["pooling"],
+                       max_length=config["max_length"])
             if head.out_dim != dim:
                 raise BertflowError(f"{path}: its head gives {head.out_dim}-d vectors, its "
                                     f"index holds {dim}-d ones")

@@ -213,6 +213,9 @@ def test_a_tampered_index_is_refused(saved, tiny_encoder, items):
     edit_config(saved, pooling="cls")  # the head was fit on mean pooling
     with pytest.raises(BertflowError, match="cls"):
         Index.load(saved)
+    edit_config(saved, pooling="mean", max_length=config["max_length"] // 2)
+    with pytest.raises(BertflowError, match="fit on embeddings of at most"):
+        Index.load(saved)
     edit_config(saved, pooling="mean", head=False)
     with pytest.raises(BertflowError, match="disagree on a head"):
         Index.load(saved)
