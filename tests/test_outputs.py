@@ -93,7 +93,7 @@ CASES = [
       "corpus.txt", *ENC], f"--json corpus.txt is {INPUT} (--fit-on corpus.txt)"),
     (["eval", "--data", "data", "--fit-on", "target", "corpus.txt", "--json",
       "corpus-link.json", *ENC], f"is {INPUT} (--fit-on corpus.txt)"),
-    (["eval", "--data", "data", "--method", "raw", "--fit-on", "corpus.txt", "--json",
+    (["eval", "--data", "data", "--method", "standardize", "--fit-on", "corpus.txt", "--json",
       "corpus-hard.json", *ENC], f"is {INPUT} (--fit-on corpus.txt)"),
     (["eval", "--data", "data", "--head", "head", "--json", "head/model.safetensors"],
      f"is inside {INPUT} (--head head)"),
