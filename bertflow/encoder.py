@@ -345,26 +345,25 @@ def check_architecture(config: Any, name: str | os.PathLike | None) -> None:
     named = ", ".join(getattr(config, "architectures", None) or []) or "no architectures named"
     supported = ("bertflow pools the hidden states of a bidirectional text encoder (BERT, RoBERTa, "
                  "MPNet, DistilBERT, ... : a kind with a masked-language-model head)")
-    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and getattr(config, "is_decoder", False):
+    if kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or _encoder_decoder(config):
+        raise BertflowError(f"encoder {name} is a {kind} model ({named}): {supported}, not a "
+                            "decoder-only, encoder-decoder or vision model")
+    if getattr(config, "is_decoder", False):
         raise BertflowError(f"encoder {name} is a {kind} model ({named}) set to run as a decoder "
                             f"(is_decoder: true in its config.json): {supported}")
-    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not _encoder_decoder(config):
-        if getattr(config, "num_hidden_layers", None) == 0:
-            raise BertflowError(f"encoder {name} has no Transformer layers (num_hidden_layers: 0 "
-                                "in its config.json)")
-        return
-    raise BertflowError(f"encoder {name} is a {kind} model ({named}): {supported}, not a "
-                        "decoder-only, encoder-decoder or vision model")
+    if getattr(config, "num_hidden_layers", None) == 0:
+        raise BertflowError(f"encoder {name} has no Transformer layers (num_hidden_layers: 0 in "
+                            "its config.json)")
 
 
 def _encoder_decoder(config: Any) -> bool:
     """Whether `config` describes an encoder-decoder, by its own flag or by its kind's default
     (a BART folder that says otherwise is still one)."""
     try:
-        default = bool(type(config)().is_encoder_decoder)
+        default = type(config)().is_encoder_decoder
     except Exception:  # a config class that needs arguments: its own flag decides
         default = False
-    return bool(getattr(config, "is_encoder_decoder", False)) or default
+    return bool(getattr(config, "is_encoder_decoder", False) or default)
 
 
 def resolve_encoder(encoder: Encoder | str | os.PathLike | None,

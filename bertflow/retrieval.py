@@ -244,10 +244,10 @@ def _plan(kind: str, dim: int, dims: int | None, count: int, hnsw_m: int = 32
           ) -> tuple[Any, int]:
     """The empty index of `kind` for `count` vectors of `dim` dimensions, PCA to `dims`, and
     how many of them it is trained on; refused where that cannot be."""
-    if dims is not None and dims != dim and not 1 <= dims <= min(dim, count):
+    dims = None if dims == dim else dims  # all of them: no PCA to train
+    if dims is not None and not 1 <= dims <= min(dim, count):
         raise BertflowError(f"dims must be {dim} (all) or between 1 and {min(dim, count)} "
                             f"(the dimension and the number of items), got {dims}")
-    dims = None if dims == dim else dims  # all of them: no PCA to train
     index = make(kind, dim, dims or dim, hnsw_m)
     return index, training_rows(index, kind, count)
 
