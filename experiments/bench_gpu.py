@@ -86,7 +86,8 @@ def speed(args: argparse.Namespace, device, work: Path, out: Path) -> dict:
     """bench_encode.py (with its per-operator profile) on each encoder."""
     rows = []
     for encoder in args.encoder or [None]:
-        found = out / f"bench_encode-{slug(encoder_name(encoder))}.json"
+        named = f"-{encoder_name(encoder)}" if encoder else ""  # as bench_encode names its .md
+        found = out / f"bench_encode-{device.type}{named}.json"
         subprocess.run([sys.executable, str(HERE / "bench_encode.py"), "--data", str(args.data),
                         "--device", str(device), "--sentences", str(args.bench_sentences),
                         "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),

@@ -34,7 +34,8 @@ def test_every_step_runs_and_a_later_step_keeps_the_others(tmp_path, tiny_encode
     assert resume["rows_when_killed"] == 16384 and resume["identical"]
     (speed,) = results["steps"]["speed"]["encoders"]
     assert speed["sentences"] == 32 and speed["ratio_fp32"] > 0 and "bfloat16" in speed["profile"]
-    assert (folder / f"bench_encode-cpu-{tiny_encoder_dir.name}.md").exists()
+    for suffix in ("md", "json"):
+        assert (folder / f"bench_encode-cpu-{tiny_encoder_dir.name}.{suffix}").exists()
 
     folder, results = bench_gpu(tmp_path, tiny_encoder_dir, "torchrun")
     assert set(results["steps"]) == {"speed", "resume", "torchrun"}

@@ -162,16 +162,16 @@ def test_mismatched_head(tmp_path, capsys, fitted, corpus_file, other_encoder_di
         "--pooling", "mean")
     assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", emb, "--out", out],
                    "fit on cls pooling, but these embeddings use mean pooling", out)
-    short = tmp_path / "short.npy"
-    run(capsys, "encode", corpus_file, "--out", short, "--encoder", tiny_encoder_dir,
-        "--pooling", "cls", "--max-length", "16")
-    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", short, "--out", out],
-                   "fit on embeddings of at most 128 tokens, but these were cut at 16", out)
-    wide = tmp_path / "wide.npy"
-    run(capsys, "encode", corpus_file, "--out", wide, "--encoder", wide_encoder_dir,
-        "--pooling", "cls")
-    assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", wide, "--out", out],
-                   "cls pooling), got 24-d embeddings from encoder tiny-bert-wide", out)
+    for encoder, options, message in (
+            (tiny_encoder_dir, ["--max-length", "16"],
+             "fit on embeddings of at most 128 tokens, but these were cut at 16"),
+            (wide_encoder_dir, [],
+             "cls pooling), got 24-d embeddings from encoder tiny-bert-wide")):
+        other = tmp_path / f"{encoder.name}.npy"
+        run(capsys, "encode", corpus_file, "--out", other, "--encoder", encoder, "--pooling",
+            "cls", *options)
+        assert_refused(capsys, ["transform", "--head", fitted, "--embeddings", other,
+                                "--out", out], message, out)
     assert_refused(capsys, ["transform", "--head", tmp_path / "nohead", "--embeddings", emb,
                             "--out", out], "no flow head folder", out)
     (fitted / "model.safetensors").write_bytes(b"garbage")

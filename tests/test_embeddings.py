@@ -720,7 +720,7 @@ def test_an_input_at_the_lock_path_is_refused_and_left_whole(tmp_path, capsys,
     line = refused(capsys, "encode", corpus, "--out", tmp_path / "p.npy", "--encoder",
                    tiny_encoder_dir, "--no-cache")
     assert f"{corpus} is not a lock bertflow made" in line
-    fit_tiny_head(tiny_encoder, "mean", max_length=128).save(tmp_path / "head")
+    fit_tiny_head(tiny_encoder, "mean").save(tmp_path / "head")
     before = snapshot(tmp_path)
     line = refused(capsys, "transform", "--head", tmp_path / "head", "--sentences", corpus,
                    "--encoder", tiny_encoder_dir, "--out", tmp_path / "p.npy")
