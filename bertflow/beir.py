@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,8 @@ def _id(path: Path, number: int, record: dict[str, Any], seen: dict[str, int]) -
     key = _field(path, number, record, "_id")
     if not key.strip():
         raise BertflowError(f"{path} line {number}: '_id' is empty")
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in key):
+        raise BertflowError(f"{path} line {number}: '_id' {key!r} holds a control character")
     if key in seen:
         raise BertflowError(f"{path} line {number}: duplicate id {key!r} (also on line "
                             f"{seen[key]})")

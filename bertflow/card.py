@@ -115,9 +115,10 @@ def model_card(head: FlowHead, encoder: Encoder, max_length: int, normalized: bo
         "print(model.similarity(embeddings, embeddings))", "```", "",
         "`load_pipeline` checks every file against `manifest.json`, builds only bertflow's and "
         "sentence-transformers' module classes (nothing is unpickled) and refuses a head fit "
-        "on another encoder, pooling, dimension or maximum length. "
-        f'`SentenceTransformer("{name}", trust_remote_code=True)` builds the same model, but '
-        "that flag lets a folder import any Python class. Either needs "
-        "`pip install bertflow[st]`.", "",
+        "on another encoder, pooling, dimension or maximum length; it returns a "
+        "`SentenceTransformer`, and needs `pip install bertflow[st]`. "
+        f'`SentenceTransformer("{name}")` refuses the folder: sentence-transformers imports '
+        "only its own module classes unless given `trust_remote_code=True`, which lets a "
+        "folder import and run any Python code; never pass it for a folder you received.", "",
     ]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -306,10 +307,22 @@ def _search(args: argparse.Namespace) -> None:
                 {"id": h.id, "score": h.score, "item": h.item, "line": h.line} for h in hits]},
                 ensure_ascii=False))
             continue
-        print(f"{key}  {query}" if args.queries else query)
-        width = max((len(hit.id) for hit in hits), default=1)
+        print(_printable(f"{key}  {query}" if args.queries else query))
+        width = max((len(_printable(hit.id)) for hit in hits), default=1)
         for rank, hit in enumerate(hits, 1):
-            print(f"  {rank:3d}  {hit.score:.4f}  {hit.id:<{width}}  {hit.item}")
+            print(f"  {rank:3d}  {hit.score:.4f}  {_printable(hit.id):<{width}}  "
+                  f"{_printable(hit.item)}")
+
+
+def _printable(text: str) -> str:
+    """`text` for a terminal, one line: control characters (newlines, escape sequences), line
+    separators and bidirectional overrides written as escapes, so that no text can forge a row
+    or reach the terminal as a command."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if _CONTROL.match(c) else c
+                   for c in text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def _head_and_encoder(args: argparse.Namespace, flow: bool = False) -> tuple[Any, Any]:

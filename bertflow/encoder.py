@@ -17,6 +17,7 @@ from .batches import check_batch_size, check_max_length, release_free_memory, to
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING, DTYPES, POOLINGS, PROGRESS_FROM
 from .encoder_id import EncoderId, fingerprint, locate, recorded_location
 from .errors import BertflowError, first_line
+from .files import read_json
 from .forward import FusedEncoder, supports_fused
 
 __all__ = ["CHUNK_SIZE", "Encoder", "check_architecture", "check_pooling", "encode",
@@ -266,12 +267,17 @@ def load_encoder(name_or_path: str | os.PathLike | None = None,
     if not os.path.isfile(os.path.join(source, "config.json")):
         raise BertflowError(f"encoder {name_or_path} has no config.json: not a model folder, or "
                             "a half-downloaded one")
+    # the kind is read from the file before transformers reads it: no Python file of the folder
+    # is ever imported, and nothing is asked on stdin (trust_remote_code is False throughout)
+    raw = read_json(os.path.join(source, "config.json"))
+    _check_kind(raw.get("model_type"), raw.get("architectures"), name_or_path)
+    local = {"local_files_only": True, "trust_remote_code": False}
     try:
-        config = transformers.AutoConfig.from_pretrained(source, local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(source, **local)
         check_architecture(config, name_or_path)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, **local)
         model, loaded = transformers.AutoModel.from_pretrained(
-            source, local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True)
+            source, **local, output_loading_info=True, ignore_mismatched_sizes=True)
     except BertflowError:
         raise
     except Exception as e:  # a truncated or pickled weights file fails deep in the loaders
@@ -339,21 +345,37 @@ def check_architecture(config: Any, name: str | os.PathLike | None) -> None:
     """Refuse a model that is not a bidirectional text encoder: one whose kind transformers
     pairs with a masked-language-model head (BERT, RoBERTa, MPNet, ...), used as an encoder,
     with at least one Transformer layer."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-    kind = getattr(config, "model_type", None) or "unknown"
-    named = ", ".join(getattr(config, "architectures", None) or []) or "no architectures named"
-    supported = ("bertflow pools the hidden states of a bidirectional text encoder (BERT, RoBERTa, "
-                 "MPNet, DistilBERT, ... : a kind with a masked-language-model head)")
-    if kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or _encoder_decoder(config):
-        raise BertflowError(f"encoder {name} is a {kind} model ({named}): {supported}, not a "
-                            "decoder-only, encoder-decoder or vision model")
+    kind, architectures = (getattr(config, key, None) for key in ("model_type", "architectures"))
+    _check_kind(kind, architectures, name, _encoder_decoder(config))
     if getattr(config, "is_decoder", False):
-        raise BertflowError(f"encoder {name} is a {kind} model ({named}) set to run as a decoder "
-                            f"(is_decoder: true in its config.json): {supported}")
+        raise BertflowError(f"encoder {name} is a {kind} model ({_named(architectures)}) set to "
+                            f"run as a decoder (is_decoder: true in its config.json): {_SUPPORTED}")
     if getattr(config, "num_hidden_layers", None) == 0:
         raise BertflowError(f"encoder {name} has no Transformer layers (num_hidden_layers: 0 in "
                             "its config.json)")
+
+
+_SUPPORTED = ("bertflow pools the hidden states of a bidirectional text encoder (BERT, RoBERTa, "
+              "MPNet, DistilBERT, ... : a kind with a masked-language-model head)")
+
+
+def _named(architectures: Any) -> str:
+    names = architectures if isinstance(architectures, list) else []
+    return ", ".join(str(a) for a in names) or "no architectures named"
+
+
+def _check_kind(kind: Any, architectures: Any, name: str | os.PathLike | None,
+                encoder_decoder: bool = False) -> None:
+    """Refuse a `kind` (config.json's model_type) that transformers does not pair with a
+    masked-language-model head, or an encoder-decoder."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if not isinstance(kind, str) or not kind:
+        raise BertflowError(f"encoder {name}: its config.json names no model_type (the kind of "
+                            f"model): {_SUPPORTED}")
+    if kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or encoder_decoder:
+        raise BertflowError(f"encoder {name} is a {kind} model ({_named(architectures)}): "
+                            f"{_SUPPORTED}, not a decoder-only, encoder-decoder or vision model")
 
 
 def _encoder_decoder(config: Any) -> bool:

@@ -296,6 +296,36 @@ def test_commands_refuse_bad_beir_input_in_one_line(tmp_path, capsys, folder, ti
     assert not (tmp_path / "e.npy").exists() and not (tmp_path / "i2").exists()
 
 
+def test_search_text_output_is_one_row_a_hit_whatever_the_documents_hold(tmp_path, capsys,
+                                                                         tiny_encoder_dir):
+    """A document or query holding newlines, terminal escapes (an OSC 52 clipboard write,
+    colours) or a bidirectional override is printed escaped: it forges no hit row and sends the
+    terminal nothing; an id holding a control character is refused."""
+    forged = "a dog\nFAKE   2  0.9999  d9  forged hit\x1b]52;c;ZWNobyBoaQ==\x07\x1b[31mred\u202e"
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{n}", "text": text}) + "\n" for n, text in
+                              enumerate([forged, "a cat eats food", "a red car"], 1)))
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text(json.dumps({"_id": "q1", "text": "a dog\x1b[2J"}) + "\n")
+    idx = str(tmp_path / "idx")
+    assert main(["index", str(corpus), "--out", idx, "--pooling", "mean", "--quiet",
+                 "--encoder", str(tiny_encoder_dir)]) == 0
+    capsys.readouterr()
+    assert main(["search", "--index", idx, "--queries", str(queries), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\u202e") and len(out.splitlines()) == 4, out
+    assert out.splitlines()[0] == "q1  a dog\\x1b[2J"
+    assert any(row.endswith("d1  a dog\\nFAKE   2  0.9999  d9  forged hit\\x1b]52;c;ZWNobyBoaQ=="
+                            "\\x07\\x1b[31mred\\u202e") for row in out.splitlines()), out
+    for bad_id in ("d\n1", "d\x1b1", "d\u20281"):
+        corpus.write_text(json.dumps({"_id": bad_id, "text": "a dog"}) + "\n")
+        assert main(["index", str(corpus), "--out", str(tmp_path / "bad"), "--quiet",
+                     "--encoder", str(tiny_encoder_dir)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{corpus} line 1: '_id'" in err[0] and "control" in err[0]
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.integration
 def test_the_real_scifact_folder():
     folder = data_dir() / "beir" / "scifact"

@@ -445,3 +445,47 @@ def test_progress_advances_per_batch_within_a_chunk(tiny_encoder, tiny_encoder_d
     assert main(["encode", str(corpus), "--out", str(tmp_path / "x.npy"), "--encoder",
                  str(tiny_encoder_dir), "--encode-batch-size", "3", "--no-cache"]) == 0
     assert steps == [3, 3, 2]
+
+
+_PAYLOAD = "import pathlib, os\npathlib.Path(os.environ['MARKER']).write_text('ran')\n"
+
+
+@pytest.mark.parametrize("where", ["unknown kind", "known kind", "tokenizer"])
+def test_no_code_from_an_encoder_folder_ever_runs(where, tiny_encoder_dir, tmp_path):
+    """A folder that names its own Python code (auto_map) never gets it run, even with "y" on
+    stdin: an unknown kind is refused before transformers reads the folder, a known kind and
+    its tokenizer load transformers' own classes, and nothing is copied into the modules cache."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "received"
+    shutil.copytree(tiny_encoder_dir, folder)
+    (folder / "custom.py").write_text(_PAYLOAD + "from transformers import BertConfig as "
+                                      "CustomConfig, BertModel as CustomModel\n"
+                                      "from transformers import BertTokenizerFast as CustomTok\n")
+    config = json.loads((folder / "config.json").read_text())
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    if where == "tokenizer":
+        tokenizer_config["auto_map"] = {"AutoTokenizer": ["custom.CustomTok", "custom.CustomTok"]}
+    else:
+        config["auto_map"] = {"AutoConfig": "custom.CustomConfig",
+                              "AutoModel": "custom.CustomModel"}
+    if where == "unknown kind":
+        config["model_type"] = "custombert"
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    env = {**os.environ, "MARKER": str(tmp_path / "marker"),
+           "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    probe = ("from bertflow import load_encoder\n"
+             f"print(load_encoder({str(folder)!r}).encode(['a man plays the guitar']).shape)")
+    done = subprocess.run([sys.executable, "-c", probe], input="y\ny\n", env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert not (tmp_path / "marker").exists(), done.stderr
+    assert not any((tmp_path / "modules").rglob("*.py"))
+    assert "Do you wish" not in done.stdout + done.stderr
+    if where == "unknown kind":
+        assert done.returncode == 1 and "is a custombert model" in done.stderr.splitlines()[-1]
+    else:
+        assert done.returncode == 0 and "(1, 16)" in done.stdout, done.stderr

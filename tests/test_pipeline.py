@@ -92,6 +92,28 @@ def test_load_pipeline_refuses_foreign_classes_and_bad_folders(tmp_path, heads, 
         load_pipeline(folder)
 
 
+def test_an_export_with_a_module_of_its_own_runs_no_code(tmp_path, heads, tiny_encoder):
+    """One more modules.json entry naming a Python file in the folder, re-signed: load_pipeline
+    refuses it before importing anything, so the file never runs."""
+    from bertflow.folders import write_manifest
+
+    folder = save_pipeline(build_pipeline(heads["cls"], tiny_encoder), tmp_path / "st")
+    marker = tmp_path / "ran"
+    (folder / "evil_module.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                           "from sentence_transformers.base.modules import "
+                                           "Normalize as Evil\n")
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": "",
+                    "type": "evil_module.Evil"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    write_manifest(folder, "bertflow-pipeline")
+    with pytest.raises(BertflowError, match="module class evil_module.Evil, which is neither"):
+        load_pipeline(folder)
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        SentenceTransformer(str(folder), device="cpu")
+    assert not marker.exists()
+
+
 def test_save_refuses_to_replace_another_folder(tmp_path, heads, tiny_encoder):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("keep")
@@ -176,7 +198,7 @@ def test_the_export_writes_bertflows_model_card(tmp_path, heads, tiny_encoder):
                  "Glow", "wiki-sample.txt: 208 rows, sha256 abababababababab",
                  f"of {head.training_info['epochs_run']} |", "lr=", "unit length",
                  "from bertflow.pipeline import load_pipeline", 'load_pipeline("st")',
-                 "trust_remote_code=True"):
+                 "never pass it for a folder you received"):
         assert text in card, text
     assert "sentence-transformers](https://www.SBERT.net) model" not in card  # not ST's card
     manifest = json.loads((folder / "manifest.json").read_text())

@@ -94,7 +94,7 @@ CHECKS = {
     'search(["A man plays guitar."], k=2)': _guitar_finds_guitar,
     "--queries tiny/queries.jsonl --top 1 --json": _beir_queries_find_their_documents,
     "own = faiss.IndexFlatIP(": _ids_and_own_faiss,
-    "util.semantic_search(": _pipeline_finds_the_dogs,
+    'model.similarity(model.encode(["Where can dogs run?"])': _pipeline_finds_the_dogs,
 }
 
 
