@@ -30,9 +30,11 @@ def check_max_length(max_length: Any) -> int:
 
 def token_batches(tokenize: Callable[[Sequence[str]], Any], sentences: Sequence[str],
                   pad_id: int | None, limit: int | None, batch_size: int,
-                  slice_size: int = 512) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+                  slice_size: int = 512, unpadded: bool = False,
+                  ) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
     """The rows of each batch, longest sentences first, and the batch: right-padded to its
-    longest, rounded up by `padded_width` within the model's `limit` of positions, and masked.
+    longest, rounded up by `padded_width` within the model's `limit` of positions, and masked;
+    with `unpadded`, each batch holds sentences of one length alone, not padded at all.
     The sentences are `tokenize`d a slice at a time into flat int32 arrays (a tokenizer's own
     output for thousands of sentences takes tens of MB)."""
     parts: dict[str, list[np.ndarray]] = {}
@@ -49,11 +51,11 @@ def token_batches(tokenize: Callable[[Sequence[str]], Any], sentences: Sequence[
     fields = {key: np.concatenate(values) for key, values in parts.items()}
     pads = {"input_ids": pad_id or 0, "token_type_ids": 0, "special_tokens_mask": 1}
     order = np.argsort(-lengths, kind="stable")
-    for first in range(0, len(order), batch_size):
-        rows = order[first : first + batch_size]
+    runs = np.split(order, np.flatnonzero(np.diff(lengths[order])) + 1) if unpadded else [order]
+    for rows in (run[i : i + batch_size] for run in runs for i in range(0, len(run), batch_size)):
         row_lengths = lengths[rows]
         longest = int(row_lengths.max())
-        width = max(longest, min(padded_width(longest), limit or longest))
+        width = longest if unpadded else max(longest, min(padded_width(longest), limit or longest))
         batch = {key: np.full((len(rows), width), pads[key], dtype=np.int64) for key in fields}
         for j, (row, length) in enumerate(zip(rows, row_lengths, strict=True)):
             for key, values in fields.items():

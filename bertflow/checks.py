@@ -76,6 +76,8 @@ def _check_eval(args: argparse.Namespace) -> None:
         if args.split is not None:
             raise BertflowError("--split applies to --retrieval; --data scores each STS task's "
                                 "test pairs")
+        if args.ignore_identical_ids is not None:
+            raise BertflowError("--ignore-identical-ids applies to --retrieval, not to --data")
         return
     if args.tasks is not None:
         raise BertflowError("--tasks applies to --data (STS), not to --retrieval")

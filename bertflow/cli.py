@@ -9,12 +9,13 @@ import json
 import os
 import re
 import sys
+import warnings
 from typing import Any
 
 from .checks import FLOW_FIELDS, TRAIN_FIELDS, check_inputs, check_options, check_paths
 from .commands import build_parser as _parser
 from .constants import DEFAULT_POOLING, TASKS
-from .errors import BertflowError, PeerError, one_line
+from .errors import BertflowError, BertflowWarning, PeerError, one_line
 
 __all__ = ["build_parser", "main"]
 
@@ -26,6 +27,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
+        return _main(args)
+
+
+def _show_warning(show: Any, message: Warning | str, category: type[Warning], *args: Any,
+                  **kwargs: Any) -> None:
+    """bertflow's own warnings as one line on stderr; others as Python shows them."""
+    if issubclass(category, BertflowWarning):
+        print(f"bertflow: note: {message}", file=sys.stderr)
+    else:
+        show(message, category, *args, **kwargs)
+
+
+def _main(args: argparse.Namespace) -> int:
     debug = args.debug or os.environ.get("BERTFLOW_DEBUG", "") not in ("", "0")
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1  # as `distributed.launched`
     try:
@@ -166,11 +182,14 @@ def _eval(args: argparse.Namespace) -> None:
         from .retrieval_eval import evaluate_retrieval, format_retrieval_table
 
         rows = evaluate_retrieval(task, method if head is None else head, encoder,
-                                  EmbeddingCache(args.cache), **options)
+                                  EmbeddingCache(args.cache), **options,
+                                  ignore_identical_ids=args.ignore_identical_ids)
         if args.json is not None:
             write_json(args.json, rows, recheck=out)
+        left_out = ", a document whose id is the query's left out" * rows[0][
+            "ignore_identical_ids"]
         print(f"{task.name} ({task.split}: {len(task.queries)} queries, {len(task.corpus)} "
-              "documents), × 100:")
+              f"documents{left_out}), × 100:")
         print(format_retrieval_table(rows))
         return
     rows = evaluate.evaluate_method(tasks, missing, method if head is None else head, encoder,

@@ -168,6 +168,10 @@ def _eval(p: argparse.ArgumentParser) -> None:
                       help="a BEIR task's folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
     p.add_argument("--split", choices=("test", "train", "dev"), default=None,
                    help="the qrels --retrieval scores (default: test)")
+    p.add_argument("--ignore-identical-ids", action=argparse.BooleanOptionalAction,
+                   default=None, help="--retrieval: leave a document whose id is the query's out "
+                   "of its ranking (default: as MTEB does for the task: yes for arguana, quora, "
+                   "fiqa, msmarco and fever, no for the others)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
     which.add_argument("--method", choices=METHODS, default=None, help="default: flow")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -16,14 +17,22 @@ from . import st_api
 from .batches import check_batch_size, check_max_length, release_free_memory, token_batches
 from .constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING, DTYPES, POOLINGS, PROGRESS_FROM
 from .encoder_id import EncoderId, fingerprint, locate, recorded_location
-from .errors import BertflowError, first_line
+from .errors import BertflowError, BertflowWarning, first_line
 from .files import read_json
-from .forward import FusedEncoder, supports_fused
+from .forward import PROBE_TOLERANCE, fused_encoder, state_gap
 
 __all__ = ["CHUNK_SIZE", "Encoder", "check_architecture", "check_pooling", "encode",
            "load_encoder", "pool", "resolve_device", "resolve_dtype", "resolve_encoder"]
 
 CHUNK_SIZE = 8192  # sentences tokenised together, then encoded a batch at a time
+_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what the encoder is given
+# the load-time probe: a batch of about 40, 25 and 5 tokens, so with padding
+_PROBE = ("The old lighthouse keeper climbed the narrow spiral stairs every evening at dusk, "
+          "carrying a lamp, a notebook and a flask of tea, and wrote down the colour of the sea "
+          "and the ships he saw.",
+          "A man is playing a guitar in the park while two children dance and a dog sleeps "
+          "under the bench.",
+          "Rain again today.")
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -106,7 +115,55 @@ class Encoder:
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "right"
-        self.fused = FusedEncoder(self.model, self.dtype) if supports_fused(self.model) else None
+        inputs, own = self._probe()
+        self.num_layers = len(own) - 1
+        self.fused = fused_encoder(self.model, self.dtype, inputs, own, name)
+
+    def _probe(self) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
+        """A padded batch of `_PROBE` and the model's own float32 hidden states for it. A model
+        that cannot run on text alone, whose states are not one vector a token, or whose
+        forward changes the model itself (BigBird's block-sparse attention turns itself off
+        for good after a short input) is refused; one whose states at a sentence's tokens
+        change with the batch's padding (ConvBERT's convolutions, YOSO's attention) is run on
+        unpadded batches (`unpadded`), which is said once."""
+        kind = getattr(self.model.config, "model_type", "unknown")
+        length = min(64, self.max_tokens or 64)
+        batch = self.tokenize(_PROBE, length, padding=True, return_tensors="pt")
+        inputs = {k: batch[k].to(self.device) for k in _INPUTS if k in batch}
+        try:
+            states = self._own_states(inputs)
+            rows = [self._own_states({k: v[i : i + 1, : int(inputs["attention_mask"][i].sum())]
+                                      for k, v in inputs.items()})
+                    for i in range(len(_PROBE))]
+            again = self._own_states(inputs)
+        except Exception as e:
+            raise BertflowError(f"encoder {self.id.name} ({kind}) cannot embed text alone: "
+                                f"{type(e).__name__}: {first_line(e)}") from None
+        shape = (*inputs["input_ids"].shape, self.dim)
+        if len(states) < 2 or any(tuple(h.shape) != shape for h in states):
+            raise BertflowError(f"encoder {self.id.name} ({kind}): its hidden states are not "
+                                "one vector of its hidden size a token, as pooling reads them")
+        if not state_gap(again, states, inputs["attention_mask"]) <= PROBE_TOLERANCE:
+            hint = (' (set "attention_type": "original_full" in its config.json)'
+                    if hasattr(self.model.config, "attention_type") else "")
+            raise BertflowError(f"encoder {self.id.name} ({kind}): its forward changes the "
+                                "model itself (a batch gave other hidden states after shorter "
+                                "inputs), so a sentence's vector would depend on what was "
+                                f"encoded before it{hint}")
+        self.unpadded = not all(
+            state_gap([h[i : i + 1, : row[0].shape[1]] for h in states], row,
+                      inputs["attention_mask"][i : i + 1, : row[0].shape[1]]) <= PROBE_TOLERANCE
+            for i, row in enumerate(rows))
+        if self.unpadded:
+            warnings.warn(f"encoder {self.id.name} ({kind}): its hidden states at a sentence's "
+                          "tokens change with the padding of its batch; sentences are encoded "
+                          "in batches of one length, unpadded", BertflowWarning, stacklevel=3)
+        return inputs, states
+
+    def _own_states(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        with torch.inference_mode():
+            own = self.model(**inputs, output_hidden_states=True, return_dict=True)
+        return _cut(own.hidden_states, inputs["input_ids"])
 
     @property
     def dim(self) -> int:
@@ -122,10 +179,6 @@ class Encoder:
     def width(self, pooling: str = DEFAULT_POOLING) -> int:
         """The width of `pooling`'s embeddings."""
         return self.embedding_dim if check_pooling(pooling) == "static" else self.dim
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.model.config.num_hidden_layers)
 
     @property
     def precision(self) -> str:
@@ -210,7 +263,8 @@ class Encoder:
         out = {p: torch.empty(len(sentences), self.width(p), device=self.device)
                for p in poolings}
         for rows, batch in token_batches(lambda part: self.tokenize(part, max_length), sentences,
-                                         self.tokenizer.pad_token_id, self.max_tokens, batch_size):
+                                         self.tokenizer.pad_token_id, self.max_tokens, batch_size,
+                                         unpadded=self.unpadded):
             if self.device.type == "cuda":
                 batch = {k: v.pin_memory().to(self.device, non_blocking=True)
                          for k, v in batch.items()}
@@ -233,8 +287,7 @@ class Encoder:
         """The float32 hidden states and word embeddings `pool` reads for `poolings`, else None."""
         keep = {layer for p in poolings for layer in _LAYERS[check_pooling(p)]}
         hidden = words = None
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")
-                  if k in batch}
+        inputs = {k: batch[k] for k in _INPUTS if k in batch}
         if keep and self.fused is not None:
             hidden = self.fused(**inputs, keep=keep)
         elif keep:
@@ -242,13 +295,19 @@ class Encoder:
             with torch.autocast(self.device.type, dtype=self.dtype, enabled=low):
                 if keep == {-1}:  # the model keeps no other layer
                     last = self.model(**inputs, return_dict=True).last_hidden_state
-                    hidden = (*[None] * self.num_layers, last.float())
+                    hidden = (*[None] * self.num_layers, *_cut([last], inputs["input_ids"]))
                 else:
                     outputs = self.model(**inputs, output_hidden_states=True, return_dict=True)
-                    hidden = tuple(h.float() for h in outputs.hidden_states)
+                    hidden = _cut(outputs.hidden_states, inputs["input_ids"])
         if "static" in poolings:
             words = self.model.get_input_embeddings()(batch["input_ids"]).float()
         return hidden, words
+
+
+def _cut(states: Sequence[torch.Tensor], input_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`states` in float32 at the input's positions: kinds that pad the input to a multiple of
+    a block (BigBird) return the padded positions after them in every layer but the last."""
+    return tuple(h[:, : input_ids.shape[1]].float() for h in states)
 
 
 def load_encoder(name_or_path: str | os.PathLike | None = None,

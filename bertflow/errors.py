@@ -1,11 +1,16 @@
 """The one exception type bertflow raises for bad input, and a failure told in one line."""
 
-__all__ = ["BertflowError", "PeerError", "first_line", "one_line"]
+__all__ = ["BertflowError", "BertflowWarning", "PeerError", "first_line", "one_line"]
 
 
 class BertflowError(ValueError):
     """Bad input: a missing or malformed file, a mismatched head, non-finite values; its message
     is one line meant for the user, which the CLI prints before it exits non-zero."""
+
+
+class BertflowWarning(UserWarning):
+    """Something the user should know that changes no result: a slower path taken, a choice
+    made near its threshold; the CLI prints it as one line."""
 
 
 class PeerError(BertflowError):

@@ -1,9 +1,10 @@
 """The encoder's forward pass for BERT-architecture models (and MPNet's), fused and in mixed
-precision."""
+precision, for the kinds it is verified to compute exactly."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import warnings
+from collections.abc import Callable, Collection, Sequence
 from operator import attrgetter
 from typing import Any
 
@@ -12,8 +13,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .batches import padded_width
+from .errors import BertflowWarning
 
-__all__ = ["FusedEncoder", "supports_fused"]
+__all__ = ["FUSED_KINDS", "FusedEncoder", "PROBE_TOLERANCE", "fused_encoder", "state_gap",
+           "supports_fused"]
 
 # where each kind keeps a layer's query, key, value, attention output, its LayerNorm, the
 # feed-forward's two linears and their LayerNorm: BERT's names (RoBERTa's too), then MPNet's
@@ -25,14 +28,28 @@ _MPNET = ("attention.attn.q", "attention.attn.k", "attention.attn.v",
           "intermediate.dense", "output.dense", "output.LayerNorm")
 
 
+# the kinds (config.json's model_type) whose forward `FusedEncoder` computes exactly, each
+# measured against the model's own from a tiny config (tests/test_forward.py), with where their
+# layers keep their parts. Other kinds with the same attribute names compute something else
+# (RoFormer's rotary positions, Longformer's, BigBird's, YOSO's or MRA's sparse or approximate
+# attention, X-MOD's adapters, ...): they run through the model's own forward.
+FUSED_KINDS = {**dict.fromkeys(("bert", "roberta", "xlm-roberta", "camembert", "data2vec-text",
+                                "electra", "ernie", "roc_bert"), _BERT), "mpnet": _MPNET}
+# how far the fused hidden states may be from the model's own on the probe batch, as a fraction
+# of the largest of them (at least 1): float32 rounding is about 1e-6
+PROBE_TOLERANCE = 1e-4
+
+
 def _layout(model: nn.Module) -> tuple[str, ...] | None:
-    """The names of `model`'s layer parts that `FusedEncoder` reads, else None: post-LN layers
-    with separate query, key and value, fed the embedding output as it is (not ELECTRA's, nor
-    ALBERT's), with absolute positions (BERT) or a relative position bias (MPNet)."""
+    """The names of `model`'s layer parts that `FusedEncoder` reads, else None: a kind of
+    `FUSED_KINDS` in its usual form (post-LN layers with separate query, key and value, fed the
+    embedding output as it is, not through ELECTRA's projection, with absolute positions or
+    MPNet's relative position bias)."""
     config = getattr(model, "config", None)
     encoder = getattr(model, "encoder", None)
     layers = getattr(encoder, "layer", None)
-    if config is None or layers is None or not hasattr(model, "embeddings"):
+    layout = FUSED_KINDS.get(getattr(config, "model_type", None))
+    if layout is None or layers is None or not hasattr(model, "embeddings"):
         return None
     words = getattr(model.get_input_embeddings(), "embedding_dim", None)
     if (hasattr(model, "embeddings_project") or words is None
@@ -41,10 +58,8 @@ def _layout(model: nn.Module) -> tuple[str, ...] | None:
             or getattr(config, "position_embedding_type", "absolute") != "absolute"
             or not isinstance(getattr(config, "hidden_act", None), str)):
         return None
-    relative = getattr(config, "model_type", None) == "mpnet"
-    if relative != hasattr(encoder, "compute_position_bias"):
+    if (layout is _MPNET) != hasattr(encoder, "compute_position_bias"):
         return None
-    layout = _MPNET if relative else _BERT
     try:
         return layout if all(None not in attrgetter(*layout)(layer) for layer in layers) else None
     except AttributeError:
@@ -52,8 +67,36 @@ def _layout(model: nn.Module) -> tuple[str, ...] | None:
 
 
 def supports_fused(model: nn.Module) -> bool:
-    """Whether `FusedEncoder` computes `model` exactly (see `_layout`)."""
+    """Whether `model` is of a kind `FusedEncoder` computes exactly (see `_layout`)."""
     return _layout(model) is not None
+
+
+def fused_encoder(model: nn.Module, dtype: torch.dtype, inputs: dict[str, Tensor],
+                  own: Sequence[Tensor], name: str) -> FusedEncoder | None:
+    """A `FusedEncoder` for `model` in `dtype`, or None: where the kind is not one it computes
+    exactly, or where, in float32 on the probe batch `inputs`, its hidden states differ from
+    `own` (the model's own, float32) by more than `PROBE_TOLERANCE` at a real token; the
+    latter is said once, in a `BertflowWarning`."""
+    if not supports_fused(model):
+        return None
+    fused = FusedEncoder(model)
+    with torch.inference_mode():
+        states = fused(**inputs)
+    worst = state_gap(states, own, inputs["attention_mask"])
+    if not worst <= PROBE_TOLERANCE:
+        warnings.warn(f"encoder {name} ({model.config.model_type}): the fused forward differs "
+                      f"from the model's own on a probe batch ({worst:.1e} of the hidden states' "
+                      "scale); using the model's own forward", BertflowWarning, stacklevel=3)
+        return None
+    return fused if dtype == torch.float32 else FusedEncoder(model, dtype)
+
+
+def state_gap(states: Sequence[Tensor], reference: Sequence[Tensor], mask: Tensor) -> float:
+    """The largest difference between two runs' hidden states at the tokens `mask` marks, as
+    a fraction of the largest reference value (at least 1); NaN where they are not finite."""
+    real = mask.bool()
+    return max(float((a[real] - b[real]).abs().max() / b[real].abs().max().clamp(min=1))
+               for a, b in zip(states, reference, strict=True))
 
 
 class FusedEncoder(nn.Module):

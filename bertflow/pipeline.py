@@ -46,6 +46,10 @@ class EncoderModule(InputModule):
             encoder = load_encoder(encoder)
             if name is not None:
                 encoder.id = EncoderId(name, encoder.id.fingerprint)
+        if encoder.unpadded:
+            raise BertflowError(f"encoder {encoder.id.name}: its hidden states change with the "
+                                "padding a sentence-transformers pipeline adds to a batch; embed "
+                                "with bertflow instead (bertflow encode, FlowHead.encode)")
         self.encoder = encoder
         self.name = encoder.id.name  # saved in its config
         self.model = encoder.model  # registered, so .to(device) moves it

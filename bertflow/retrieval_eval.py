@@ -22,8 +22,9 @@ from .recipes import Recipe
 if TYPE_CHECKING:
     from .beir import BeirTask
 
-__all__ = ["FIT_SOURCES", "MEASURES", "TOP", "evaluate_retrieval", "format_retrieval_table",
-           "ranking", "score_run", "top_hits"]
+__all__ = ["FIT_SOURCES", "IDENTICAL_IDS_IGNORED", "MEASURES", "TOP", "evaluate_retrieval",
+           "format_retrieval_table", "ignores_identical_ids", "ranking", "score_run", "top_hits",
+           "without_identical_ids"]
 
 # the measures of a row (MTEB's names) and the pytrec_eval measure each is the query mean of;
 # MRR@10 is `recip_rank` on each query's top 10, as MTEB's own loop computes it
@@ -31,6 +32,16 @@ MEASURES = {"ndcg_at_10": "ndcg_cut_10", "map_at_100": "map_cut_100", "mrr_at_10
             "recall_at_100": "recall_100"}
 FIT_SOURCES = ("corpus", "queries")  # the task's documents, its split's queries; else text files
 TOP = 1000  # documents ranked per query, as MTEB
+# the tasks MTEB scores with a document whose id is the query's left out of its ranking (its
+# `ignore_identical_ids`, set per task since MTEB 2): BEIR's folder names and MTEB's task names
+IDENTICAL_IDS_IGNORED = frozenset({"arguana", "quora", "quoraretrieval", "fiqa", "fiqa2018",
+                                   "msmarco", "fever"})
+
+
+def ignores_identical_ids(task_name: str) -> bool:
+    """MTEB's default for the task named `task_name` (a BEIR folder's name): whether a
+    document with the query's own id is left out of the query's ranking."""
+    return task_name.lower() in IDENTICAL_IDS_IGNORED
 
 
 def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
@@ -41,13 +52,16 @@ def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
                        shrinkage: float | None = None,
                        recipe: Recipe | dict[str, Any] | None = None, name: str | None = None,
                        batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None,
-                       top: int = TOP) -> list[dict[str, Any]]:
+                       top: int = TOP,
+                       ignore_identical_ids: bool | None = None) -> list[dict[str, Any]]:
     """One row scoring `task`: a method of `METHODS` (`k`, `d`, `shrinkage`, the flow's
     `recipe`) fit on `fit_on` (``"corpus"``, ``"queries"``, text files, or several: their
     embeddings together), or a fitted head (labelled `name`, not fit again); documents and
     queries are embedded once through `cache` with the pooling and max length (the head's),
-    transformed, and every document is ranked by cosine for each query (its `top`). The row
-    holds `MEASURES` and the labels of `bertflow.evaluate`'s rows."""
+    transformed, and every document is ranked by cosine for each query (its `top`), less the
+    document whose id is the query's where `ignore_identical_ids` (None: MTEB's default for
+    the task, `ignores_identical_ids`). The row holds `MEASURES`, the labels of
+    `bertflow.evaluate`'s rows and ``ignore_identical_ids``."""
     make, pooling, max_length, labels = method_maker(
         method, encoder, pooling=pooling, max_length=max_length, k=k, d=d, shrinkage=shrinkage,
         recipe=recipe, name=name, progress=progress)
@@ -67,10 +81,15 @@ def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
         labels["fit_on"] = " + ".join(p if isinstance(p, str) else p.name for p in parts)
     run = ranking(fitted.transform(queries), fitted.transform(documents), list(task.queries),
                   task.corpus.ids, top)
+    if ignore_identical_ids is None:
+        ignore_identical_ids = ignores_identical_ids(task.name)
+    if ignore_identical_ids:
+        run = without_identical_ids(run)
     return [{"encoder": encoder.id.name, "pooling": pooling, "max_length": max_length, **labels,
              **fitted.settled(),  # what the rule chose (`Method.settle`)
              "task": task.name, "split": task.split, "queries": len(task.queries),
-             "documents": len(task.corpus), **score_run(task.qrels, run)}]
+             "documents": len(task.corpus), "ignore_identical_ids": ignore_identical_ids,
+             **score_run(task.qrels, run)}]
 
 
 def _fit_parts(fit_on: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str | Path]:
@@ -122,6 +141,13 @@ def ranking(queries: np.ndarray, documents: np.ndarray, query_ids: Sequence[str]
     scores, rows = top_hits(queries, documents, top)
     return {q: {document_ids[j]: float(s) for j, s in zip(r.tolist(), v.tolist(), strict=True)}
             for q, r, v in zip(query_ids, rows, scores, strict=True)}
+
+
+def without_identical_ids(run: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """`run` less each query's document of the query's own id: dropped from the ranked top,
+    not replaced by the next document, as MTEB's `ignore_identical_ids` does."""
+    return {query: {doc: score for doc, score in hits.items() if doc != query}
+            for query, hits in run.items()}
 
 
 def score_run(qrels: dict[str, dict[str, int]],

@@ -68,6 +68,24 @@ def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int
     return folder
 
 
+def make_tiny_kind(folder: Path, kind: str, seed: int = 0, **changes) -> Path:
+    """Save a randomly initialised model of transformers' `kind` (hidden 32, 2 layers, 4
+    heads, padding id 0; `changes` to its config) with the tiny BERT tokenizer to `folder`."""
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(folder)
+    config = transformers.AutoConfig.for_model(
+        kind, **{"vocab_size": len(WORDS) + 5, "hidden_size": 32, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "intermediate_size": 64,
+                 "max_position_embeddings": 128, "pad_token_id": 0, **changes})
+    torch.manual_seed(seed)
+    transformers.AutoModel.from_config(config).save_pretrained(folder)
+    return folder
+
+
 def make_tiny_mpnet(folder: Path, hidden: int = 16, layers: int = 3, seed: int = 0) -> Path:
     """Save a randomly initialised tiny MPNet (relative position bias, padding id 1, no token
     types) and its tokenizer to `folder`."""

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 from transformers import (
@@ -11,7 +12,10 @@ from transformers import (
     RobertaModel,
 )
 
-from bertflow.forward import FusedEncoder, supports_fused
+from bertflow import POOLINGS, BertflowError, forward, load_encoder, pool
+from bertflow.forward import FUSED_KINDS, FusedEncoder, supports_fused
+
+from .conftest import WORDS, make_tiny_kind
 
 SIZES = dict(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
              intermediate_size=64, max_position_embeddings=40)
@@ -101,3 +105,139 @@ def test_projections_see_the_real_tokens_and_few_padded_rows():
         fused(ids, mask)
     # 97 real tokens of 180 positions: rounded up to a sixteenth of 64, 100 rows
     assert int(mask.sum()) == 97 and rows == [100] * 4 * len(fused.layers)
+
+
+# each kind transformers pairs with a masked-LM head whose layers carry BERT's attribute names,
+# with what its tiny config needs (a window or block small enough to matter at 40 tokens)
+OTHER_KINDS = {"roformer": {"initializer_range": 0.2}, "longformer": {"attention_window": 8},
+               "big_bird": {"attention_type": "original_full"}, "yoso": {}, "mra": {},
+               "xmod": {"languages": ["en_XX"], "default_language": "en_XX"}, "convbert": {},
+               "mobilebert": {"embedding_size": 16}, "luke": {}, "layoutlm": {},
+               "rembert": {"input_embedding_size": 16}, "albert": {"embedding_size": 16},
+               "deberta-v2": {}, "distilbert": {}}
+FUSED_CONFIG = {"electra": {"embedding_size": 32}}
+# rows of about 40, 25 and 5 tokens, and the roformer case: the same words in another order
+LONG = " ".join(WORDS) + " a man plays the guitar in the park"
+ROWS = [LONG, " ".join(WORDS[:23]), "a big red car", "the man plays the guitar in the park",
+        "the park plays the man in the guitar"]
+
+
+@pytest.fixture(scope="module")
+def kind_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kinds")
+    return {kind: make_tiny_kind(root / kind, kind, **{**FUSED_CONFIG, **OTHER_KINDS}.get(kind, {}))
+            for kind in [*FUSED_KINDS, *OTHER_KINDS]}
+
+
+def own_pooled(folder, pooling):
+    """Each row pooled from the model's own forward, one row at a time (no padding)."""
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    rows = []
+    for text in ROWS:
+        batch = tokenizer([text], return_tensors="pt", return_special_tokens_mask=True)
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")
+                  if k in batch}
+        with torch.no_grad():
+            states = model(**inputs, output_hidden_states=True).hidden_states
+            words = model.get_input_embeddings()(batch["input_ids"])
+        states = [h[:, : batch["input_ids"].shape[1]] for h in states]
+        rows.append(pool(states, words, batch["attention_mask"], batch["special_tokens_mask"],
+                         pooling)[0])
+    return torch.stack(rows).numpy()
+
+
+@pytest.mark.parametrize("kind", sorted(FUSED_KINDS))
+def test_each_fused_kind_is_exact(kind, kind_folders):
+    encoder = load_encoder(kind_folders[kind], device="cpu")
+    assert encoder.fused is not None
+    batch = encoder.tokenize(ROWS, 128, padding=True, return_tensors="pt")
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")
+              if k in batch}
+    with torch.no_grad():
+        fused = encoder.fused(**inputs)
+        own = encoder.model(**inputs, output_hidden_states=True).hidden_states
+    real = inputs["attention_mask"].bool()
+    assert real.sum(1).max() >= 40
+    for a, b in zip(fused, own, strict=True):
+        torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", sorted(OTHER_KINDS))
+def test_other_kinds_run_through_their_own_forward(kind, kind_folders):
+    """Kinds the fused forward does not compute (rotary positions, sparse or approximate
+    attention, adapters, other layer layouts) give, through bertflow, each pooling of the
+    model's own forward; RoFormer is no bag of words."""
+    encoder = load_encoder(kind_folders[kind], device="cpu")
+    assert encoder.fused is None
+    assert encoder.unpadded == (kind in ("convbert", "yoso"))  # their states change with padding
+    for pooling in POOLINGS:
+        got = encoder.encode(ROWS, pooling, batch_size=3)
+        np.testing.assert_allclose(got, own_pooled(kind_folders[kind], pooling), atol=2e-5,
+                                   err_msg=f"{kind} {pooling}")
+    if kind == "roformer":  # word order counts
+        mean = encoder.encode(ROWS[-2:], "mean")
+        assert np.abs(mean[0] - mean[1]).max() > 1e-2
+
+
+def test_a_fused_kind_that_differs_falls_back_and_says_so_once(kind_folders, monkeypatch,
+                                                               tmp_path, capsys):
+    """Where the fused forward differs from the model's own on the load-time probe (here a
+    kind put on the list by hand), the encoder uses the model's own forward and says so in one
+    line."""
+    from bertflow.cli import main
+    from bertflow.errors import BertflowWarning
+
+    monkeypatch.setitem(forward.FUSED_KINDS, "longformer", forward.FUSED_KINDS["bert"])
+    folder = kind_folders["longformer"]
+    with pytest.warns(BertflowWarning, match=r"longformer\): the fused forward differs") as seen:
+        encoder = load_encoder(folder, device="cpu")
+    assert len(seen) == 1 and encoder.fused is None
+    np.testing.assert_allclose(encoder.encode(ROWS, "mean", batch_size=3),
+                               own_pooled(folder, "mean"), atol=2e-5)
+    sentences = tmp_path / "s.txt"
+    sentences.write_text("\n".join(ROWS) + "\n")
+    assert main(["encode", str(sentences), "--encoder", str(folder), "--out",
+                 str(tmp_path / "e.npy"), "--quiet", "--no-cache"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bertflow: note: encoder ") and "own forward" \
+        in err[0], err
+
+
+@pytest.mark.parametrize("kind, config, says", [
+    ("perceiver", {}, "cannot embed text alone: TypeError"),
+    ("tapas", {}, "cannot embed text alone: IndexError"),  # a table model
+    ("nystromformer", {"num_landmarks": 4, "segment_means_seq_len": 128},  # 128 tokens or none
+     "cannot embed text alone: RuntimeError"),
+    ("big_bird", {"block_size": 4, "num_random_blocks": 2},
+     'its forward changes the model itself .*"attention_type": "original_full"'),
+])
+def test_a_kind_that_cannot_embed_text_is_one_line(kind, config, says, tmp_path, capsys):
+    """A kind that cannot run on a padded batch of text, or whose forward changes the model
+    (BigBird in block-sparse mode), is refused by one line naming it."""
+    import re
+
+    from bertflow.cli import main
+
+    folder = make_tiny_kind(tmp_path / kind, kind, **config)
+    sentences = tmp_path / "s.txt"
+    sentences.write_text("a man plays the guitar\n")
+    assert main(["encode", str(sentences), "--encoder", str(folder), "--out",
+                 str(tmp_path / "e.npy"), "--no-cache"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(rf"\({kind}\):? {says}", err[0]), err
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_a_pipeline_refuses_an_encoder_whose_states_change_with_padding(kind_folders):
+    from bertflow import FlowHead
+    from bertflow.pipeline import build_pipeline
+
+    encoder = load_encoder(kind_folders["convbert"], device="cpu")
+    x = encoder.encode([" ".join(WORDS[i : i + 5]) for i in range(40)], "mean")
+    head = FlowHead.fit_linear(x, "whitening", encoder=encoder.id, pooling="mean",
+                               max_length=128)
+    with pytest.raises(BertflowError, match="change with the padding a sentence-transformers"):
+        build_pipeline(head, encoder)

@@ -14,9 +14,11 @@ from bertflow.retrieval_eval import (
     MEASURES,
     evaluate_retrieval,
     format_retrieval_table,
+    ignores_identical_ids,
     ranking,
     score_run,
     top_hits,
+    without_identical_ids,
 )
 
 from .conftest import WORDS, fit_tiny_head
@@ -101,8 +103,10 @@ def test_mrr_at_10_counts_only_the_first_ten_and_breaks_ties_by_id_descending():
 
 
 def test_score_run_equals_mtebs_own_scores():
-    """Random runs with ties and graded qrels: pytrec_eval here, MTEB's evaluator there."""
-    metrics = pytest.importorskip("mteb._evaluators.retrieval_metrics")
+    """Random runs with ties and graded qrels: pytrec_eval here, MTEB's evaluator there (where
+    MTEB is installed; a moved module fails, not skips)."""
+    pytest.importorskip("mteb")
+    import mteb._evaluators.retrieval_metrics as metrics
     rng = np.random.default_rng(1)
     docs = [f"d{i}" for i in range(40)]
     qrels = {f"q{q}": {d: int(rng.integers(1, 3)) for d in rng.choice(docs, 3, replace=False)}
@@ -114,6 +118,68 @@ def test_score_run_equals_mtebs_own_scores():
     assert mine["map_at_100"] == pytest.approx(theirs.map["MAP@100"], abs=1e-5)
     assert mine["recall_at_100"] == pytest.approx(theirs.recall["Recall@100"], abs=1e-5)
     assert mine["mrr_at_10"] == pytest.approx(theirs.mrr["MRR@10"], abs=1e-12)
+
+
+def test_identical_ids_are_left_out_as_mteb_leaves_them_out():
+    """MTEB's own evaluator, with and without `ignore_identical_ids`, on the hand case and on
+    random runs where some query ids are document ids; bertflow's default follows MTEB's per
+    task, by BEIR's folder names."""
+    import copy
+
+    pytest.importorskip("mteb")
+    from mteb._evaluators.retrieval_evaluator import RetrievalEvaluator
+
+    def theirs(qrels, run, ignore):
+        result = RetrievalEvaluator.evaluate(None, qrels, copy.deepcopy(run), [10, 100],
+                                             ignore_identical_ids=ignore)
+        return {"ndcg_at_10": result.ndcg["NDCG@10"], "map_at_100": result.map["MAP@100"],
+                "mrr_at_10": result.mrr["MRR@10"], "recall_at_100": result.recall["Recall@100"]}
+
+    hand = ({"a1": {"a2": 1}}, {"a1": {"a1": 0.99, "a2": 0.80, "a3": 0.5}})
+    rng = np.random.default_rng(3)
+    docs = [f"d{i}" for i in range(30)]
+    qrels = {d: {e: 1 for e in rng.choice(docs, 2, replace=False) if e != d} for d in docs[:12]}
+    random = (qrels, {q: {d: float(rng.random()) for d in docs} for q in qrels})
+    for qrels, run in (hand, random):
+        for ignore in (True, False):
+            mine = score_run(qrels, without_identical_ids(run) if ignore else run)
+            for name, value in theirs(qrels, run, ignore).items():
+                assert mine[name] == pytest.approx(value, abs=1e-5), (name, ignore)
+    assert score_run(*hand)["ndcg_at_10"] == pytest.approx(0.63093, abs=1e-5)
+    assert score_run(hand[0], without_identical_ids(hand[1]))["ndcg_at_10"] == 1.0
+    assert [n for n in ("arguana", "ArguAna", "quora", "fiqa", "FiQA2018", "msmarco", "fever",
+                        "scifact", "nfcorpus", "hotpotqa") if ignores_identical_ids(n)] == [
+        "arguana", "ArguAna", "quora", "fiqa", "FiQA2018", "msmarco", "fever"]
+
+
+def test_eval_leaves_out_identical_ids_by_the_tasks_name_or_the_option(tmp_path, capsys,
+                                                                       tiny_encoder_dir):
+    """A task whose queries are documents (as ArguAna's): the query's own document ranks first
+    and counts against it where kept; left out for a task named arguana, or when asked. The
+    judged document has the query's text too (a tie, broken by id descending: second)."""
+    (tmp_path / "qrels").mkdir()
+    texts = ["a man plays the guitar", "a man plays the guitar", "the dog runs in the park",
+             "a big red car", "the small cat eats food"]
+    with open(tmp_path / "corpus.jsonl", "w") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"_id": f"a{i}" if i else "b0", "text": text}) + "\n")
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "b0", "text": texts[0]}) + "\n")
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nb0\ta1\t1\n")
+    for name in ("scifact", "arguana"):
+        (tmp_path / name).symlink_to(tmp_path, target_is_directory=True)
+    base = ["eval", "--method", "raw", "--pooling", "mean", "--encoder", str(tiny_encoder_dir),
+            "--quiet", "--retrieval"]
+    mrr = {}
+    for name, flag in (("scifact", None), ("arguana", None), ("scifact", "--ignore-identical-ids"),
+                       ("arguana", "--no-ignore-identical-ids")):
+        assert main([*base, str(tmp_path / name), *([flag] if flag else [])]) == 0
+        out = capsys.readouterr().out
+        row = [c.strip() for c in out.strip().splitlines()[-1].split("|")]
+        mrr[name, flag] = float(row[9])
+        assert ("left out" in out) == (mrr[name, flag] == 100), out
+    assert mrr["scifact", None] == mrr["arguana", "--no-ignore-identical-ids"] == 50
+    assert main(["eval", "--data", str(tmp_path), "--ignore-identical-ids"]) == 1
+    assert "applies to --retrieval" in capsys.readouterr().err
 
 
 def test_ranking_keeps_ids_and_the_top():
