@@ -26,7 +26,8 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
                             "only encode, fit and index split their work")
     method = getattr(args, "method", None) or "flow"
-    given = _given(args, ("before", *FLOW_FIELDS, *TRAIN_FIELDS))
+    given = _given(args, ("before", "isotropic", *FLOW_FIELDS, *TRAIN_FIELDS))
+    given += ["--no-isotropic"] * (getattr(args, "isotropic", None) is False)
     if given and getattr(args, "head", None) is not None:
         raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
                             f"{args.head}, which is fit already")

@@ -83,7 +83,7 @@ def _flow_options(args: argparse.Namespace) -> dict[str, Any]:
     """The flow, training and --before options given, as changes to the pooling's recipe."""
     given = {part: {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
              for part, names in (("flow", FLOW_FIELDS), ("train", TRAIN_FIELDS))}
-    return {**given, "before": args.before}
+    return {**given, "before": args.before, "isotropic": args.isotropic}
 
 
 def _encode(args: argparse.Namespace) -> None:
@@ -265,7 +265,8 @@ def _recipes(args: argparse.Namespace) -> None:
             print(f"{pooling}:")
             show(recipe, "  ")
             if pooling in ISOTROPIC_RECIPES:
-                print(f"  where the fit embeddings' mean random-pair cosine is under {ISOTROPIC}:")
+                print(f"  where the fit embeddings' mean pair cosine is under {ISOTROPIC} "
+                      "(--isotropic):")
                 show(ISOTROPIC_RECIPES[pooling], "    ")
 
 

@@ -348,6 +348,10 @@ def _flow_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g.add_argument("--before", choices=BEFORE, default=None,
                    help="what comes before the flow: per-feature standardisation, full "
                         "whitening, or nothing")
+    g.add_argument("--isotropic", action=argparse.BooleanOptionalAction, default=None,
+                   help="start from the pooling's recipe for isotropic embeddings (or, with "
+                        "--no-isotropic, the other), not the one chosen by the fit embeddings' "
+                        "mean pair cosine (cls)")
     g.add_argument("--levels", type=ceiling("levels"), default=None,
                    help="levels of the multi-scale Glow (half the features leave after each)")
     g.add_argument("--depth", type=ceiling("depth"), default=None,

@@ -1,7 +1,8 @@
 """The kinds of FAISS index an `Index` holds: `flat` (exact), `hnsw`, or any FAISS
-`index_factory` string (`IVF1024,PQ32`, `OPQ32,IVF1024,PQ32`, `HNSW32`, ...), each behind an
-optional PCA and an L2 normalisation, searched by inner product (cosine); how many vectors a
-kind is trained on, its inverted lists' `nprobe`, and the structure a saved index must have."""
+`index_factory` string (`IVF1024,PQ32`, `OPQ32,IVF1024,PQ32`, `PCA64,Flat`, `HNSW32`, ...),
+each behind an optional PCA and an L2 normalisation (and another after a string's own vector
+transforms), searched by inner product (cosine); how many vectors a kind is trained on, its
+inverted lists' `nprobe`, and the structure a saved index must have."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def make(kind: str, dim: int, dims: int, hnsw_m: int = 32) -> Any:
             raise BertflowError(f"index kind {kind!r}: its sizes must be at least 1, an HNSW "
                                 "graph's neighbours at least 2 and an NSG graph's at least 8")
         try:
-            inner = faiss.index_factory(dims, kind, faiss.METRIC_INNER_PRODUCT)
+            inner = faiss.index_factory(dims, _unit_after_transforms(faiss, kind, dims),
+                                        faiss.METRIC_INNER_PRODUCT)
         except RuntimeError as e:
             raise BertflowError(f"index kind {kind!r} is not flat, hnsw or a FAISS "
                                 f"index_factory string for {dims}-d vectors by inner product "
@@ -64,6 +66,22 @@ def make(kind: str, dim: int, dims: int, hnsw_m: int = 32) -> Any:
     if dims < dim:
         index.prepend_transform(faiss.PCAMatrix(dim, dims))
     return index
+
+
+def _unit_after_transforms(faiss: Any, kind: str, dims: int) -> str:
+    """`kind` with FAISS's ``L2norm`` after its own vector transforms (``PCA16``, ``PCAW16``,
+    ``OPQ16_64``, ``ITQ``, ``RR64``, ...), which change lengths: without it the inner product
+    of what they give is no cosine. Each transform is one part of the string, in order."""
+    made = faiss.index_factory(dims, kind, faiss.METRIC_INNER_PRODUCT)  # owns what is read
+    index = faiss.downcast_index(made)
+    if not isinstance(index, faiss.IndexPreTransform):
+        return kind
+    count = index.chain.size()
+    if isinstance(faiss.downcast_VectorTransform(index.chain.at(count - 1)),
+                  faiss.NormalizationTransform):
+        return kind
+    parts = kind.split(",")
+    return ",".join([*parts[:count], "L2norm", *parts[count:]])
 
 
 def training_rows(index: Any, kind: str, count: int) -> int:

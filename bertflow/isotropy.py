@@ -9,9 +9,9 @@ import torch
 from scipy.special import logsumexp
 
 from .errors import BertflowError
-from .rows import Rows
+from .rows import Rows, as_rows, blocks
 
-__all__ = ["alignment", "condition_number", "effective_rank", "isotropy_measures",
+__all__ = ["alignment", "condition_number", "effective_rank", "isotropy_measures", "mean_cosine",
            "mean_pair_cosine", "pair_cosines", "partition_isotropy", "singular_values",
            "uniformity"]
 
@@ -31,6 +31,25 @@ def mean_pair_cosine(x: np.ndarray | torch.Tensor | Rows, pairs: int = 10000,
     """Mean cosine of random pairs of distinct rows: near 0 for an isotropic cloud."""
     cosines = pair_cosines(x, pairs, seed)
     return float(cosines.mean()) if cosines.size else math.nan
+
+
+def mean_cosine(x: np.ndarray | torch.Tensor | Rows) -> float:
+    r"""The mean cosine over all pairs of distinct rows, exactly: with $u_i$ the unit rows (a
+    zero row has cosine 0 with every row), $(\lVert \sum_i u_i \rVert^2 - \sum_i \lVert u_i
+    \rVert^2) / (n(n-1))$, in one streamed pass in float64; the order of the rows changes it by
+    rounding alone. NaN for fewer than two rows."""
+    rows = as_rows(x)
+    n = rows.shape[0]
+    if n < 2:
+        return math.nan
+    total, squares = np.zeros(rows.shape[1]), 0.0
+    for _, block in blocks(rows):
+        block = block.astype(np.float64)
+        norms = np.linalg.norm(block, axis=1, keepdims=True)
+        u = np.divide(block, norms, out=np.zeros_like(block), where=norms > 0)
+        total += u.sum(0)
+        squares += float((u * u).sum())
+    return float((total @ total - squares) / (n * (n - 1)))
 
 
 def singular_values(x: np.ndarray) -> np.ndarray:

@@ -4,26 +4,29 @@ chosen on STS-B dev and unlabeled text only (`experiments/recipe.py`, evidence i
 what their options name; `FlowHead.fit` keeps the release's flow as its defaults.
 
 One rule reads the embeddings the flow is fit on, no labels and no encoder name: a recipe that
-whitens is for anisotropic embeddings. Where their mean random-pair cosine is under `ISOTROPIC`,
-they already fill the sphere, whitening them only costs alignment, and the pooling's
-`ISOTROPIC_RECIPES` entry is used instead (all-mpnet-base-v2's CLS, chosen the same way:
-`experiments/results/recipe-all-mpnet-base-v2.md`)."""
+whitens is for anisotropic embeddings. Where their mean pair cosine (over all pairs, exactly:
+`mean_cosine`) is under `ISOTROPIC`, they already fill the sphere, whitening them only costs
+alignment, and the pooling's `ISOTROPIC_RECIPES` entry is used instead (all-mpnet-base-v2's
+CLS, chosen the same way: `experiments/results/recipe-all-mpnet-base-v2.md`). The choice is
+said, with the cosine, in a `BertflowWarning`; `isotropic` (`--isotropic`, `--no-isotropic`)
+makes it instead."""
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .constants import BEFORE, POOLINGS
-from .errors import BertflowError
+from .errors import BertflowError, BertflowWarning
 from .flow import FlowConfig
-from .isotropy import mean_pair_cosine
+from .isotropy import mean_cosine
 from .train import TrainConfig
 
-__all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "RECIPES", "Recipe",
-           "corpus_note", "recommended", "resolve", "settle"]
+__all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "NEAR", "RECIPES", "Recipe",
+           "corpus_note", "recommended", "resolve"]
 
 CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe is chosen on
 
@@ -47,8 +50,9 @@ class Recipe:
                 raise BertflowError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
 
     def updated(self, flow: dict[str, Any] | None = None, train: dict[str, Any] | None = None,
-                before: str | None = None) -> Recipe:
-        """This recipe with `before` and the named fields of its flow and training changed."""
+                before: str | None = None, isotropic: bool | None = None) -> Recipe:
+        """This recipe with `before` and the named fields of its flow and training changed
+        (`isotropic` is `recommended`'s)."""
         return replace(self, flow=FlowConfig.from_dict({**self.flow.to_dict(), **(flow or {})}),
                        train=TrainConfig.from_dict({**self.train.to_dict(), **(train or {})}),
                        before=before or self.before)
@@ -73,11 +77,12 @@ RECIPES: dict[str, Recipe] = {
 }
 assert set(RECIPES) == set(POOLINGS)
 
-# Under this mean random-pair cosine, embeddings count as isotropic: all-MiniLM-L6-v2's CLS is at
-# 0.51 to 0.62 on STS-B, SICK, the Wikipedia sample and SNLI (experiments/results/recipe.md), where
+# Under this mean pair cosine, embeddings count as isotropic: all-MiniLM-L6-v2's CLS is at 0.51
+# to 0.62 on STS-B, SICK, the Wikipedia sample and SNLI (experiments/results/recipe.md), where
 # whitening first is chosen; all-mpnet-base-v2's at 0.049 to 0.089, where it is not. 0.3 lies
 # between; two encoders are all the evidence
 ISOTROPIC = 0.3
+NEAR = 0.02  # a cosine this close to ISOTROPIC is a close call, and said to be one
 ISOTROPIC_RECIPES: dict[str, Recipe] = {
     # all-mpnet-base-v2's CLS: standardised, the flow that moves least (learning rate 1e-4), fit
     # on the target sentences; no flow and no baseline is above raw there on STS-B dev
@@ -104,39 +109,37 @@ def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike],
             f"{' '.join(given)}")
 
 
-def recommended(pooling: str, x: Any = None) -> Recipe:
-    """The recipe for embeddings of `pooling`; with `x`, the embeddings it is to be fit on, the
-    pooling's `ISOTROPIC_RECIPES` entry where they are isotropic: the mean cosine of 10,000
-    seeded random pairs of their rows is under `ISOTROPIC`."""
-    return _rule(pooling, x)[0]
-
-
-def _rule(pooling: str, x: Any) -> tuple[Recipe, float | None]:
-    """`recommended`'s recipe, and the mean random-pair cosine where it is the isotropic one."""
+def recommended(pooling: str, x: Any = None, isotropic: bool | None = None) -> Recipe:
+    """The recipe for embeddings of `pooling`; for a pooling with an `ISOTROPIC_RECIPES` entry,
+    that entry where `isotropic`, else where `x`, the embeddings the recipe is to be fit on, is
+    isotropic: their mean pair cosine (`mean_cosine`) is under `ISOTROPIC`. The choice made
+    from `x` is said, with the cosine, in a `BertflowWarning`, which points to `isotropic`
+    where the cosine is within `NEAR` of the line."""
     if pooling not in RECIPES:
         raise BertflowError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
-    if x is not None and pooling in ISOTROPIC_RECIPES:
-        cosine = mean_pair_cosine(x)
-        if cosine < ISOTROPIC:
-            return ISOTROPIC_RECIPES[pooling], cosine
-    return RECIPES[pooling], None
+    if pooling not in ISOTROPIC_RECIPES:
+        if isotropic:
+            raise BertflowError(f"--isotropic: the {pooling} recipe is one for all embeddings; "
+                                f"only {', '.join(ISOTROPIC_RECIPES)} has one for isotropic "
+                                "embeddings")
+        return RECIPES[pooling]
+    if isotropic is None and x is not None:
+        cosine = mean_cosine(x)
+        isotropic = cosine < ISOTROPIC
+        close = (f"; within {NEAR} of the line: --isotropic or --no-isotropic makes the choice"
+                 if abs(cosine - ISOTROPIC) < NEAR else "")
+        kind = ("isotropic embeddings, which does not whiten" if isotropic
+                else "anisotropic embeddings, which whitens first")
+        warnings.warn(f"these {pooling} embeddings' mean pair cosine is {cosine:.4f}, "
+                      f"{'under' if isotropic else 'not under'} {ISOTROPIC}: the {pooling} recipe "
+                      f"for {kind} (`bertflow recipes --pooling {pooling}`){close}",
+                      BertflowWarning, stacklevel=2)
+    return (ISOTROPIC_RECIPES if isotropic else RECIPES)[pooling]
 
 
 def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None) -> Recipe:
-    """`recipe` itself, or the recommended recipe of `pooling` (for embeddings `x`, where given)
-    changed by `recipe`'s `Recipe.updated` keywords (a dict, or None)."""
-    return settle(recipe, pooling, x)[0]
-
-
-def settle(recipe: Recipe | dict[str, Any] | None, pooling: str,
-           x: Any = None) -> tuple[Recipe, str | None]:
-    """`resolve`'s recipe, and what to say where the rule chose `pooling`'s isotropic recipe
-    for embeddings `x` (else None)."""
+    """`recipe` itself, or the recommended recipe of `pooling` (for embeddings `x`, where given,
+    and its ``isotropic``) changed by `recipe`'s `Recipe.updated` keywords (a dict, or None)."""
     if isinstance(recipe, Recipe):
-        return recipe, None
-    chosen, cosine = _rule(pooling, x)
-    note = None if cosine is None else (
-        f"note: these {pooling} embeddings are isotropic already (mean random-pair cosine "
-        f"{cosine:.3f} < {ISOTROPIC}): the {pooling} recipe for isotropic "
-        f"embeddings, which does not whiten (`bertflow recipes --pooling {pooling}`)")
-    return chosen.updated(**(recipe or {})), note
+        return recipe
+    return recommended(pooling, x, (recipe or {}).get("isotropic")).updated(**(recipe or {}))

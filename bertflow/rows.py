@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -12,7 +13,7 @@ from torch import Tensor
 from .errors import BertflowError
 from .files import check_finite
 
-__all__ = ["ArrayRows", "Moments", "Rows", "as_rows", "moments"]
+__all__ = ["ArrayRows", "Moments", "Rows", "as_rows", "blocks", "moments"]
 
 _READ_ROWS = 8192  # rows per block when streaming statistics
 
@@ -70,13 +71,18 @@ class Moments:
             )
 
 
+def blocks(rows: Rows) -> Iterator[tuple[int, np.ndarray]]:
+    """The rows of `rows` a block at a time: its first row's index and a float32 array."""
+    for start in range(0, rows.shape[0], _READ_ROWS):
+        yield start, np.ascontiguousarray(rows.read(start, start + _READ_ROWS), dtype=np.float32)
+
+
 def moments(rows: Rows, chosen: np.ndarray | None = None, what: str = "the rows") -> Moments:
     """`Moments` of `rows` (where the mask `chosen` is set), merged a block at a time in
     float64 (Chan, Golub & LeVeque); a NaN or an infinity is an error naming its row."""
     count, mean, squares = 0, np.zeros(rows.shape[1]), np.zeros(rows.shape[1])
     digest = hashlib.sha256()
-    for start in range(0, rows.shape[0], _READ_ROWS):
-        block = np.ascontiguousarray(rows.read(start, start + _READ_ROWS), dtype=np.float32)
+    for start, block in blocks(rows):
         check_finite(block, what, offset=start)
         digest.update(block.tobytes())
         if chosen is not None:

@@ -24,7 +24,7 @@ from .files import check_outputs
 from .folders import HEAD_FOLDER
 from .head import FlowHead
 from .logs import RunLogs
-from .recipes import Recipe, resolve, settle
+from .recipes import Recipe, resolve
 from .train import TrainState
 
 __all__ = ["FitJob", "FittedHead", "fit_head"]
@@ -80,7 +80,7 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     flow = job.method == "flow"
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
-    job, x, origin = _source(job, progress, say)
+    job, x, origin = _source(job, progress)
     if not flow:
         if not distributed.is_main():
             return None
@@ -92,8 +92,7 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     return _train(job, x, origin, checkpoint, dev, say, progress)
 
 
-def _source(job: FitJob, progress: bool | None,
-            say: Say | None) -> tuple[FitJob, Any, dict[str, Any]]:
+def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, Any]]:
     """The job with its recipe resolved, the embeddings and their origin (`open_embeddings`'s,
     and the `Encoder` as ``loaded``); a flow too wide for them, or a --max-length other than a
     `.npy`'s, is refused before anything is encoded (a text file's through the cache)."""
@@ -107,7 +106,7 @@ def _source(job: FitJob, progress: bool | None,
             resolve(job.recipe, pooling).flow.check(loaded.width(pooling))
         x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
                                             progress=progress)[pooling]
-        job = _settle(job, pooling, x, loaded.width(pooling), say)
+        job = _settle(job, pooling, x, loaded.width(pooling))
         return job, x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
                         "data": corpus.sha256, "loaded": loaded,
                         "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
@@ -125,17 +124,15 @@ def _source(job: FitJob, progress: bool | None,
             (job.device, meta.get("precision") or job.dtype) if job.dev_sts else ("cpu",)))
     x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
                                 max_length=max_length)
-    return _settle(job, pooling, x, width, say), x, {**origin, "loaded": loaded}
+    return _settle(job, pooling, x, width), x, {**origin, "loaded": loaded}
 
 
-def _settle(job: FitJob, pooling: str, x: Any, width: int, say: Say | None) -> FitJob:
-    """The job with a flow's recipe resolved for embeddings `x` (`bertflow.recipes`' rule, said
-    where it chose the isotropic recipe) and checked against their `width`."""
+def _settle(job: FitJob, pooling: str, x: Any, width: int) -> FitJob:
+    """The job with a flow's recipe resolved for embeddings `x` (`bertflow.recipes`' rule) and
+    checked against their `width`."""
     if job.method != "flow":
         return job
-    recipe, note = settle(job.recipe, pooling, x)
-    if say is not None and note is not None:
-        say(note)
+    recipe = resolve(job.recipe, pooling, x)
     recipe.flow.check(width)
     return replace(job, recipe=recipe)
 

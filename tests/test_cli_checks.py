@@ -110,7 +110,8 @@ def test_recipes_prints_each_poolings_recipe(capsys):
     cls = RECIPES["cls"]
     assert lines[:3] == ["cls:", f"  before:   {cls.before}", f"  corpus:   {cls.corpus}"]
     assert f"lr={cls.train.lr}" in lines[4] and f"hidden={cls.flow.hidden}" in lines[3]
-    iso = ISOTROPIC_RECIPES["cls"]  # and the rule's: under a mean random-pair cosine
-    assert lines[5] == f"  where the fit embeddings' mean random-pair cosine is under {ISOTROPIC}:"
+    iso = ISOTROPIC_RECIPES["cls"]  # and the rule's: under a mean pair cosine
+    assert lines[5] == (f"  where the fit embeddings' mean pair cosine is under {ISOTROPIC} "
+                        "(--isotropic):")
     assert lines[6:8] == [f"    before:   {iso.before}", f"    corpus:   {iso.corpus}"]
     assert f"lr={iso.train.lr}" in lines[9] and len(lines) == 10

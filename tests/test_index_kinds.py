@@ -59,6 +59,26 @@ def test_trained_kinds_find_what_flat_finds(easy):
         assert index.config["kind"] == kind
 
 
+@pytest.mark.parametrize("kind", ["PCA8,Flat", "PCAR8,Flat", "PCAW8,Flat", "PCAWR8,Flat",
+                                  "RR16,Flat", "PCA8,IVF4,Flat", "PCA8,L2norm,Flat"])
+def test_a_kind_with_vector_transforms_still_scores_cosines(kind, easy):
+    """A string's own PCA, whitening, OPQ or rotation changes lengths: the index normalises
+    after them too, so each score is a cosine (at most 1, a vector's own 1) and the groups are
+    found as with --dims."""
+    x, items, queries = easy
+    index = Index.from_embeddings(x, items, pooling="mean", kind=kind)
+    if index.nprobe is not None:
+        index.nprobe = 4
+    scores, rows = index.search_embeddings(x[::SIZE], 10)
+    assert scores.max() <= 1 + 1e-5 and (rows[:, 0] == np.arange(0, len(x), SIZE)).all()
+    np.testing.assert_allclose(scores[:, 0], 1, atol=1e-4)
+    truth = Index.from_embeddings(x, items, pooling="mean").search_embeddings(queries, 10)[1]
+    reduced = Index.from_embeddings(x, items, pooling="mean", dims=8)
+    assert recall_at_10(index, truth, queries) >= min(0.95, recall_at_10(reduced, truth,
+                                                                         queries))
+    assert index.config["kind"] == kind
+
+
 def test_the_training_sample_is_seeded_and_capped(easy):
     x, items, _ = easy
     rows = sample(len(x), 1024)

@@ -1,6 +1,7 @@
 import importlib
 import json
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -160,8 +161,9 @@ def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys
         out = tmp_path / f"head-{name}"
         assert main(["fit", str(tmp_path / f"{name}.npy"), "--pooling", "cls", "--out", str(out),
                      "--epochs", "1", "--levels", "1", "--depth", "2"]) == 0
-        said = "".join(capsys.readouterr())
-        assert ("note: these cls embeddings are isotropic already" in said) == (name == "flat")
+        said = capsys.readouterr().err
+        assert "bertflow: note: these cls embeddings' mean pair cosine is" in said
+        assert (", under 0.3: the cls recipe for isotropic" in said) == (name == "flat")
         head = FlowHead.load(out)
         assert (head.linear is not None, head.standardize is not None) == (
             before == "whiten", before == "standardize"), name
@@ -180,6 +182,63 @@ def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys
         assert len(rows) > 2 and all(r["before"] == before for r in rows), offset
         kind = (ISOTROPIC_RECIPES if offset == 0 else RECIPES)["cls"].corpus
         assert {r["recipe_corpus"] for r in rows} == {kind}  # what `eval`'s note reads
+
+
+def _near_the_line(n: int = 2000) -> np.ndarray:
+    """Rows whose exact mean pair cosine is 0.2995, just under `ISOTROPIC`, spread widely
+    (60% a cone, 40% a ball): 10,000 random pairs land on either side."""
+    from bertflow.isotropy import mean_cosine
+
+    base = np.random.default_rng(1).normal(size=(n, 16)).astype(np.float32)
+    low, high = 0.0, 50.0
+    for _ in range(60):
+        x = base.copy()
+        x[: n * 6 // 10, 0] += (low + high) / 2
+        low, high = ((low + high) / 2, high) if mean_cosine(x) < 0.2995 else (low, (low + high) / 2)
+    return x
+
+
+def test_the_rule_reads_every_pair_so_row_order_cannot_flip_it(tmp_path, capsys):
+    """Near the line, 10,000 pairs sampled by row position gave both recipes as the rows were
+    shuffled; the exact mean over all pairs gives one, says its value and that the call is
+    close, and --isotropic / --no-isotropic (`isotropic`) make the choice instead."""
+    from bertflow.cli import main
+    from bertflow.errors import BertflowWarning
+    from bertflow.isotropy import mean_cosine
+    from bertflow.recipes import ISOTROPIC_RECIPES
+
+    x = _near_the_line()
+    orders = [np.random.default_rng(seed).permutation(len(x)) for seed in range(20)]
+    sampled = {mean_pair_cosine(x[order]) < 0.3 for order in orders}
+    assert sampled == {True, False}  # what the rule read before
+    for order in orders:
+        assert mean_cosine(x[order]) == pytest.approx(mean_cosine(x), abs=1e-12)
+        with pytest.warns(BertflowWarning) as said:
+            assert recommended("cls", x[order]) == ISOTROPIC_RECIPES["cls"]
+        assert "mean pair cosine is 0.2995, under 0.3" in str(said[0].message)
+        assert "within 0.02 of the line: --isotropic or --no-isotropic" in str(said[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say where the choice is made
+        assert recommended("cls", x, isotropic=False) == RECIPES["cls"]
+        assert recommended("cls", _cloud(8.0), isotropic=True) == ISOTROPIC_RECIPES["cls"]
+    with pytest.raises(BertflowError, match="only cls has one for isotropic"):
+        recommended("mean", x, isotropic=True)
+    np.save(tmp_path / "near.npy", x)
+    fit = ["fit", str(tmp_path / "near.npy"), "--pooling", "cls", "--epochs", "1", "--levels", "1",
+           "--depth", "2"]
+    assert main([*fit, "--out", str(tmp_path / "auto")]) == 0
+    assert "within 0.02 of the line" in capsys.readouterr().err
+    assert main([*fit, "--out", str(tmp_path / "pinned"), "--no-isotropic"]) == 0
+    assert "mean pair cosine" not in capsys.readouterr().err
+    assert FlowHead.load(tmp_path / "auto").linear is None
+    assert FlowHead.load(tmp_path / "pinned").linear is not None  # whitened first
+    for args, says in ((["--method", "whitening", "--no-isotropic"], "--no-isotropic apply to "
+                                                                       "--method flow only"),
+                       (["--pooling", "mean", "--isotropic"], "only cls has one")):
+        assert main([*fit[:2], "--out", str(tmp_path / "bad"), *args]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_the_isotropic_recipe_replayed_on_the_second_encoder_s_rows(experiment):
