@@ -27,7 +27,10 @@ _BEFORE_TEXT = {"standardisation": "a standardisation per dimension, then ",
 def summary(head: FlowHead) -> str:
     """What the head computes, in one line."""
     if head.glow is None:
-        return f"{head.method}, a linear map {head.dim} → {head.out_dim}"
+        options = ", ".join(f"{key} {head.training_info[key]}" for key in ("k", "d", "shrinkage")
+                            if key in head.training_info)
+        return (f"{head.method}{f' ({options})' if options else ''}, a linear map {head.dim} → "
+                f"{head.out_dim}")
     c = head.glow.config
     return (f"{'whitening, then a ' if head.linear is not None else ''}Glow: {c.levels} "
             f"levels × depth {c.depth}, {c.coupling} coupling, width {c.hidden}, "
@@ -60,7 +63,7 @@ def details(head: FlowHead) -> list[tuple[str, str]]:
         ("seed", str(training["seed"]) if "seed" in training else None),
         ("epochs", f"best {training.get('best_epoch')} of {training['epochs_run']}"
          if "epochs_run" in training else None),
-        ("val NLL", nll_text(training) or "unknown"),
+        ("val NLL", (nll_text(training) or "unknown") if head.glow is not None else None),
         ("training options", ", ".join(f"{k}={v}" for k, v in config.items()) or None),
     ]
     return [(k, v) for k, v in rows if v is not None]

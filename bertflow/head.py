@@ -21,7 +21,7 @@ from .errors import BertflowError, first_line
 from .files import check_finite, sha256_file, write_json
 from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
 from .folders import HEAD_FOLDER, head_folder, write_manifest
-from .linear import LINEAR_METHODS, LinearMap, fit_map
+from .linear import LINEAR_METHODS, LinearMap, fit_map, linear_options
 from .rows import Moments, Rows, as_rows, moments
 from .train import TrainConfig, fit
 
@@ -241,7 +241,7 @@ class FlowHead(nn.Module):
         linear = fit_map(data, method, k=k, d=d, shrinkage=shrinkage,
                          what="the training embeddings")
         training = {"corpus": record, "method": linear.method, "out_dim": linear.out_features,
-                    **({} if shrinkage is None else {"shrinkage": shrinkage})}
+                    **linear_options(method, linear.features, k, d, shrinkage)}
         return cls(None, linear=linear, training_info=training, **origin)
 
     def describe(self) -> dict[str, Any]:

@@ -129,19 +129,23 @@ def shrunk(cov: np.ndarray, shrinkage: float) -> np.ndarray:
 def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = None,
                      what: str = "the embeddings", shrinkage: float = 0.0) -> np.ndarray:
     r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$, keeping the top `k`
-    components (default: all), of $\Sigma$ `shrunk` by `shrinkage` first when it is above 0. A
-    direction without variance is scaled as the largest, so that full whitening stays
-    invertible; whitening-k refuses to keep one."""
-    if shrinkage:
-        cov = shrunk(cov, shrinkage)
+    components (default: all). With `shrinkage` α above 0 the eigenvalues are those of $\Sigma$
+    `shrunk`, $(1 - \alpha)\lambda_i + \alpha \operatorname{tr}\Sigma / n$, and the
+    directions stay $\Sigma$'s, ranked by its own variances (at α = 1 the shrunk covariance is
+    a multiple of I, whose eigenvectors say nothing); the shrunk covariance is full rank from 2
+    rows on. A direction without variance is scaled as the largest, so that full whitening
+    stays invertible; whitening-k refuses to keep one."""
     dim = cov.shape[0]
     kept = dim if k is None else k
     if not 1 <= kept <= dim:
         raise BertflowError(f"whitening k={k} must be between 1 and the dimension {dim}")
-    if rows is not None and rows <= kept:
+    if rows is not None and rows <= kept and not shrinkage:
         raise BertflowError(f"whitening {what} to {kept} components needs at least {kept + 1} "
-                            f"rows, got {rows} (whitening-k keeps fewer components)")
+                            f"rows, got {rows} (whitening-k keeps fewer components, and "
+                            "--shrinkage makes the covariance full rank)")
     values, vectors = principal_directions(cov, k)
+    if shrinkage:
+        values = (1 - shrinkage) * values + shrinkage * np.trace(cov) / dim
     live = values > NO_VARIANCE * values[0]
     if not live.any():
         raise BertflowError(f"{what} do not vary: there is nothing to whiten")

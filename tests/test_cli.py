@@ -506,7 +506,7 @@ def test_whitening_with_k_is_whitening_k_in_fit_and_eval(tmp_path, capsys, corpu
     for method in ("whitening", "whitening-k"):
         code, out, err = run(capsys, "fit", corpus_file, "--out", tmp_path / method,
                              "--method", method, "--k", "6", *common)
-        assert code == 0 and "whitening-k, a linear map 16 → 6" in out, err
+        assert code == 0 and "whitening-k (k 6), a linear map 16 → 6" in out, err
         heads[method] = {p.name: p.read_bytes() for p in (tmp_path / method).iterdir()}
     assert heads["whitening"] == heads["whitening-k"]
     rows = tmp_path / "rows.json"

@@ -143,7 +143,7 @@ def test_fit_method_from_the_command_line_and_every_export(tmp_path, capsys, cor
                          "6", "--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache",
                          tmp_path / "cache")
     assert code == 0, err
-    assert "whitening-k, a linear map 16 → 6" in out
+    assert "whitening-k (k 6), a linear map 16 → 6" in out
     loaded = FlowHead.load(head)
     z = tmp_path / "z.npy"
     assert run("transform", "--head", head, "--sentences", corpus_file, "--out", z)[0] == 0
@@ -400,3 +400,44 @@ def test_a_head_fit_with_shrinkage_records_it_and_reloads(x, tmp_path):
     assert method.describe() == {"k": 4, "shrinkage": 0.9}
     assert make_method("whitening", shrinkage=0.9).describe() == {"shrinkage": 0.9}
     np.testing.assert_array_equal(method.fit(x).transform(x), head.transform(x))
+
+
+def test_shrinkage_whitens_fewer_rows_than_dimensions(x):
+    """A shrunk covariance is full rank from 2 rows on: 8 rows of 12-d whiten with α > 0 (the
+    case shrinkage is for, such as 300 queries of 384-d), and are refused at α = 0."""
+    from bertflow import FlowHead
+
+    with pytest.raises(BertflowError, match="needs at least 13 rows, got 8 .*--shrinkage"):
+        FlowHead.fit_linear(x[:8], "whitening", shrinkage=0.0)
+    for alpha in (0.1, 1.0):
+        head = FlowHead.fit_linear(x[:8], "whitening", shrinkage=alpha)
+        assert head.out_dim == 12 and np.isfinite(head.transform(x)).all()
+        back = head.linear.inverse(head.linear.map(torch.from_numpy(x).double()))[0]
+        np.testing.assert_allclose(back.numpy(), x, atol=1e-4)
+    assert FlowHead.fit_linear(x[:3], "whitening-k", k=4, shrinkage=0.5).out_dim == 4
+
+
+def test_shrunk_whitening_k_keeps_the_top_directions_of_the_covariance():
+    """At α = 1 the shrunk covariance is a multiple of I: the directions kept are Σ's top k,
+    ranked by Σ's variances, for every α (only the eigenvalues are shrunk)."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(500, 12)) * np.array([9, 7, 5, 4] + [0.1] * 8)
+    for alpha in (0.0, 0.5, 1.0):
+        weight = fit_map(x.astype(np.float32), k=4, shrinkage=alpha).weight.double().numpy()
+        kept = weight / np.linalg.norm(weight, axis=0)
+        assert np.abs(kept[4:]).max() < 0.05, alpha  # in the first four coordinates
+    top = fit_map(x.astype(np.float32), k=4, shrinkage=1.0).weight.double().numpy()
+    np.testing.assert_allclose(np.linalg.norm(top, axis=0), np.linalg.norm(top[:, 0]))
+
+
+def test_info_names_a_linear_heads_options_and_no_training_loss(x, tmp_path, capsys):
+    from bertflow import FlowHead
+    from bertflow.cli import main
+
+    for method, options, says in (("whitening", {"shrinkage": 0.5}, "whitening (shrinkage 0.5)"),
+                                  ("whitening-k", {"k": 4}, "whitening-k (k 4)"),
+                                  ("abtt", {}, "abtt (d 1)")):
+        FlowHead.fit_linear(x, method, **options).save(tmp_path / method)
+        assert main(["info", str(tmp_path / method)]) == 0
+        out = capsys.readouterr().out
+        assert f"method      {says}, a linear map" in out and "val NLL" not in out, out
