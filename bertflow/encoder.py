@@ -187,9 +187,15 @@ class Encoder:
 
     @property
     def max_tokens(self) -> int | None:
-        """The lower of the tokenizer's limit and the model's positions; None if neither."""
-        limits = (getattr(self.tokenizer, "model_max_length", None),
-                  getattr(self.model.config, "max_position_embeddings", None))
+        """The lower of the tokenizer's limit and the model's positions; None if neither. Kinds
+        that number positions after the padding id (RoBERTa, MPNet: their position embedding
+        has that padding index) have that many fewer."""
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        table = getattr(getattr(self.model, "embeddings", None), "position_embeddings", None)
+        offset = getattr(table, "padding_idx", None)
+        if isinstance(positions, int) and isinstance(offset, int):
+            positions -= offset + 1
+        limits = (getattr(self.tokenizer, "model_max_length", None), positions)
         return min((n for n in limits if isinstance(n, int) and 0 < n < 1_000_000), default=None)
 
     def check_max_length(self, max_length: Any) -> int:

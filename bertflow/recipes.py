@@ -78,9 +78,9 @@ RECIPES: dict[str, Recipe] = {
 assert set(RECIPES) == set(POOLINGS)
 
 # Under this mean pair cosine, embeddings count as isotropic: all-MiniLM-L6-v2's CLS is at 0.51
-# to 0.62 on STS-B, SICK, the Wikipedia sample and SNLI (experiments/results/recipe.md), where
-# whitening first is chosen; all-mpnet-base-v2's at 0.049 to 0.089, where it is not. 0.3 lies
-# between; two encoders are all the evidence
+# to 0.62 on STS-B, SICK, the Wikipedia sample and SNLI, where whitening first is chosen
+# (experiments/results/recipe.md); all-mpnet-base-v2's at 0.049 to 0.087, where it is not
+# (experiments/results/rule_cosines.md). 0.3 lies between; two encoders are all the evidence
 ISOTROPIC = 0.3
 NEAR = 0.02  # a cosine this close to ISOTROPIC is a close call, and said to be one
 ISOTROPIC_RECIPES: dict[str, Recipe] = {

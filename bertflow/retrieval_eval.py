@@ -123,13 +123,25 @@ def top_hits(queries: np.ndarray, documents: np.ndarray, top: int = TOP,
     rows = np.empty((len(queries), top), np.int64)
     for start in range(0, len(queries), block):
         s = _unit(queries[start:start + block]) @ d.T
-        kept = (np.argpartition(-s, top - 1, axis=1)[:, :top] if top < s.shape[1]
+        kept = (_first_top(s, top) if top < s.shape[1]
                 else np.broadcast_to(np.arange(s.shape[1]), s.shape))
         kept_scores = np.take_along_axis(s, kept, axis=1)
         order = np.lexsort((kept, -kept_scores), axis=1)
         rows[start:start + block] = np.take_along_axis(kept, order, axis=1)
         scores[start:start + block] = np.take_along_axis(kept_scores, order, axis=1)
     return scores, rows
+
+
+def _first_top(s: np.ndarray, top: int) -> np.ndarray:
+    """The columns of each row's `top` highest scores, unordered; of the scores tied with the
+    last one kept, those of the lowest columns (`argpartition` keeps arbitrary ones)."""
+    kept = np.argpartition(-s, top - 1, axis=1)[:, :top]
+    cut = np.take_along_axis(s, kept, axis=1).min(1, keepdims=True)
+    for row in np.flatnonzero((s >= cut).sum(1) > top):  # ties straddle the cut: rare
+        above = np.flatnonzero(s[row] > cut[row])
+        tied = np.flatnonzero(s[row] == cut[row])[: top - len(above)]
+        kept[row] = np.concatenate([above, tied])
+    return kept
 
 
 def ranking(queries: np.ndarray, documents: np.ndarray, query_ids: Sequence[str],

@@ -396,8 +396,9 @@ def _markdown(rows: list[dict], chosen: dict, args: Any, minutes: float) -> str:
         mine = [r for r in rows if r["pooling"] == pooling]
         levers = " + ".join(chosen[pooling]["levers"]) or "the defaults"
         cosine = ", ".join(f"{n} {c:.3f}" for n, c in chosen[pooling]["cosine"].items())
-        text += [f"\n## {pooling}\n", "Mean random-pair cosine of the raw embeddings (the "
-                 f"statistic of `bertflow.recipes`' rule): {cosine}.\n",
+        text += [f"\n## {pooling}\n", "Mean cosine of 10,000 random pairs of the raw "
+                 "embeddings (the rule of `bertflow.recipes` reads the mean over all pairs: "
+                 f"rule_cosines.md): {cosine}.\n",
                  f"Recipe: {levers} (kept: more than "
                  f"{chosen[pooling]['spread']:.2f} over the recipe before it on STS-B dev; "
                  f"seeds {', '.join(map(str, args.seeds))}).\n", head[0].format("method"),

@@ -197,8 +197,8 @@ def choose(rows: list[dict[str, Any]], pooling: str) -> dict[str, Any]:
 
 def _label(row: dict[str, Any]) -> str:
     method = row["method"]
-    for key in ("k", "d", "shrinkage"):
-        if row.get(key):
+    for key in ("k", "d", "shrinkage"):  # d=0 is a setting of its own, not the default
+        if row.get(key) is not None:
             method += f" {key}={row[key]}"
     if row.get("head"):
         method = f"head {row['head']}"

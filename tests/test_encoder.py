@@ -109,6 +109,18 @@ def test_truncation_at_max_length(tiny_encoder):
     assert not np.allclose(truncated, whole, atol=1e-3)
 
 
+def test_positions_numbered_after_the_padding_id_are_counted(tiny_mpnet_dir):
+    """MPNet (and RoBERTa) number positions from the padding id + 1: a tiny MPNet of 130
+    positions takes 128 tokens, and 129 is refused in one line, not an index error."""
+    encoder = load_encoder(tiny_mpnet_dir)
+    assert encoder.model.config.max_position_embeddings == 130 and encoder.max_tokens == 128
+    long = [" ".join(["the man plays the guitar"] * 40)]
+    assert np.isfinite(encoder.encode(long, "mean", max_length=128)).all()
+    with pytest.raises(BertflowError, match=r"^max_length 129 is more than encoder .* takes: at "
+                                            r"most 128 tokens$"):
+        encoder.encode(long, "mean", max_length=129)
+
+
 def test_a_max_length_beyond_what_the_encoder_takes_is_refused(tiny_encoder, monkeypatch):
     """The limit is the lower of the model's positions (128) and the tokenizer's own limit;
     a longer max length would be cut to it silently, so it is refused before any encoding."""

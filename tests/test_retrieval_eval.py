@@ -80,6 +80,18 @@ def test_top_hits_is_exact_cosine_search_ties_by_row():
         top_hits(queries, docs[:, :4])
 
 
+def test_ties_at_the_cut_keep_the_lowest_rows():
+    """Many documents tied at the last place kept: the first rows of them, as the docstring
+    says, in every block and at every cut."""
+    docs = np.tile(np.eye(4, dtype=np.float32)[0], (60, 1))
+    docs[[7, 30]] = np.eye(4)[1]  # better for the query below
+    query = np.array([[1.0, 2.0, 0, 0]], np.float32)
+    for top in (1, 2, 3, 5, 40):
+        scores, rows = top_hits(np.repeat(query, 3, 0), docs, top=top, block=2)
+        rest = [r for r in range(60) if r not in (7, 30)][: max(0, top - 2)]
+        assert (rows == [[7, 30, *rest][:top]] * 3).all(), (top, rows)
+
+
 def test_score_run_by_hand():
     qrels = {"q1": {"d1": 1}, "q2": {"d2": 1, "d3": 1}}
     run = {"q1": {"d0": 0.9, "d1": 0.8, "d2": 0.1},
