@@ -157,7 +157,7 @@ def _eval(args: argparse.Namespace) -> None:
     from . import evaluate
     from .cache import EmbeddingCache
     from .files import Checked, write_json
-    from .recipes import corpus_note
+    from .recipes import close_call, corpus_note, rule_note
     from .sts import load_tasks
 
     check_paths(args, "json")
@@ -191,6 +191,9 @@ def _eval(args: argparse.Namespace) -> None:
         print(f"{task.name} ({task.split}: {len(task.queries)} queries, {len(task.corpus)} "
               f"documents{left_out}), × 100:")
         print(format_retrieval_table(rows))
+        if rows[0].get("mean_cosine") is not None:  # a close call is warned of already
+            if not close_call(rows[0]["mean_cosine"]):
+                print(f"note: {rule_note(rows[0]['pooling'], rows[0]['mean_cosine'])}")
         return
     rows = evaluate.evaluate_method(tasks, missing, method if head is None else head, encoder,
                                     EmbeddingCache(args.cache), **options)
@@ -205,6 +208,9 @@ def _eval(args: argparse.Namespace) -> None:
     if head is None and method == "flow":  # of the recipes the rule chose for the tasks
         kinds = dict.fromkeys(r["recipe_corpus"] for r in rows if r.get("recipe_corpus"))
         notes += [corpus_note(pooling, fit_on, kind) for kind in kinds]
+        cosines = {r["task"]: r["mean_cosine"] for r in rows if r.get("mean_cosine") is not None}
+        notes += [f"note: {task}: {rule_note(pooling, cosine)}"
+                  for task, cosine in cosines.items() if not close_call(cosine)]
     for note in filter(None, notes):
         print(note)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,11 +12,11 @@ import torch
 
 from .config import DictConfig
 from .constants import METHODS
-from .errors import BertflowError
+from .errors import BertflowError, BertflowWarning
 from .flow import FlowConfig, StandardScaler
 from .head import FlowHead
 from .linear import linear_method
-from .recipes import Recipe, resolve
+from .recipes import Recipe, close_call, resolve, rule_note, settle
 from .rows import as_rows, moments
 from .train import TrainConfig
 
@@ -32,17 +33,19 @@ class Method:
     options: dict[str, Any] = field(default_factory=dict)
     head: FlowHead | None = None
     scaler: StandardScaler | None = None
-    # the flow's recipe for the embeddings it is fit on (`bertflow.recipes.recommended`'s rule):
-    # when the flow is fit, its settings replace `options`' and it is kept as `recipe`
-    settle: Callable[[Any], Recipe] | None = None
+    # the flow's recipe for the embeddings it is fit on, and the mean pair cosine the rule read
+    # (`bertflow.recipes.settle`): when the flow is fit, its settings replace `options`' and it
+    # is kept as `recipe`
+    settle: Callable[[Any], tuple[Recipe, float | None]] | None = None
     recipe: Recipe | None = None
+    cosine: float | None = None
 
     def fit(self, x: np.ndarray) -> Method:
         if self.name == "standardize":
             self.scaler = StandardScaler.from_moments(moments(as_rows(x)))
         elif self.name == "flow":
             if self.settle is not None:
-                self.recipe = self.settle(x)
+                self.recipe, self.cosine = self.settle(x)
                 self.options = {**self.options, **self.recipe.fit_options()}
             self.head = FlowHead.fit(x, **self.options)
         elif self.name != "raw":
@@ -66,9 +69,13 @@ class Method:
                 for key, value in self.options.items() if key != "progress"}
 
     def settled(self) -> dict[str, Any]:
-        """What `settle` chose, for a row of results: the flow's settings and the kind of text
-        its recipe was chosen on (``recipe_corpus``); empty where nothing was settled."""
-        return {**self.describe(), "recipe_corpus": self.recipe.corpus} if self.recipe else {}
+        """What `settle` chose, for a row of results: the flow's settings, the kind of text its
+        recipe was chosen on (``recipe_corpus``) and the mean pair cosine the rule read
+        (``mean_cosine``, where it read one); empty where nothing was settled."""
+        if self.recipe is None:
+            return {}
+        cosine = {} if self.cosine is None else {"mean_cosine": self.cosine}
+        return {**self.describe(), "recipe_corpus": self.recipe.corpus, **cosine}
 
 
 def make_method(name: str, *, k: int | None = None, d: int | None = None,
@@ -92,5 +99,11 @@ def flow_by_recipe(pooling: str, recipe: Recipe | dict[str, Any] | None = None, 
                    progress: bool = False) -> Method:
     """A fresh flow by `pooling`'s recommended recipe changed by `recipe` (`resolve`), settled
     on the embeddings it is fit on (the rule of `bertflow.recipes`)."""
+    def settled(x: Any) -> tuple[Recipe, float | None]:
+        chosen, cosine = settle(recipe, pooling, x)
+        if close_call(cosine):
+            warnings.warn(rule_note(pooling, cosine), BertflowWarning, stacklevel=3)
+        return chosen, cosine
+
     return Method("flow", {**resolve(recipe, pooling).fit_options(), "progress": progress},
-                  settle=lambda x: resolve(recipe, pooling, x))
+                  settle=settled)

@@ -7,9 +7,9 @@ One rule reads the embeddings the flow is fit on, no labels and no encoder name:
 whitens is for anisotropic embeddings. Where their mean pair cosine (over all pairs, exactly:
 `mean_cosine`) is under `ISOTROPIC`, they already fill the sphere, whitening them only costs
 alignment, and the pooling's `ISOTROPIC_RECIPES` entry is used instead (all-mpnet-base-v2's
-CLS, chosen the same way: `experiments/results/recipe-all-mpnet-base-v2.md`). The choice is
-said, with the cosine, in a `BertflowWarning`; `isotropic` (`--isotropic`, `--no-isotropic`)
-makes it instead."""
+CLS, chosen the same way: `experiments/results/recipe-all-mpnet-base-v2.md`). `rule_note`
+says the choice with the cosine (`bertflow fit` and `eval` print it), a close call is warned
+of, and `isotropic` (`--isotropic`, `--no-isotropic`) makes the choice instead."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .isotropy import mean_cosine
 from .train import TrainConfig
 
 __all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "NEAR", "RECIPES", "Recipe",
-           "corpus_note", "recommended", "resolve"]
+           "close_call", "corpus_note", "recommended", "resolve", "rule_note", "settle"]
 
 CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe is chosen on
 
@@ -50,9 +50,8 @@ class Recipe:
                 raise BertflowError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
 
     def updated(self, flow: dict[str, Any] | None = None, train: dict[str, Any] | None = None,
-                before: str | None = None, isotropic: bool | None = None) -> Recipe:
-        """This recipe with `before` and the named fields of its flow and training changed
-        (`isotropic` is `recommended`'s)."""
+                before: str | None = None) -> Recipe:
+        """This recipe with `before` and the named fields of its flow and training changed."""
         return replace(self, flow=FlowConfig.from_dict({**self.flow.to_dict(), **(flow or {})}),
                        train=TrainConfig.from_dict({**self.train.to_dict(), **(train or {})}),
                        before=before or self.before)
@@ -112,34 +111,59 @@ def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike],
 def recommended(pooling: str, x: Any = None, isotropic: bool | None = None) -> Recipe:
     """The recipe for embeddings of `pooling`; for a pooling with an `ISOTROPIC_RECIPES` entry,
     that entry where `isotropic`, else where `x`, the embeddings the recipe is to be fit on, is
-    isotropic: their mean pair cosine (`mean_cosine`) is under `ISOTROPIC`. The choice made
-    from `x` is said, with the cosine, in a `BertflowWarning`, which points to `isotropic`
-    where the cosine is within `NEAR` of the line."""
+    isotropic: their mean pair cosine (`mean_cosine`) is under `ISOTROPIC`. Where that cosine
+    is within `NEAR` of the line, a `BertflowWarning` says so (`rule_note`)."""
+    return resolve(None if isotropic is None else {"isotropic": isotropic}, pooling, x)
+
+
+def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None) -> Recipe:
+    """`recipe` itself, or the recommended recipe of `pooling` (for embeddings `x`, where given,
+    and its ``isotropic``) changed by `recipe`'s `Recipe.updated` keywords (a dict, or None);
+    a close call of the rule is warned of, as `recommended` does."""
+    chosen, cosine = settle(recipe, pooling, x)
+    if close_call(cosine):
+        warnings.warn(rule_note(pooling, cosine), BertflowWarning, stacklevel=2)
+    return chosen
+
+
+def settle(recipe: Recipe | dict[str, Any] | None, pooling: str,
+           x: Any = None) -> tuple[Recipe, float | None]:
+    """`resolve`'s recipe, said nothing of, and the mean pair cosine of `x` the rule chose it
+    by (None where it read none: a whole `Recipe`, a pooling with one recipe, no `x`, or
+    ``isotropic`` given)."""
+    if isinstance(recipe, Recipe):
+        return recipe, None
+    options = dict(recipe or {})
+    isotropic = options.pop("isotropic", None)
     if pooling not in RECIPES:
         raise BertflowError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+    cosine = None
     if pooling not in ISOTROPIC_RECIPES:
         if isotropic:
             raise BertflowError(f"--isotropic: the {pooling} recipe is one for all embeddings; "
                                 f"only {', '.join(ISOTROPIC_RECIPES)} has one for isotropic "
                                 "embeddings")
-        return RECIPES[pooling]
-    if isotropic is None and x is not None:
+        isotropic = False
+    elif isotropic is None and x is not None:
         cosine = mean_cosine(x)
         isotropic = cosine < ISOTROPIC
-        close = (f"; within {NEAR} of the line: --isotropic or --no-isotropic makes the choice"
-                 if abs(cosine - ISOTROPIC) < NEAR else "")
-        kind = ("isotropic embeddings, which does not whiten" if isotropic
-                else "anisotropic embeddings, which whitens first")
-        warnings.warn(f"these {pooling} embeddings' mean pair cosine is {cosine:.4f}, "
-                      f"{'under' if isotropic else 'not under'} {ISOTROPIC}: the {pooling} recipe "
-                      f"for {kind} (`bertflow recipes --pooling {pooling}`){close}",
-                      BertflowWarning, stacklevel=2)
-    return (ISOTROPIC_RECIPES if isotropic else RECIPES)[pooling]
+    chosen = ISOTROPIC_RECIPES[pooling] if isotropic else RECIPES[pooling]
+    return chosen.updated(**options), cosine
 
 
-def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None) -> Recipe:
-    """`recipe` itself, or the recommended recipe of `pooling` (for embeddings `x`, where given,
-    and its ``isotropic``) changed by `recipe`'s `Recipe.updated` keywords (a dict, or None)."""
-    if isinstance(recipe, Recipe):
-        return recipe
-    return recommended(pooling, x, (recipe or {}).get("isotropic")).updated(**(recipe or {}))
+def close_call(cosine: float | None) -> bool:
+    """Whether the rule's `cosine` is within `NEAR` of `ISOTROPIC`."""
+    return cosine is not None and abs(cosine - ISOTROPIC) < NEAR
+
+
+def rule_note(pooling: str, cosine: float) -> str:
+    """What the rule chose for embeddings of `pooling` whose mean pair cosine is `cosine`, and,
+    for a close call, how to make the choice instead."""
+    isotropic = cosine < ISOTROPIC
+    kind = ("isotropic embeddings, which does not whiten" if isotropic
+            else "anisotropic embeddings, which whitens first")
+    close = (f"; within {NEAR} of the line: --isotropic or --no-isotropic makes the choice"
+             if close_call(cosine) else "")
+    return (f"these {pooling} embeddings' mean pair cosine is {cosine:.4f}, "
+            f"{'under' if isotropic else 'not under'} {ISOTROPIC}: the {pooling} recipe for "
+            f"{kind} (`bertflow recipes --pooling {pooling}`){close}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,12 +20,12 @@ from .constants import DEFAULT_BATCH_SIZE, DEFAULT_ENCODER_NAME, DEFAULT_MAX_LEN
 from .corpus import Corpus
 from .embeddings import EmbeddingFile, open_embeddings
 from .encoder import check_max_length, load_encoder
-from .errors import BertflowError
+from .errors import BertflowError, BertflowWarning
 from .files import check_outputs
 from .folders import HEAD_FOLDER
 from .head import FlowHead
 from .logs import RunLogs
-from .recipes import Recipe, resolve
+from .recipes import Recipe, close_call, resolve, rule_note, settle
 from .train import TrainState
 
 __all__ = ["FitJob", "FittedHead", "fit_head"]
@@ -80,7 +81,7 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     flow = job.method == "flow"
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
-    job, x, origin = _source(job, progress)
+    job, x, origin = _source(job, progress, say)
     if not flow:
         if not distributed.is_main():
             return None
@@ -92,7 +93,8 @@ def fit_head(job: FitJob, *, say: Say | None = None,
     return _train(job, x, origin, checkpoint, dev, say, progress)
 
 
-def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, Any]]:
+def _source(job: FitJob, progress: bool | None,
+            say: Say | None) -> tuple[FitJob, Any, dict[str, Any]]:
     """The job with its recipe resolved, the embeddings and their origin (`open_embeddings`'s,
     and the `Encoder` as ``loaded``); a flow too wide for them, or a --max-length other than a
     `.npy`'s, is refused before anything is encoded (a text file's through the cache)."""
@@ -106,7 +108,7 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
             resolve(job.recipe, pooling).flow.check(loaded.width(pooling))
         x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
                                             progress=progress)[pooling]
-        job = _settle(job, pooling, x, loaded.width(pooling))
+        job = _settle(job, pooling, x, loaded.width(pooling), say)
         return job, x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
                         "data": corpus.sha256, "loaded": loaded,
                         "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
@@ -124,15 +126,19 @@ def _source(job: FitJob, progress: bool | None) -> tuple[FitJob, Any, dict[str, 
             (job.device, meta.get("precision") or job.dtype) if job.dev_sts else ("cpu",)))
     x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
                                 max_length=max_length)
-    return _settle(job, pooling, x, width), x, {**origin, "loaded": loaded}
+    return _settle(job, pooling, x, width, say), x, {**origin, "loaded": loaded}
 
 
-def _settle(job: FitJob, pooling: str, x: Any, width: int) -> FitJob:
-    """The job with a flow's recipe resolved for embeddings `x` (`bertflow.recipes`' rule) and
-    checked against their `width`."""
+def _settle(job: FitJob, pooling: str, x: Any, width: int, say: Say | None) -> FitJob:
+    """The job with a flow's recipe resolved for embeddings `x` (`bertflow.recipes`' rule,
+    said, and warned of where it was a close call) and checked against their `width`."""
     if job.method != "flow":
         return job
-    recipe = resolve(job.recipe, pooling, x)
+    recipe, cosine = settle(job.recipe, pooling, x)
+    if close_call(cosine):
+        warnings.warn(rule_note(pooling, cosine), BertflowWarning, stacklevel=2)
+    elif say is not None and cosine is not None:
+        say(f"note: {rule_note(pooling, cosine)}")
     recipe.flow.check(width)
     return replace(job, recipe=recipe)
 

@@ -523,7 +523,7 @@ def test_shrinkage_in_fit_and_eval(tmp_path, capsys, corpus_file, tiny_encoder_d
     common = ("--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache", tmp_path / "c")
     code, out, err = run(capsys, "fit", corpus_file, "--out", tmp_path / "h", "--method",
                          "whitening", "--shrinkage", "0.9", *common)
-    assert code == 0 and "whitening, a linear map 16 → 16" in out, err
+    assert code == 0 and "whitening (shrinkage 0.9), a linear map 16 → 16" in out, err
     config = json.loads((tmp_path / "h" / "config.json").read_text())
     assert config["training"]["shrinkage"] == 0.9
     rows = tmp_path / "rows.json"

@@ -153,7 +153,7 @@ def own_pooled(folder, pooling):
 def test_each_fused_kind_is_exact(kind, kind_folders):
     encoder = load_encoder(kind_folders[kind], device="cpu")
     assert encoder.fused is not None
-    batch = encoder.tokenize(ROWS, 128, padding=True, return_tensors="pt")
+    batch = encoder.tokenize(ROWS, 64, padding=True, return_tensors="pt")
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")
               if k in batch}
     with torch.no_grad():
@@ -174,11 +174,11 @@ def test_other_kinds_run_through_their_own_forward(kind, kind_folders):
     assert encoder.fused is None
     assert encoder.unpadded == (kind in ("convbert", "yoso"))  # their states change with padding
     for pooling in POOLINGS:
-        got = encoder.encode(ROWS, pooling, batch_size=3)
+        got = encoder.encode(ROWS, pooling, max_length=64, batch_size=3)
         np.testing.assert_allclose(got, own_pooled(kind_folders[kind], pooling), atol=2e-5,
                                    err_msg=f"{kind} {pooling}")
     if kind == "roformer":  # word order counts
-        mean = encoder.encode(ROWS[-2:], "mean")
+        mean = encoder.encode(ROWS[-2:], "mean", max_length=64)
         assert np.abs(mean[0] - mean[1]).max() > 1e-2
 
 
@@ -195,12 +195,12 @@ def test_a_fused_kind_that_differs_falls_back_and_says_so_once(kind_folders, mon
     with pytest.warns(BertflowWarning, match=r"longformer\): the fused forward differs") as seen:
         encoder = load_encoder(folder, device="cpu")
     assert len(seen) == 1 and encoder.fused is None
-    np.testing.assert_allclose(encoder.encode(ROWS, "mean", batch_size=3),
+    np.testing.assert_allclose(encoder.encode(ROWS, "mean", max_length=64, batch_size=3),
                                own_pooled(folder, "mean"), atol=2e-5)
     sentences = tmp_path / "s.txt"
     sentences.write_text("\n".join(ROWS) + "\n")
     assert main(["encode", str(sentences), "--encoder", str(folder), "--out",
-                 str(tmp_path / "e.npy"), "--quiet", "--no-cache"]) == 0
+                 str(tmp_path / "e.npy"), "--quiet", "--no-cache", "--max-length", "64"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("bertflow: note: encoder ") and "own forward" \
         in err[0], err
@@ -236,8 +236,8 @@ def test_a_pipeline_refuses_an_encoder_whose_states_change_with_padding(kind_fol
     from bertflow.pipeline import build_pipeline
 
     encoder = load_encoder(kind_folders["convbert"], device="cpu")
-    x = encoder.encode([" ".join(WORDS[i : i + 5]) for i in range(40)], "mean")
+    x = encoder.encode([" ".join(WORDS[i : i + 5]) for i in range(40)], "mean", max_length=64)
     head = FlowHead.fit_linear(x, "whitening", encoder=encoder.id, pooling="mean",
-                               max_length=128)
+                               max_length=64)
     with pytest.raises(BertflowError, match="change with the padding a sentence-transformers"):
         build_pipeline(head, encoder)

@@ -319,7 +319,8 @@ def test_a_head_describes_itself_in_rows():
     assert nll_text({"val_nll": 1.5, "val_bits_per_dim": 0.25}) == "1.500 nats (0.2500 bits/dim)"
     assert nll_text({"val_nll": None}) is None
     linear = dict(details(FlowHead.fit_linear(x, "whitening-k", k=3)))
-    assert linear["dim"] == "8 → 3" and linear["val NLL"] == "unknown"
+    assert linear["dim"] == "8 → 3" and "val NLL" not in linear  # fit in closed form
+    assert linear["method"] == "whitening-k (k 3), a linear map 8 → 3"
     assert linear["corpus"].startswith("60 rows, sha256 ") and "?" not in linear["corpus"]
 
 

@@ -162,7 +162,7 @@ def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys
         assert main(["fit", str(tmp_path / f"{name}.npy"), "--pooling", "cls", "--out", str(out),
                      "--epochs", "1", "--levels", "1", "--depth", "2"]) == 0
         said = capsys.readouterr().err
-        assert "bertflow: note: these cls embeddings' mean pair cosine is" in said
+        assert "note: these cls embeddings' mean pair cosine is" in said
         assert (", under 0.3: the cls recipe for isotropic" in said) == (name == "flat")
         head = FlowHead.load(out)
         assert (head.linear is not None, head.standardize is not None) == (
