@@ -4,33 +4,20 @@ The names below are imported on first use, so that `import bertflow` does not lo
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .lazy import exports
 
 __version__ = "0.1.0"
 
 _WHERE = {  # module: the public names it defines
     "constants": ("POOLINGS",), "errors": ("BertflowError",),
-    "encoder": ("Encoder", "encode", "load_encoder", "pool"),
-    "encoder_id": ("EncoderId", "default_encoder_path"), "flow": ("FlowConfig", "Glow"),
-    "head": ("FlowHead",), "isotropy": ("mean_pair_cosine",),
-    "train": ("History", "TrainConfig", "fit"),
+    "encoders.encoder": ("Encoder",), "encoders.loading": ("encode", "load_encoder"),
+    "encoders.pooling": ("pool",),
+    "encoders.identity": ("EncoderId", "default_encoder_path"),
+    "heads.flow": ("FlowConfig", "Glow"), "heads.head": ("FlowHead",),
+    "embeddings.isotropy": ("mean_pair_cosine",),
+    "training.trainer": ("History", "TrainConfig", "fit", "fit_head"),
 }
-_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
-_MODULES = ("lee", "sts")
+_MODULES = {"lee": "data.lee", "sts": "data.sts"}  # modules served whole
 
-__all__ = sorted([*_MODULE_OF, *_MODULES, "__version__"])
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        return importlib.import_module(f".{name}", __name__)
-    if name in _MODULE_OF:
-        value = getattr(importlib.import_module(f".{_MODULE_OF[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'bertflow' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = exports(__name__, _WHERE, _MODULES)
+__all__ = [*__all__, "__version__"]

@@ -14,11 +14,11 @@ def public_names(init: Path) -> dict[str, str]:
         target = node.targets[0] if isinstance(node, ast.Assign) else None
         if isinstance(target, ast.Name) and target.id in ("_WHERE", "_MODULES"):
             value = ast.literal_eval(node.value)
-            if isinstance(value, dict):
+            if target.id == "_WHERE":
                 where.update({name: f"bertflow.{module}.{name}" for module, names in value.items()
                               for name in names})
-            else:
-                where.update({module: f"bertflow.{module}" for module in value})
+            else:  # public name: module
+                where.update({name: f"bertflow.{module}" for name, module in value.items()})
     return {name: path for name, path in where.items() if not name.startswith("_")}
 
 

@@ -32,9 +32,10 @@ from common import parser
 from sentence_transformers import SentenceTransformer
 
 from bertflow import load_encoder
-from bertflow.encoder import Encoder, resolve_device
-from bertflow.encoder_id import default_encoder_path
-from bertflow.files import read_sentences
+from bertflow.encoders.encoder import Encoder
+from bertflow.encoders.identity import default_encoder_path
+from bertflow.runtime.devices import resolve_device
+from bertflow.storage.files import read_sentences
 
 
 def main() -> None:

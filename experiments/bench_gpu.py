@@ -56,7 +56,7 @@ def main() -> None:
                          help="scratch folder (default: a temporary one, removed at the end)")
     args = options.parse_args()
 
-    from bertflow.encoder import resolve_device
+    from bertflow.runtime.devices import resolve_device
 
     device = resolve_device(args.device)
     name = describe(device)
@@ -172,7 +172,7 @@ def first(args: argparse.Namespace) -> str | None:
 
 
 def encoder_name(encoder: str | None) -> str:
-    from bertflow.encoder_id import locate
+    from bertflow.encoders.identity import locate
 
     return locate(encoder)[1]
 

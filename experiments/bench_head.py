@@ -21,7 +21,7 @@ import torch
 from common import REPO, parser
 
 from bertflow import FlowHead
-from bertflow.export import export_onnx, export_program
+from bertflow.export.graphs import export_onnx, export_program
 
 
 def main() -> None:

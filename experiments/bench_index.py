@@ -44,10 +44,10 @@ import numpy as np
 from common import parser
 
 from bertflow import BertflowError, FlowHead, load_encoder
-from bertflow.cache import EmbeddingCache
-from bertflow.files import read_sentences
-from bertflow.index_kinds import faiss_module
-from bertflow.retrieval import Index
+from bertflow.embeddings.cache import EmbeddingCache
+from bertflow.search.index import Index
+from bertflow.search.kinds import faiss_module
+from bertflow.storage.files import read_sentences
 
 HEAD = "minilm-first_last-wiki"
 POOLING, MAX_LENGTH = "first_last", 128  # the shipped head's

@@ -62,7 +62,7 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict:
-    from bertflow.encoder import resolve_device
+    from bertflow.runtime.devices import resolve_device
 
     device = resolve_device(args.device)
     small = make_small_encoder(work / "small-bert")
@@ -118,7 +118,7 @@ def measure(arguments: list[str], launcher: list[str] | None = None) -> dict:
 
 
 def make_corpus(data: Path, size: int, path: Path) -> Path:
-    from bertflow.files import read_sentences
+    from bertflow.storage.files import read_sentences
 
     sample = read_sentences(data / "unlabeled" / "wiki-sample.txt")
     halves = [s.split() for s in sample]
@@ -137,7 +137,7 @@ def make_small_encoder(folder: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from bertflow.encoder_id import default_encoder_path
+    from bertflow.encoders.identity import default_encoder_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_encoder_path()))
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=128, num_hidden_layers=2,

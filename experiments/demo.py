@@ -1,6 +1,6 @@
 """The main job on the embedded defaults: fit, save, export, reload and compare, per pooling.
 
-Fits one flow head per pooling, by the pooling's recommended recipe (`bertflow.recipes`),
+Fits one flow head per pooling, by the pooling's recommended recipe (`bertflow.training.recipes`),
 on the Lee background corpus (2,682 unlabeled news sentences, shipped in gensim's wheel) with
 the default encoder (all-MiniLM-L6-v2); saves each head under checkpoints/demo/ and exports it
 there as one ONNX file (`bertflow export --format onnx`), loads both back (the ONNX file with
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from common import REPO, parser
 
-from bertflow import POOLINGS, FlowHead, lee, load_encoder, mean_pair_cosine, sts
-from bertflow.export import export_onnx
-from bertflow.recipes import recommended
+from bertflow import POOLINGS, FlowHead, fit_head, lee, load_encoder, mean_pair_cosine, sts
+from bertflow.export.graphs import export_onnx
+from bertflow.training.recipes import recommended
 
 
 def main() -> None:
@@ -49,7 +49,7 @@ def main() -> None:
         recipe = recommended(pooling, x).updated(train={"seed": args.seed})
         print(f"fitting the {pooling} head on {len(x)} {name} sentences ({recipe.before}, then "
               f"{recipe.train.epochs} epoch(s) of the flow)", flush=True)
-        head = FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=128,
+        head = fit_head(x, encoder=encoder.id, pooling=pooling, max_length=128,
                             corpus={"name": corpus}, progress=True, **recipe.fit_options())
         folder = head.save(args.out / f"{name}-{pooling}")
         onnx = export_onnx(head, args.out / f"{name}-{pooling}.onnx")

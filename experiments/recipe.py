@@ -1,5 +1,6 @@
-"""Choose the flow recipe per pooling (`bertflow.recipes.RECIPES`) on STS-B dev, without test
-labels; STS-B test and SICK-R test are written beside every row and never read by the choice.
+"""Choose the flow recipe per pooling (`bertflow.training.recipes.RECIPES`) on STS-B dev,
+without test labels; STS-B test and SICK-R test are written beside every row and never read by
+the choice.
 
 A trial is one way to fit a flow; each lever row changes one thing from bertflow's flow
 defaults (the release's Glow, standardised inputs, one epoch, fit on the task's own sentences
@@ -30,7 +31,7 @@ of those; then stage by stage (dropout, optimiser, architecture) the best lever 
 Each is kept only where it raises STS-B dev by more than the spread: twice the seed standard
 deviation of the defaults (at least `--spread`). The recipes and the defaults are refit over
 several seeds. recipe.json holds every row the choice read (tables "joint" and "stage"), so
-the choice can be replayed (tests/test_recipes.py).
+the choice can be replayed (tests/training/test_recipes.py).
 
 Fit and scored heads are appended to `CACHE/recipe.ENCODER-GENERIC.rows.jsonl` (one file per
 encoder fingerprint and generic corpus); a rerun reuses them.
@@ -52,16 +53,16 @@ from typing import Any
 import numpy as np
 from common import DATA, parser
 
-from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, load_encoder, sts
-from bertflow.cache import EmbeddingCache
-from bertflow.corpus import corpus_sha256
-from bertflow.files import read_sentences, write_json
-from bertflow.isotropy import mean_pair_cosine
-from bertflow.methods import make_method
-from bertflow.recipes import Recipe
+from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, fit_head, load_encoder, sts
+from bertflow.embeddings.cache import EmbeddingCache
+from bertflow.embeddings.isotropy import mean_pair_cosine
+from bertflow.evaluation.methods import make_method
+from bertflow.storage.corpus import corpus_sha256
+from bertflow.storage.files import read_sentences, write_json
+from bertflow.training.recipes import Recipe
 
-# the texts a trial's flow is fit on: the kind of corpus each is (`bertflow.recipes.CORPORA`)
-# and the sentence sets it joins ("target": the task's own)
+# the texts a trial's flow is fit on: the kind of corpus each is
+# (`bertflow.training.recipes.CORPORA`) and the sentence sets it joins ("target": the task's own)
 TEXTS = {"target": ("target", ("target",)), "wiki": ("generic", ("wiki",)),
          "snli": ("generic", ("snli",)), "union": ("target+generic", ("wiki", "snli", "target")),
          "target+wiki": ("target+generic", ("target", "wiki"))}
@@ -69,7 +70,7 @@ TEXTS = {"target": ("target", ("target",)), "wiki": ("generic", ("wiki",)),
 
 @dataclass(frozen=True)
 class Trial:
-    """One way to fit a flow: a `bertflow.recipes.Recipe` with the fit text named (a key of
+    """One way to fit a flow: a `bertflow.training.recipes.Recipe` with the fit text named (a key of
     `TEXTS`) and two settings the library has not: the encoder's dropout and the release's
     clipping."""
 
@@ -173,7 +174,7 @@ def fit_trial(trial: Trial, x: np.ndarray) -> FlowHead:
     train = trial.train
     if trial.release_clip:
         train = replace(train, max_grad_norm=x.shape[1] * float(np.log(2)) / 2)
-    return FlowHead.fit(x, flow=trial.flow, train=train, before=trial.before)
+    return fit_head(x, flow=trial.flow, train=train, before=trial.before)
 
 
 def as_recipe(trial: Trial) -> Recipe:
@@ -397,7 +398,8 @@ def _markdown(rows: list[dict], chosen: dict, args: Any, minutes: float) -> str:
         levers = " + ".join(chosen[pooling]["levers"]) or "the defaults"
         cosine = ", ".join(f"{n} {c:.3f}" for n, c in chosen[pooling]["cosine"].items())
         text += [f"\n## {pooling}\n", "Mean cosine of 10,000 random pairs of the raw "
-                 "embeddings (the rule of `bertflow.recipes` reads the mean over all pairs: "
+                 "embeddings (the rule of `bertflow.training.recipes` reads the mean over all "
+                 "pairs: "
                  f"rule_cosines.md): {cosine}.\n",
                  f"Recipe: {levers} (kept: more than "
                  f"{chosen[pooling]['spread']:.2f} over the recipe before it on STS-B dev; "

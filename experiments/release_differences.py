@@ -56,13 +56,14 @@ from common import parser
 from nflows.transforms import CompositeTransform
 from torch import Tensor, nn
 
-from bertflow import POOLINGS, FlowConfig, FlowHead, Glow, TrainConfig, load_encoder, sts
-from bertflow.cache import EmbeddingCache
-from bertflow.encoder import Encoder, pool
-from bertflow.files import write_json
-from bertflow.flow import ActNorm, AdditiveCoupling, StandardScaler, robust_std
-from bertflow.rows import as_rows, moments
-from bertflow.train import fit
+from bertflow import POOLINGS, FlowConfig, FlowHead, Glow, TrainConfig, fit_head, load_encoder, sts
+from bertflow.embeddings.cache import EmbeddingCache
+from bertflow.encoders.encoder import Encoder
+from bertflow.encoders.pooling import pool
+from bertflow.heads.flow import ActNorm, AdditiveCoupling, StandardScaler, robust_std
+from bertflow.storage.files import write_json
+from bertflow.storage.rows import as_rows, moments
+from bertflow.training.trainer import fit
 
 DIM = 384  # all-MiniLM-L6-v2's width, every pooling
 SCALE = DIM * math.log(2) / 2  # bertflow's loss over the release's
@@ -152,12 +153,12 @@ class ReleaseConditioner(nn.Module):
         return self.last(h) * torch.exp(3 * self.logs)
 
 
-def fit_head(x: np.ndarray, variant: Variant, train: TrainConfig) -> FlowHead:
-    """`FlowHead.fit` with the default flow, its layers swapped for the release's where the
+def fit_variant(x: np.ndarray, variant: Variant, train: TrainConfig) -> FlowHead:
+    """`fit_head` with the default flow, its layers swapped for the release's where the
     variant asks."""
     if not (variant.conditioner or variant.actnorm):
-        return FlowHead.fit(x, flow=variant.flow, train=train,
-                            before="standardize" if variant.standardize else "none")
+        return fit_head(x, flow=variant.flow, train=train,
+                        before="standardize" if variant.standardize else "none")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(train.seed)
         glow = Glow(x.shape[1], variant.flow)
@@ -244,7 +245,7 @@ def main() -> None:
                 started = time.perf_counter()
                 x = training_rows(variant, pooling, seed)
                 train = replace(variant.train, seed=seed)
-                head = fit_head(x, variant, train)
+                head = fit_variant(x, variant, train)
                 name = "pooler" if variant.pooler and pooling == "cls" else pooling
                 z = head.transform(embeddings(variant.max_length)[name])
                 row = {"difference": difference, "pooling": pooling, "seed": seed,

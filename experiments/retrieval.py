@@ -28,14 +28,14 @@ import numpy as np
 from common import parser
 from scipy.stats import spearmanr
 
-from bertflow import POOLINGS, FlowHead, load_encoder, sts
-from bertflow.cache import EmbeddingCache
-from bertflow.density import auroc, novelty, typicality
-from bertflow.files import read_sentences, write_json
-from bertflow.methods import make_method
-from bertflow.recipes import recommended
-from bertflow.retrieval import Index
-from bertflow.sts import Pairs
+from bertflow import POOLINGS, fit_head, load_encoder, sts
+from bertflow.data.sts import Pairs
+from bertflow.embeddings.cache import EmbeddingCache
+from bertflow.evaluation.methods import make_method
+from bertflow.heads.density import auroc, novelty, typicality
+from bertflow.search.index import Index
+from bertflow.storage.files import read_sentences, write_json
+from bertflow.training.recipes import recommended
 
 DIMS = (16, 32, 64, 128, 256, 384)
 
@@ -126,9 +126,9 @@ def density(task, train: list[str], generic: list[str], embed) -> list[dict]:
     for pooling in POOLINGS:
         sts_x, wiki_x = embed(in_domain, pooling), embed(out_domain, pooling)
         fit_x = embed(train, pooling)
-        head = FlowHead.fit(fit_x)  # fit on STS-B train+dev: Wikipedia is out of domain
+        head = fit_head(fit_x)  # fit on STS-B train+dev: Wikipedia is out of domain
         near, far, seen_nll = (novelty(head, v) for v in (sts_x, wiki_x, fit_x))
-        wiki_head = FlowHead.fit(embed(rest, pooling))  # and the other way round
+        wiki_head = fit_head(embed(rest, pooling))  # and the other way round
         rows.append(_row({
             "part": "density", "pooling": pooling,
             "auroc_nll": auroc(near, far),

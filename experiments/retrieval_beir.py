@@ -31,12 +31,12 @@ import numpy as np
 from common import DATA, parser
 
 from bertflow import POOLINGS, FlowHead, load_encoder
-from bertflow.beir import BeirTask, load_task
-from bertflow.cache import EmbeddingCache
-from bertflow.corpus import Corpus
-from bertflow.files import write_json
-from bertflow.methods import Method, flow_by_recipe, make_method
-from bertflow.retrieval_eval import MEASURES, evaluate_retrieval, ranking, score_run
+from bertflow.data.beir import BeirTask, load_task
+from bertflow.embeddings.cache import EmbeddingCache
+from bertflow.evaluation.methods import Method, flow_by_recipe, make_method
+from bertflow.evaluation.retrieval import MEASURES, evaluate_retrieval, ranking, score_run
+from bertflow.storage.corpus import Corpus
+from bertflow.storage.files import write_json
 
 MAX_LENGTH = 256  # MTEB's for all-MiniLM-L6-v2
 SPLITS = ("train", "test")

@@ -1,4 +1,4 @@
-"""The statistic of `bertflow.recipes`' rule on the texts the recipes were chosen on: each
+"""The statistic of `bertflow.training.recipes`' rule on the texts the recipes were chosen on: each
 encoder's and pooling's mean pair cosine over all pairs (`mean_cosine`, what the rule reads),
 beside the mean of 10,000 random pairs (`mean_pair_cosine`, what it read before) and that
 estimate's range over 20 row orders of the same rows, with the recipe each would choose.
@@ -15,9 +15,9 @@ from common import parser
 from recipe import read_data
 
 from bertflow import POOLINGS, load_encoder
-from bertflow.files import write_json
-from bertflow.isotropy import mean_cosine, mean_pair_cosine
-from bertflow.recipes import ISOTROPIC, ISOTROPIC_RECIPES
+from bertflow.embeddings.isotropy import mean_cosine, mean_pair_cosine
+from bertflow.storage.files import write_json
+from bertflow.training.recipes import ISOTROPIC, ISOTROPIC_RECIPES
 
 TEXTS = ("stsb", "sick", "wiki", "snli")
 ORDERS = 20  # row orders the sampled estimate is read in
@@ -67,7 +67,7 @@ def main() -> None:
     write_json(args.out / "rule_cosines.json", {"threshold": ISOTROPIC, "rows": rows})
     command = "python experiments/rule_cosines.py" + " --encoder DIR" * len(args.encoder or [])
     text = (f"# The rule's statistic: mean pair cosine of the raw embeddings\n\n`{command}` "
-            f"(DIR: all-mpnet-base-v2, `make mpnet`). `bertflow.recipes` takes the "
+            f"(DIR: all-mpnet-base-v2, `make mpnet`). `bertflow.training.recipes` takes the "
             f"recipe for isotropic embeddings where the mean pair cosine is under {ISOTROPIC} "
             f"(CLS only has one). The rule reads the mean over all pairs; the mean of 10,000 "
             f"random pairs by row position, which it read before, moves with the order of the "

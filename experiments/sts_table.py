@@ -1,9 +1,9 @@
 """Rebuild the whole STS results table: encoders × poolings × methods × fit data.
 
-Every method runs in the one harness (`bertflow.evaluate`) on embeddings from the one cache:
+Every method runs in the one harness (`bertflow.evaluation.sts`) on embeddings from the one cache:
 raw pooling, standardisation, BERT-whitening (full and top-k, k = dim/3 as in Su et al.),
 all-but-the-top (d = dim/100, as in Mu & Viswanath), the flow with the release's
-defaults, and the flow by the pooling's recipe (`bertflow.recipes`, chosen by `recipe.py`).
+defaults, and the flow by the pooling's recipe (`bertflow.training.recipes`, chosen by `recipe.py`).
 Methods are fit on each task's own sentences without scores ("target"), on a generic text
 file (default: the Wikipedia sample), and on both together (each task's own sentences and the
 file's). Writes experiments/results/sts_table.{json,md}.
@@ -18,12 +18,12 @@ import time
 from common import parser
 
 from bertflow import POOLINGS, load_encoder
-from bertflow.cache import EmbeddingCache
-from bertflow.evaluate import evaluate, fit_sources, format_table
-from bertflow.files import read_sentences, write_json
-from bertflow.linear import default_d, default_k
-from bertflow.methods import flow_by_recipe, make_method
-from bertflow.sts import load_tasks
+from bertflow.data.sts import load_tasks
+from bertflow.embeddings.cache import EmbeddingCache
+from bertflow.evaluation.methods import flow_by_recipe, make_method
+from bertflow.evaluation.sts import evaluate, fit_sources, format_table
+from bertflow.heads.linear import default_d, default_k
+from bertflow.storage.files import read_sentences, write_json
 
 
 def main() -> None:

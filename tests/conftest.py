@@ -159,12 +159,12 @@ def fit_tiny_head(encoder, pooling: str, seed: int = 0, max_length: int = 32):
     """A small head fit on the tiny encoder's embeddings of a few hundred word salads."""
     import numpy as np
 
-    from bertflow import FlowConfig, FlowHead, TrainConfig
+    from bertflow import FlowConfig, TrainConfig, fit_head
 
     rng = np.random.default_rng(seed)
     lines = [" ".join(rng.choice(WORDS, size=rng.integers(2, 9))) for _ in range(200)]
     x = encoder.encode(lines + SENTENCES, pooling, max_length=max_length)
-    return FlowHead.fit(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
+    return fit_head(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
                         flow=FlowConfig(levels=2, depth=2, linear="lu"),
                         train=TrainConfig(epochs=2, seed=seed))
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from bertflow import FlowHead, lee, load_encoder, mean_pair_cosine, sts
-from bertflow.cli import main
+from bertflow import FlowHead, fit_head, lee, load_encoder, mean_pair_cosine, sts
+from bertflow.cli.main import main
 
 from .conftest import REPO, data_dir
 
@@ -60,8 +60,8 @@ def test_encode_fit_export_load_transform_under_cls(tmp_path, capsys, sentences,
 
 def test_real_fit_is_bit_identical_across_runs(tmp_path, sentences, encoder):
     x = encoder.encode(sentences, "static")
-    a = FlowHead.fit(x, encoder=encoder.id, pooling="static").save(tmp_path / "a")
-    b = FlowHead.fit(x, encoder=encoder.id, pooling="static").save(tmp_path / "b")
+    a = fit_head(x, encoder=encoder.id, pooling="static").save(tmp_path / "a")
+    b = fit_head(x, encoder=encoder.id, pooling="static").save(tmp_path / "b")
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
 
 
@@ -75,8 +75,8 @@ def test_every_pooling_runs_on_the_real_encoder(sentences, encoder, pooling):
 def test_shipped_head_in_a_pipeline_and_an_index(tmp_path, sentences, encoder):
     """The committed head on the real encoder: the sentence-transformers pipeline gives what
     `head.encode` gives, and a flat index finds each sentence first."""
-    from bertflow.pipeline import build_pipeline, load_pipeline, save_pipeline
-    from bertflow.retrieval import Index
+    from bertflow.export.pipeline import build_pipeline, load_pipeline, save_pipeline
+    from bertflow.search.index import Index
 
     head = FlowHead.load(REPO / "checkpoints" / "minilm-first_last-wiki")
     batch = sentences[:64]

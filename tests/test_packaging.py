@@ -16,7 +16,7 @@ def test_the_wheel_carries_the_ready_heads(tmp_path):
     [wheel] = tmp_path.glob("bertflow-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for file in ("config.json", "model.safetensors", "manifest.json"):
-        assert f"bertflow/heads/minilm-first_last-wiki/{file}" in names
+        assert f"bertflow/heads/ready/minilm-first_last-wiki/{file}" in names
     assert "bertflow/constants.py" in names
 
 

@@ -1,0 +1,178 @@
+"""The checks of a command's options and paths, before torch is imported where they can be:
+options that cannot apply together, missing inputs, outputs that overlap an input."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+
+from ..constants import DEFAULT_BATCH_SIZE
+from ..errors import BertflowError
+
+__all__ = ["FLOW_FIELDS", "TRAIN_FIELDS", "check_inputs", "check_options", "check_paths"]
+
+FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
+TRAIN_FIELDS = ("seed", "epochs", "batch_size", "lr", "val_fraction", "patience")
+# The encoder's options, and the values allowed where nothing is encoded: the defaults, and
+# what happens anyway (the CPU, where a flow trains; float32).
+_WITHOUT_ENCODING = {"device": ("auto", "cpu"), "dtype": ("float32",),
+                     "encode_batch_size": (DEFAULT_BATCH_SIZE,), "cache": (None,)}
+
+
+def check_options(args: argparse.Namespace, launched: bool) -> None:
+    """Refuse options that cannot apply together (`launched`: under torchrun)."""
+    if launched and args.command not in ("encode", "fit", "index"):
+        raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
+                            "only encode, fit and index split their work")
+    method = getattr(args, "method", None) or "flow"
+    given = _given(args, ("before", "isotropic", *FLOW_FIELDS, *TRAIN_FIELDS))
+    given += ["--no-isotropic"] * (getattr(args, "isotropic", None) is False)
+    if given and getattr(args, "head", None) is not None:
+        raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
+                            f"{args.head}, which is fit already")
+    given += _given(args, ("checkpoint", "resume", "logdir", "dev_sts"))  # fit's
+    if given and method != "flow":
+        raise BertflowError(f"{', '.join(given)} apply to --method flow only")
+    if args.command == "eval":
+        _check_eval(args)
+    if args.command == "eval" and method == "raw" and args.fit_on is not None:
+        raise BertflowError("--fit-on applies to a method that is fit, not to --method raw")
+    if getattr(args, "head", None) is not None and args.command == "eval":
+        if args.fit_on is not None:
+            raise BertflowError("--fit-on does not apply to --head: the head is already fit")
+        if args.k is not None or args.d is not None or args.shrinkage is not None:
+            raise BertflowError("--k, --d and --shrinkage apply to --method whitening, "
+                                f"whitening-k and abtt, not to --head {args.head}, which is fit "
+                                "already")
+    if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
+            getattr(args, "d", None) is not None and method != "abtt"):
+        raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
+                            "--method abtt")
+    if getattr(args, "shrinkage", None) is not None and method not in ("whitening",
+                                                                       "whitening-k"):
+        raise BertflowError("--shrinkage applies to --method whitening and whitening-k")
+    if args.command == "transform" and args.embeddings is not None:
+        _check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
+    if args.command == "export" and args.format != "sentence-transformers" and (
+            args.encoder is not None or args.normalize):
+        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
+    if args.command != "fit":
+        return
+    if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
+        unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
+        _check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
+                           unused if args.dev_sts or launched else ("device", *unused))
+    if args.checkpoint is not None and args.checkpoint.is_dir():
+        raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
+    if args.resume and args.checkpoint is None:
+        raise BertflowError("--resume needs --checkpoint FILE")
+    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
+        raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
+
+
+def _check_eval(args: argparse.Namespace) -> None:
+    """Refuse the options of STS (--data) given with --retrieval, and the reverse."""
+    if args.retrieval is None:
+        if args.split is not None:
+            raise BertflowError("--split applies to --retrieval; --data scores each STS task's "
+                                "test pairs")
+        if args.ignore_identical_ids is not None:
+            raise BertflowError("--ignore-identical-ids applies to --retrieval, not to --data")
+        return
+    if args.tasks is not None:
+        raise BertflowError("--tasks applies to --data (STS), not to --retrieval")
+    if "target" in (args.fit_on or []):
+        raise BertflowError("--fit-on target applies to --data (STS); with --retrieval fit on "
+                            "corpus, queries or text files")
+
+
+def _fit_on_files(args: argparse.Namespace) -> list[str]:
+    """The text files of --fit-on: not its words (target; corpus and queries with --retrieval)."""
+    words = ("corpus", "queries") if getattr(args, "retrieval", None) is not None else ("target",)
+    return [p for p in getattr(args, "fit_on", None) or [] if p not in words]
+
+
+def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """The flags of options `names` given (neither None nor False)."""
+    return [f"--{name.replace('_', '-')}" for name in names
+            if getattr(args, name, None) not in (None, False)]
+
+
+def _check_no_encoding(args: argparse.Namespace, why: str,
+                       options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
+    """Refuse the encoder's `options` given where nothing is encoded, as `why` says."""
+    given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
+             if getattr(args, name, None) not in _WITHOUT_ENCODING[name]]
+    if given:
+        raise BertflowError(f"{' and '.join(given)} cannot apply: {why}")
+
+
+# The files and folders a command reads, by argument: how a message names it, and what it must
+# be (an existing file, a head folder or a ready head's name, a data or index folder).
+_INPUTS = {"corpus": ("the corpus", "file"), "input": ("the input", "file"),
+           "sentences": ("the sentences", "file"), "embeddings": ("--embeddings", "file"),
+           "queries": ("--queries", "file"), "head": ("--head", "head"),
+           "data": ("--data", "data folder"), "dev_sts": ("--dev-sts", "data folder"),
+           "retrieval": ("--retrieval", "BEIR folder"),
+           "index": ("--index", "index folder"), "encoder": ("--encoder", None)}
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Refuse a missing input before anything is imported that takes time to import."""
+    from ..heads.catalog import head_folder
+
+    given = [(dest, getattr(args, dest)) for dest in _INPUTS if getattr(args, dest, None)]
+    given += [("input", p) for p in _fit_on_files(args)]
+    for dest, path in given:
+        path, kind = Path(path), _INPUTS[dest][1]
+        if kind == "file" and not path.is_file():
+            raise BertflowError(f"{path} is not a file" if path.exists() else
+                                f"no such file: {path}")
+        if kind == "head":
+            head_folder(path)
+        elif kind is not None and kind != "file" and not path.is_dir():
+            raise BertflowError(f"no {kind} at {path}")
+    if getattr(args, "nprobe", None) is not None:
+        _check_nprobe(args.index)
+    if getattr(args, "retrieval", None) is not None:
+        for name in ("corpus.jsonl", "queries.jsonl", f"qrels/{args.split or 'test'}.tsv"):
+            if not (args.retrieval / name).is_file():
+                splits = sorted(p.stem for p in (args.retrieval / "qrels").glob("*.tsv"))
+                raise BertflowError(f"no {name} in the BEIR folder {args.retrieval} (splits: "
+                                    f"{', '.join(splits) or 'none'})")
+
+
+def _check_nprobe(index: Path) -> None:
+    """Refuse --nprobe for an index of a named kind (flat, hnsw: no inverted lists); those of
+    a FAISS index_factory string are known once FAISS reads it (`Index.nprobe`)."""
+    from ..search.kinds import KINDS, no_lists
+    from ..storage.files import read_json
+
+    kind = None
+    with contextlib.suppress(BertflowError, AttributeError):  # else Index.load says what
+        kind = read_json(index / "config.json").get("kind")
+    if kind in KINDS:
+        raise no_lists(kind)
+
+
+def check_paths(args: argparse.Namespace, output: str = "out") -> None:
+    """Refuse the output (argument `output`) where it is, holds or lies inside an input."""
+    from ..embeddings.cache import EmbeddingCache
+    from ..encoders.identity import recorded_folder
+    from ..heads.catalog import head_folder
+    from ..storage.files import check_outputs, read_json
+
+    inputs = {name: Path(getattr(args, dest)) for dest, (name, _) in _INPUTS.items()
+              if getattr(args, dest, None) is not None}
+    if "--head" in inputs:
+        inputs["--head"] = head_folder(inputs["--head"])
+    if "--head" in inputs and "--encoder" not in inputs:
+        with contextlib.suppress(BertflowError):  # the existing encoder folder it records
+            record = read_json(inputs["--head"] / "config.json").get("encoder")
+            if isinstance(record, dict):
+                inputs["the head's encoder"] = recorded_folder(record.get("source"))
+    inputs["--fit-on"] = _fit_on_files(args)
+    if hasattr(args, "cache") and not getattr(args, "no_cache", False):
+        inputs["the embedding cache"] = EmbeddingCache(args.cache).root
+    check_outputs({f"--{output}": getattr(args, output)}, inputs)

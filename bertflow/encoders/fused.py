@@ -1,0 +1,201 @@
+"""The encoder's forward pass for BERT-architecture models (and MPNet's), fused and in mixed
+precision, for the kinds it is verified to compute exactly."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Collection, Sequence
+from operator import attrgetter
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import BertflowWarning
+from .batches import padded_width
+
+__all__ = ["FUSED_KINDS", "FusedEncoder", "PROBE_TOLERANCE", "fused_encoder", "state_gap",
+           "supports_fused"]
+
+# where each kind keeps a layer's query, key, value, attention output, its LayerNorm, the
+# feed-forward's two linears and their LayerNorm: BERT's names (RoBERTa's too), then MPNet's
+_BERT = ("attention.self.query", "attention.self.key", "attention.self.value",
+         "attention.output.dense", "attention.output.LayerNorm",
+         "intermediate.dense", "output.dense", "output.LayerNorm")
+_MPNET = ("attention.attn.q", "attention.attn.k", "attention.attn.v",
+          "attention.attn.o", "attention.LayerNorm",
+          "intermediate.dense", "output.dense", "output.LayerNorm")
+
+
+# the kinds (config.json's model_type) whose forward `FusedEncoder` computes exactly, each
+# measured against the model's own from a tiny config (tests/test_forward.py), with where their
+# layers keep their parts. Other kinds with the same attribute names compute something else
+# (RoFormer's rotary positions, Longformer's, BigBird's, YOSO's or MRA's sparse or approximate
+# attention, X-MOD's adapters, ...): they run through the model's own forward.
+FUSED_KINDS = {**dict.fromkeys(("bert", "roberta", "xlm-roberta", "camembert", "data2vec-text",
+                                "electra", "ernie", "roc_bert"), _BERT), "mpnet": _MPNET}
+# how far the fused hidden states may be from the model's own on the probe batch, as a fraction
+# of the largest of them (at least 1): float32 rounding is about 1e-6
+PROBE_TOLERANCE = 1e-4
+
+
+def _layout(model: nn.Module) -> tuple[str, ...] | None:
+    """The names of `model`'s layer parts that `FusedEncoder` reads, else None: a kind of
+    `FUSED_KINDS` in its usual form (post-LN layers with separate query, key and value, fed the
+    embedding output as it is, not through ELECTRA's projection, with absolute positions or
+    MPNet's relative position bias)."""
+    config = getattr(model, "config", None)
+    encoder = getattr(model, "encoder", None)
+    layers = getattr(encoder, "layer", None)
+    layout = FUSED_KINDS.get(getattr(config, "model_type", None))
+    if layout is None or layers is None or not hasattr(model, "embeddings"):
+        return None
+    words = getattr(model.get_input_embeddings(), "embedding_dim", None)
+    if (hasattr(model, "embeddings_project") or words is None
+            or words != getattr(config, "hidden_size", None)
+            or getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False)
+            or getattr(config, "position_embedding_type", "absolute") != "absolute"
+            or not isinstance(getattr(config, "hidden_act", None), str)):
+        return None
+    if (layout is _MPNET) != hasattr(encoder, "compute_position_bias"):
+        return None
+    try:
+        return layout if all(None not in attrgetter(*layout)(layer) for layer in layers) else None
+    except AttributeError:
+        return None
+
+
+def supports_fused(model: nn.Module) -> bool:
+    """Whether `model` is of a kind `FusedEncoder` computes exactly (see `_layout`)."""
+    return _layout(model) is not None
+
+
+def fused_encoder(model: nn.Module, dtype: torch.dtype, inputs: dict[str, Tensor],
+                  own: Sequence[Tensor], name: str) -> FusedEncoder | None:
+    """A `FusedEncoder` for `model` in `dtype`, or None: where the kind is not one it computes
+    exactly, or where, in float32 on the probe batch `inputs`, its hidden states differ from
+    `own` (the model's own, float32) by more than `PROBE_TOLERANCE` at a real token; the
+    latter is said once, in a `BertflowWarning`."""
+    if not supports_fused(model):
+        return None
+    fused = FusedEncoder(model)
+    with torch.inference_mode():
+        states = fused(**inputs)
+    worst = state_gap(states, own, inputs["attention_mask"])
+    if not worst <= PROBE_TOLERANCE:
+        warnings.warn(f"encoder {name} ({model.config.model_type}): the fused forward differs "
+                      f"from the model's own on a probe batch ({worst:.1e} of the hidden states' "
+                      "scale); using the model's own forward", BertflowWarning, stacklevel=3)
+        return None
+    return fused if dtype == torch.float32 else FusedEncoder(model, dtype)
+
+
+def state_gap(states: Sequence[Tensor], reference: Sequence[Tensor], mask: Tensor) -> float:
+    """The largest difference between two runs' hidden states at the tokens `mask` marks, as
+    a fraction of the largest reference value (at least 1); NaN where they are not finite."""
+    real = mask.bool()
+    return max(float((a[real] - b[real]).abs().max() / b[real].abs().max().clamp(min=1))
+               for a, b in zip(states, reference, strict=True))
+
+
+class FusedEncoder(nn.Module):
+    """A BERT-style encoder's forward pass with one query-key-value projection per layer and
+    fused attention; MPNet's relative position bias joins the attention mask. In bfloat16 or
+    float16 only the projections run in that precision: the residual stream, LayerNorms,
+    embeddings and (on the CPU) attention stay float32."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        layout = _layout(model)
+        if layout is None:
+            raise ValueError(f"{type(model).__name__} is not a BERT-architecture encoder")
+        from transformers.activations import ACT2FN
+
+        self.embeddings, self.dtype = model.embeddings, dtype
+        # MPNet's bias, (1, heads, length, length) from a batch of one; a method of the model's
+        # own encoder, not a module of this one, so its weights are not registered twice
+        self.position_bias: Callable[[Tensor], Tensor] | None = getattr(
+            model.encoder, "compute_position_bias", None)
+        heads, activation = int(model.config.num_attention_heads), ACT2FN[model.config.hidden_act]
+        self.layers = nn.ModuleList(
+            _FusedLayer(attrgetter(*layout)(layer), heads, activation, dtype)
+            for layer in model.encoder.layer)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor,
+                token_type_ids: Tensor | None = None,
+                keep: Collection[int] | None = None) -> tuple[Tensor | None, ...]:
+        """Float32 hidden states like the model's at every real token (padding holds no
+        meaningful values); None for a layer not in `keep` (default all). Between the attentions
+        the layers run on the real tokens alone, packed, so no projection is spent on padding."""
+        inputs = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        h = self.embeddings(input_ids=input_ids, **inputs).float()
+        count = len(self.layers) + 1
+        keep = range(count) if keep is None else {k % count for k in keep}
+        mask = attention_mask.bool()[:, None, None, :]
+        if self.position_bias is not None:
+            blocked = torch.zeros(mask.shape, device=h.device).masked_fill_(~mask, -torch.inf)
+            mask = self.position_bias(h[:1]).float() + blocked
+        tokens = _Tokens(attention_mask)
+        states: list[Tensor | None] = [h if 0 in keep else None]
+        x = tokens.pack(h)
+        for index, layer in enumerate(self.layers, start=1):
+            x = layer(x, mask, tokens)
+            states.append(tokens.unpack(x) if index in keep else None)
+        return tuple(states)
+
+
+class _Tokens:
+    """Where a padded batch's real tokens are: `pack` keeps their rows, `unpack` puts rows back
+    in the padded shape, zero where no row was kept. The rows kept are the real tokens and, to
+    round their count up as `padded_width` does, the first padded positions: a few dozen row
+    counts instead of one per batch keep the CPU allocator from fragmenting."""
+
+    def __init__(self, attention_mask: Tensor):
+        self.shape = attention_mask.shape
+        real = attention_mask.flatten().bool()
+        count = int(real.sum())
+        extra = min(padded_width(count, 16), real.numel()) - count
+        self.index = torch.cat([real.nonzero(), (~real).nonzero()[:extra]]).squeeze(1)
+
+    def pack(self, padded: Tensor) -> Tensor:
+        return padded.reshape(self.shape.numel(), -1).index_select(0, self.index)
+
+    def unpack(self, rows: Tensor) -> Tensor:
+        padded = rows.new_zeros(self.shape.numel(), rows.shape[-1])
+        return padded.index_copy_(0, self.index, rows).view(*self.shape, rows.shape[-1])
+
+
+class _FusedLayer(nn.Module):
+    def __init__(self, parts: tuple[nn.Module, ...], heads: int, activation: Any,
+                 dtype: torch.dtype):
+        super().__init__()
+        self.heads, self.activation, self.dtype = heads, activation, dtype
+        query, key, value, out, self.norm1, up, down, self.norm2 = parts
+        self.qkv = _linear(dtype, query, key, value)
+        self.out, self.up, self.down = (_linear(dtype, part) for part in (out, up, down))
+
+    def forward(self, x: Tensor, mask: Tensor, tokens: _Tokens) -> Tensor:
+        """One layer on the packed rows `x` of `tokens`; `mask` is boolean (True: attend) or a
+        float bias added to the scores."""
+        dim = x.shape[-1]
+        qkv = tokens.unpack(self.qkv(x.to(self.dtype)))
+        q, k, v = qkv.view(*tokens.shape, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        if x.device.type == "cpu":
+            q, k, v = q.float(), k.float(), v.float()
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dtype == torch.bool
+                                           else mask.to(q.dtype))
+        a = tokens.pack(a.transpose(1, 2)).to(self.dtype)
+        x = self.norm1(x + self.out(a).float())
+        y = self.down(self.activation(self.up(x.to(self.dtype))))
+        return self.norm2(x + y.float())
+
+
+def _linear(dtype: torch.dtype, *parts: nn.Linear) -> nn.Linear:
+    """One frozen linear layer in `dtype` whose output is those of `parts`, concatenated."""
+    weight = torch.cat([part.weight for part in parts])
+    linear = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        linear.bias.copy_(torch.cat([part.bias for part in parts]))
+    return linear.requires_grad_(False)

@@ -1,0 +1,109 @@
+"""The post-processing methods compared on STS, each fit on unlabeled embeddings."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import DictConfig
+from ..constants import METHODS
+from ..errors import BertflowError, BertflowWarning
+from ..heads.flow import FlowConfig, StandardScaler
+from ..heads.head import FlowHead
+from ..heads.linear import linear_method
+from ..storage.rows import as_rows, moments
+from ..training.recipes import Recipe, close_call, resolve, rule_note, settle
+from ..training.trainer import TrainConfig, fit_head
+
+__all__ = ["METHODS", "Method", "flow_by_recipe", "make_method"]
+
+
+@dataclass
+class Method:
+    """A method of `METHODS` fit on embeddings, mapping them to the vectors cosine is taken on:
+    ``raw`` as they are, ``standardize`` by a flow head's scaler alone, the rest by a `head` fit
+    with `options` (`fit_head` for the flow, `FlowHead.fit_linear` for the baselines)."""
+
+    name: str = "raw"
+    options: dict[str, Any] = field(default_factory=dict)
+    head: FlowHead | None = None
+    scaler: StandardScaler | None = None
+    # the flow's recipe for the embeddings it is fit on, and the mean pair cosine the rule read
+    # (`bertflow.training.recipes.settle`): when the flow is fit, its settings replace
+    # `options`' and it is kept as `recipe`
+    settle: Callable[[Any], tuple[Recipe, float | None]] | None = None
+    recipe: Recipe | None = None
+    cosine: float | None = None
+
+    def fit(self, x: np.ndarray) -> Method:
+        if self.name == "standardize":
+            self.scaler = StandardScaler.from_moments(moments(as_rows(x)))
+        elif self.name == "flow":
+            if self.settle is not None:
+                self.recipe, self.cosine = self.settle(x)
+                self.options = {**self.options, **self.recipe.fit_options()}
+            self.head = fit_head(x, **self.options)
+        elif self.name != "raw":
+            self.head = FlowHead.fit_linear(x, self.name, **self.options)
+        return self
+
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        if self.name == "raw":
+            return np.asarray(x, dtype=np.float32)
+        if self.scaler is not None:
+            with torch.no_grad():
+                return self.scaler(torch.from_numpy(np.array(x, dtype=np.float32)))[0].numpy()
+        if self.head is None:
+            raise BertflowError(f"fit the {self.name} before transforming")
+        return self.head.transform(x)
+
+    def describe(self) -> dict[str, Any]:
+        """The options that a row of results records: `k`, `d`, `shrinkage`, or the flow's
+        settings."""
+        return {key: value.to_dict() if isinstance(value, DictConfig) else value
+                for key, value in self.options.items() if key != "progress"}
+
+    def settled(self) -> dict[str, Any]:
+        """What `settle` chose, for a row of results: the flow's settings, the kind of text its
+        recipe was chosen on (``recipe_corpus``) and the mean pair cosine the rule read
+        (``mean_cosine``, where it read one); empty where nothing was settled."""
+        if self.recipe is None:
+            return {}
+        cosine = {} if self.cosine is None else {"mean_cosine": self.cosine}
+        return {**self.describe(), "recipe_corpus": self.recipe.corpus, **cosine}
+
+
+def make_method(name: str, *, k: int | None = None, d: int | None = None,
+                shrinkage: float | None = None, flow: FlowConfig | None = None,
+                train: TrainConfig | None = None, before: str = "standardize",
+                progress: bool = False) -> Method:
+    """A fresh method of `METHODS` by name: `k`, `d`, `shrinkage` (whitening's, where given)
+    for the baselines, the rest for the flow."""
+    if name not in METHODS:
+        raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
+    name = linear_method(name, k, d, shrinkage)
+    if name == "flow":
+        return Method(name, {"flow": flow or FlowConfig(), "train": train or TrainConfig(),
+                             "before": before, "progress": progress})
+    shrink = {} if shrinkage is None else {"shrinkage": shrinkage}
+    return Method(name, {"whitening": shrink, "whitening-k": {"k": k, **shrink},
+                         "abtt": {"d": d}}.get(name, {}))
+
+
+def flow_by_recipe(pooling: str, recipe: Recipe | dict[str, Any] | None = None, *,
+                   progress: bool = False) -> Method:
+    """A fresh flow by `pooling`'s recommended recipe changed by `recipe` (`resolve`), settled
+    on the embeddings it is fit on (the rule of `bertflow.training.recipes`)."""
+    def settled(x: Any) -> tuple[Recipe, float | None]:
+        chosen, cosine = settle(recipe, pooling, x)
+        if close_call(cosine):
+            warnings.warn(rule_note(pooling, cosine), BertflowWarning, stacklevel=3)
+        return chosen, cosine
+
+    return Method("flow", {**resolve(recipe, pooling).fit_options(), "progress": progress},
+                  settle=settled)

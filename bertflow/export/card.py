@@ -1,0 +1,121 @@
+"""A head in words: what `bertflow info` and `fit` print of it, and a pipeline's model card."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import __version__
+from ..training.trainer import nll_text
+
+if TYPE_CHECKING:
+    from ..encoders.encoder import Encoder
+    from ..heads.head import FlowHead
+
+__all__ = ["details", "model_card", "summary", "tagline"]
+
+_POOLING_TEXT = {
+    "cls": "the last layer's state of the first ([CLS]) token",
+    "mean": "the mean of the last layer's token states",
+    "first_last": "the mean over tokens of the average of the first and the last Transformer "
+                  "layers' states",
+    "last2": "the mean over tokens of the average of the last two layers' states",
+    "static": "the mean of the input word embeddings (no context), special tokens excluded",
+}
+_BEFORE_TEXT = {"standardisation": "a standardisation per dimension, then ",
+                "whitening": "a full whitening, then ", "nothing": ""}
+
+
+def summary(head: FlowHead) -> str:
+    """What the head computes, in one line."""
+    if head.glow is None:
+        options = ", ".join(f"{key} {head.training_info[key]}" for key in ("k", "d", "shrinkage")
+                            if key in head.training_info)
+        return (f"{head.method}{f' ({options})' if options else ''}, a linear map {head.dim} → "
+                f"{head.out_dim}")
+    c = head.glow.config
+    return (f"{'whitening, then a ' if head.linear is not None else ''}Glow: {c.levels} "
+            f"levels × depth {c.depth}, {c.coupling} coupling, width {c.hidden}, "
+            f"{c.linear} mixing")
+
+
+def tagline(head: FlowHead) -> str:
+    """Its encoder, pooling, width and training corpus size, in one line."""
+    return (f"{head.encoder.name if head.encoder else '?'}, {head.pooling} pooling, "
+            f"{head.dim}-d, fit on {head.training_info['corpus'].get('size')} sentences")
+
+
+def details(head: FlowHead) -> list[tuple[str, str]]:
+    """What the head is and how it was fit, as labelled rows."""
+    training = head.training_info
+    corpus = training.get("corpus") if isinstance(training.get("corpus"), dict) else {}
+    digest = next((str(corpus[k]) for k in ("sha256", "npy_sha256", "embeddings_sha256")
+                   if k in corpus), "?")
+    source = f"{corpus['file']}: " if corpus.get("file") else ""
+    config = training.get("config") if isinstance(training.get("config"), dict) else {}
+    rows = [
+        ("dim", str(head.dim) if head.out_dim == head.dim else f"{head.dim} → {head.out_dim}"),
+        ("encoder", str(head.encoder) if head.encoder else "unknown"),
+        ("pooling", head.pooling or "unknown"),
+        ("max length", str(head.max_length)),
+        ("method", summary(head)),
+        ("before", _before(head) if head.glow is not None else None),
+        ("parameters", f"{sum(t.numel() for t in head.state_dict().values()):,}"),
+        ("corpus", f"{source}{corpus.get('size', '?')} rows, sha256 {digest[:16]}"),
+        ("seed", str(training["seed"]) if "seed" in training else None),
+        ("epochs", f"best {training.get('best_epoch')} of {training['epochs_run']}"
+         if "epochs_run" in training else None),
+        ("val NLL", (nll_text(training) or "unknown") if head.glow is not None else None),
+        ("training options", ", ".join(f"{k}={v}" for k, v in config.items()) or None),
+    ]
+    return [(k, v) for k, v in rows if v is not None]
+
+
+def _before(head: FlowHead) -> str:
+    """What a flow head applies before its Glow: standardisation, whitening or nothing."""
+    return "standardisation" if head.standardize is not None else \
+        "whitening" if head.linear is not None else "nothing"
+
+
+def model_card(head: FlowHead, encoder: Encoder, max_length: int, normalized: bool,
+               name: str = "PATH") -> str:
+    """The README.md of a saved pipeline (`encoder` → pooling → `head` → [unit length])."""
+    identity, flow = encoder.id, head.glow is not None
+    lines = [
+        "---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
+        "tags:", "- bertflow", "- sentence-transformers", "- sentence-similarity",
+        *(["- normalizing-flow"] if flow else []), "---", "",
+        f"# bertflow pipeline: {identity.name}, {head.pooling} pooling, "
+        f"{'BERT-flow' if flow else head.method} head", "",
+        "Sentence embeddings " + ("made isotropic by a normalizing flow (BERT-flow)" if flow
+                                  else f"post-processed by a linear map ({head.method})") +
+        f", exported by bertflow {__version__} as a sentence-transformers pipeline of these "
+        "modules:", "",
+        f"1. **Encoder**: `{identity.name}` (weights fingerprint `{identity.fingerprint}`), "
+        f"frozen: {encoder.num_layers} layers, {encoder.dim}-d hidden states, input cut at "
+        f"{max_length} tokens.",
+        f"2. **Pooling**: `{head.pooling}`, {_POOLING_TEXT[str(head.pooling)]}.",
+        f"3. **Head**: {summary(head)}, fit in closed form on the pooled embeddings "
+        f"({head.dim}-d in, {head.out_dim}-d out)." if not flow else
+        f"3. **Head**: a BERT-flow head, {_BEFORE_TEXT[_before(head)]}a Glow normalizing flow "
+        f"that maps the {head.dim}-d pooled embeddings to latents distributed as a standard "
+        "normal.",
+        *(["4. **Normalize**: each vector scaled to unit length."] if normalized else []),
+        "", f"The output has {head.out_dim} dimensions; compare vectors by cosine similarity "
+        "(`model.similarity`).", "",
+        "## The head", "", "Fit without labels on the pooled embeddings of its corpus; the "
+        "encoder is not trained.", "", "| | |", "|---|---|",
+        *(f"| {k} | {v} |" for k, v in details(head)), "",
+        "## How to load it", "", "```python",
+        "from bertflow.export.pipeline import load_pipeline", "",
+        f'model = load_pipeline("{name}")',
+        'embeddings = model.encode(["A man is playing a guitar.", "Someone plays music."])',
+        "print(model.similarity(embeddings, embeddings))", "```", "",
+        "`load_pipeline` checks every file against `manifest.json`, builds only bertflow's and "
+        "sentence-transformers' module classes (nothing is unpickled) and refuses a head fit "
+        "on another encoder, pooling, dimension or maximum length; it returns a "
+        "`SentenceTransformer`, and needs `pip install bertflow[st]`. "
+        f'`SentenceTransformer("{name}")` refuses the folder: sentence-transformers imports '
+        "only its own module classes unless given `trust_remote_code=True`, which lets a "
+        "folder import and run any Python code; never pass it for a folder you received.", "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,219 @@
+"""Closed-form linear maps: BERT-whitening (Su et al., 2021), whitening-k and all-but-the-top;
+whitening's covariance optionally shrunk towards a multiple of the identity."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..constants import LINEAR_METHODS
+from ..errors import BertflowError
+from ..storage.files import check_finite
+from ..storage.rows import Rows, as_rows
+
+__all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "covariance", "default_d", "default_k",
+           "fit_map", "linear_method", "linear_options", "principal_directions", "shrunk",
+           "whitening_weight"]
+
+_BLOCK = 8192
+NO_VARIANCE = 1e-7  # a principal direction whose variance is below this share of the largest's
+
+
+class LinearMap(nn.Module):
+    r"""$z = (x - \mu)\, W$, $W$ (dim, out): a bijection for full whitening; the others project."""
+
+    def __init__(self, mean: Tensor, weight: Tensor, method: str):
+        super().__init__()
+        if method not in LINEAR_METHODS:
+            raise BertflowError(f"unknown linear method {method!r}")
+        if mean.ndim != 1 or weight.ndim != 2 or weight.shape[0] != mean.shape[0]:
+            raise BertflowError(f"a linear map needs a (dim,) mean and a (dim, out) weight, "
+                                f"got {tuple(mean.shape)} and {tuple(weight.shape)}")
+        self.method = method
+        # row-major float32 copies, as a loaded head holds them: both give the same bits
+        for name, tensor in (("mean", mean), ("weight", weight)):
+            self.register_buffer(name, tensor.detach().to(
+                torch.float32, memory_format=torch.contiguous_format, copy=True))
+        # constants: log|det W| computed here and after loading, W⁻¹ at the next `inverse`
+        self.register_buffer("log_det", self._slogdet(), persistent=False)
+        self.inverse_weight: Tensor | None = None  # float64, not a buffer: `.to` never rounds it
+        self.register_load_state_dict_post_hook(LinearMap._loaded)
+
+    @property
+    def features(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def invertible(self) -> bool:
+        return self.method == "whitening" and self.out_features == self.features
+
+    def _slogdet(self) -> Tensor:
+        if not self.invertible:
+            return torch.tensor(math.nan)
+        return torch.linalg.slogdet(self.weight.double())[1].float()
+
+    @staticmethod
+    def _loaded(module: LinearMap, incompatible_keys: Any) -> None:
+        module.log_det, module.inverse_weight = module._slogdet(), None
+
+    def map(self, x: Tensor) -> Tensor:
+        """x → z alone, in the wider of the dtypes of x and of the map."""
+        centred = x - self.mean
+        return centred @ self.weight.to(centred.dtype)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x → (z, log|det W| per row; NaN when the map projects)."""
+        z = self.map(x)
+        return z, self.log_det.expand(x.shape[0]).to(z.dtype)
+
+    def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
+        """z → (x, log|det W⁻¹| per row), for full whitening only (W⁻¹ in float64)."""
+        if not self.invertible:
+            raise BertflowError(f"a {self.method} head projects: it has no inverse")
+        if self.inverse_weight is None:
+            self.inverse_weight = torch.linalg.inv(self.weight.double())
+        dtype = torch.promote_types(z.dtype, self.weight.dtype)
+        x = z.to(dtype) @ self.inverse_weight.to(z.device, dtype) + self.mean
+        return x, (-self.log_det).expand(z.shape[0]).to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.method}, {self.features} → {self.out_features}"
+
+
+def covariance(x: np.ndarray | Rows, what: str = "the embeddings") -> tuple[np.ndarray, np.ndarray]:
+    """Mean and unbiased covariance (float64) of an array or `Rows`, read a block at a time."""
+    rows = as_rows(x)
+    n, dim = rows.shape
+    if n < 2:
+        raise BertflowError(f"need at least 2 rows to fit a linear map, got {n}")
+
+    def blocks() -> Iterator[np.ndarray]:
+        for start in range(0, n, _BLOCK):
+            block = np.asarray(rows.read(start, start + _BLOCK), dtype=np.float64)
+            check_finite(block, what, offset=start)
+            yield block
+
+    mean = sum(block.sum(0) for block in blocks()) / n
+    scatter = np.zeros((dim, dim))
+    for block in blocks():
+        centred = block - mean
+        scatter += centred.T @ centred
+    return mean, scatter / (n - 1)
+
+
+def principal_directions(cov: np.ndarray,
+                         count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The top `count` eigenvalues (≥ 0, largest first) and eigenvectors of a covariance."""
+    values, vectors = np.linalg.eigh(cov)
+    order = np.argsort(values)[::-1][:count]
+    return np.maximum(values[order], 0.0), vectors[:, order]
+
+
+def shrunk(cov: np.ndarray, shrinkage: float) -> np.ndarray:
+    r"""$\Sigma_\alpha = (1 - \alpha)\,\Sigma + \alpha\,(\operatorname{tr}\Sigma / n)\, I$ for
+    $\alpha$ = `shrinkage` in [0, 1]: the covariance shrunk towards the identity scaled to the
+    same mean variance ($\alpha = 1$: whitening only centres and scales uniformly)."""
+    dim = cov.shape[0]
+    return (1 - shrinkage) * cov + (shrinkage * np.trace(cov) / dim) * np.eye(dim)
+
+
+def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = None,
+                     what: str = "the embeddings", shrinkage: float = 0.0) -> np.ndarray:
+    r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$, keeping the top `k`
+    components (default: all). With `shrinkage` α above 0 the eigenvalues are those of $\Sigma$
+    `shrunk`, $(1 - \alpha)\lambda_i + \alpha \operatorname{tr}\Sigma / n$, and the
+    directions stay $\Sigma$'s, ranked by its own variances (at α = 1 the shrunk covariance is
+    a multiple of I, whose eigenvectors say nothing); the shrunk covariance is full rank from 2
+    rows on. A direction without variance is scaled as the largest, so that full whitening
+    stays invertible; whitening-k refuses to keep one."""
+    dim = cov.shape[0]
+    kept = dim if k is None else k
+    if not 1 <= kept <= dim:
+        raise BertflowError(f"whitening k={k} must be between 1 and the dimension {dim}")
+    if rows is not None and rows <= kept and not shrinkage:
+        raise BertflowError(f"whitening {what} to {kept} components needs at least {kept + 1} "
+                            f"rows, got {rows} (whitening-k keeps fewer components, and "
+                            "--shrinkage makes the covariance full rank)")
+    values, vectors = principal_directions(cov, k)
+    if shrinkage:
+        values = (1 - shrinkage) * values + shrinkage * np.trace(cov) / dim
+    live = values > NO_VARIANCE * values[0]
+    if not live.any():
+        raise BertflowError(f"{what} do not vary: there is nothing to whiten")
+    if not live[-1] and k is not None:
+        alive = int(live.sum())
+        raise BertflowError(
+            f"{what}: {dim - alive} of {dim} components have no variance (below "
+            f"{NO_VARIANCE:g} of the largest's: constant or linearly dependent features); "
+            f"whitening-k needs k ≤ {alive}, not {k}")
+    return vectors / np.sqrt(np.where(live, values, values[0]))
+
+
+def default_k(dim: int) -> int:
+    """Components whitening-k keeps by default: a third (BERT-whitening's 256 of 768)."""
+    return max(1, dim // 3)
+
+
+def default_d(dim: int) -> int:
+    """Directions all-but-the-top removes by default: a hundredth (Mu & Viswanath)."""
+    return max(1, dim // 100)
+
+
+def linear_method(method: str, k: int | None = None, d: int | None = None,
+                  shrinkage: float | None = None) -> str:
+    """`method` given `k`, `d` and `shrinkage` (whitening with `k` is whitening-k); misplaced
+    ones, and a `shrinkage` outside [0, 1], refused."""
+    if k is not None and method not in ("whitening", "whitening-k"):
+        raise BertflowError(f"k (components kept) applies to whitening and whitening-k, "
+                            f"not to {method}")
+    if shrinkage is not None and method not in ("whitening", "whitening-k"):
+        raise BertflowError(f"shrinkage applies to whitening and whitening-k, not to {method}")
+    if shrinkage is not None and not 0 <= shrinkage <= 1:
+        raise BertflowError(f"shrinkage must be in [0, 1], got {shrinkage}")
+    if d is not None and method != "abtt":
+        raise BertflowError(f"d (directions removed) applies to abtt, not to {method}")
+    return "whitening-k" if method == "whitening" and k is not None else method
+
+
+def linear_options(method: str, dim: int, k: int | None = None, d: int | None = None,
+                   shrinkage: float | None = None) -> dict[str, Any]:
+    """The `k` of whitening-k or the `d` of abtt on `dim`-d embeddings, defaults filled in, and
+    the `shrinkage` of either whitening where given."""
+    method = linear_method(method, k, d, shrinkage)
+    given = {} if shrinkage is None else {"shrinkage": shrinkage}
+    if method == "whitening-k":
+        return {"k": default_k(dim) if k is None else k, **given}
+    return {"d": default_d(dim) if d is None else d} if method == "abtt" else given
+
+
+def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
+            d: int | None = None, shrinkage: float | None = None,
+            what: str = "the embeddings") -> LinearMap:
+    """A `LinearMap` fit on embeddings `x`: whitening, whitening-k or abtt (`linear_options`);
+    whitening's covariance `shrunk` by `shrinkage` (default 0: none)."""
+    method = linear_method(method, k, d, shrinkage)
+    if method not in LINEAR_METHODS:
+        raise BertflowError(f"unknown linear method {method!r}; choose one of "
+                            f"{', '.join(LINEAR_METHODS)}")
+    rows, dim = as_rows(x).shape
+    options = linear_options(method, dim, k, d, shrinkage)
+    mean, cov = covariance(x, what)
+    if method == "abtt":
+        d = options["d"]
+        if not 0 <= d < dim:
+            raise BertflowError(f"all-but-the-top d={d} must be in [0, dimension {dim})")
+        top = principal_directions(cov, d)[1]
+        weight = np.eye(dim) - top @ top.T  # I - U_d U_dᵀ: the top d directions removed
+    else:
+        weight = whitening_weight(cov, options.get("k"), rows, what, shrinkage or 0.0)
+    return LinearMap(torch.from_numpy(mean), torch.from_numpy(weight), method)
+

@@ -1,0 +1,267 @@
+"""Vector search over transformed embeddings with FAISS; an index folder holds `index.faiss`,
+`items.json` (the items and their ids), `config.json`, the head in `head/` and the manifest."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
+from ..embeddings.cache import EmbeddingCache
+from ..encoders.batches import check_max_length
+from ..encoders.encoder import Encoder
+from ..encoders.identity import EncoderId
+from ..encoders.loading import resolve_encoder
+from ..encoders.pooling import check_pooling
+from ..errors import BertflowError, first_line
+from ..heads.head import FlowHead
+from ..runtime import distributed
+from ..storage.artifacts import INDEX_FOLDER
+from ..storage.corpus import Corpus
+from ..storage.files import check_finite, read_json, sha256_file, write_json
+from .kinds import KINDS, faiss_reason, make, sample, set_nprobe, structure, training_rows
+from .kinds import faiss_module as _faiss
+from .kinds import inverted_lists as _lists
+
+__all__ = ["KINDS", "Hit", "Index"]
+
+_INDEX, _ITEMS, _CONFIG, _HEAD = "index.faiss", "items.json", "config.json", "head"
+
+
+class Hit(NamedTuple):
+    """One search result: the cosine `score`, the `item`, its line (position + 1) and its `id`
+    (a BEIR document's `_id`; for a text corpus, the line as text)."""
+
+    score: float
+    item: str
+    line: int
+    id: str
+
+
+class Index:
+    """Sentences, their ids and their vectors (encoder → pooling → head → optional PCA → unit
+    length) in a FAISS inner-product index: exact (`flat`), approximate (`hnsw`) or any FAISS
+    `index_factory` string (`IVF1024,PQ32`, ...; see `bertflow.search.kinds`)."""
+
+    def __init__(self, faiss_index: Any, items: list[str], config: dict[str, Any],
+                 head: FlowHead | None = None, ids: list[str] | None = None):
+        self.faiss_index = faiss_index
+        self.items = items
+        self.ids = _check_ids(ids, len(items))
+        self.config = config
+        self.head = head
+
+    @property
+    def encoder(self) -> EncoderId | None:
+        value = self.config.get("encoder")
+        return EncoderId.from_dict(value) if value else None
+
+    @property
+    def pooling(self) -> str:
+        return self.config["pooling"]
+
+    @property
+    def nprobe(self) -> int | None:
+        """Inverted lists visited per query (IVF kinds; FAISS's default is 1); None without."""
+        ivf = _lists(self.faiss_index)
+        return None if ivf is None else int(ivf.nprobe)
+
+    @nprobe.setter
+    def nprobe(self, value: int) -> None:
+        set_nprobe(self.faiss_index, self.config["kind"], value)
+
+    @classmethod
+    def from_embeddings(cls, x: np.ndarray, items: Sequence[str], *,
+                        ids: Sequence[str] | None = None, head: FlowHead | None = None,
+                        encoder: EncoderId | None = None,
+                        pooling: str = DEFAULT_POOLING, max_length: int = DEFAULT_MAX_LENGTH,
+                        kind: str = "flat", dims: int | None = None, hnsw_m: int = 32) -> Index:
+        """Index pooled embeddings `x` of `items` (named by `ids`, by default their lines),
+        after `head`, keeping `dims` components. A trained `kind` (IVF, PQ) learns from a
+        seeded sample of the vectors (`index_kinds.training_rows`)."""
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
+            raise BertflowError(f"need one embedding row per item: {x.shape} for {len(items)}")
+        ids = _check_ids(ids, len(items))
+        check_pooling(pooling)
+        if head is not None:
+            head.check(encoder=encoder, pooling=pooling)
+            x = head.transform(x)  # checks its width, input and output
+        else:
+            check_finite(x, "the embeddings to index")
+        dim = x.shape[1]
+        index, rows = _plan(kind, dim, dims, len(items), hnsw_m)
+        z, rows = np.ascontiguousarray(x, dtype=np.float32), 0 if index.is_trained else rows
+        try:
+            if rows:
+                index.train(z[sample(len(z), rows)])
+            index.add(z)
+        except RuntimeError as e:
+            raise BertflowError(f"FAISS could not build a {kind!r} index ({faiss_reason(e)})") \
+                from None
+        if index.ntotal != len(items):
+            raise BertflowError(f"index kind {kind!r} does not hold vectors added to it")
+        config = {"format": INDEX_FOLDER.kind, "format_version": INDEX_FOLDER.version,
+                  "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
+                  "max_length": max_length, "kind": kind, "dim": dim, "dims": dims or dim,
+                  "count": len(items), "trained_on": rows, "head": head is not None}
+        return cls(index, list(items), config, head, ids)
+
+    @classmethod
+    def build(cls, sentences: Sequence[str] | Corpus,
+              encoder: Encoder | str | os.PathLike | None = None, *,
+              ids: Sequence[str] | None = None, head: FlowHead | None = None,
+              pooling: str | None = None,
+              max_length: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+              cache: EmbeddingCache | None = None, progress: bool | None = None,
+              **options: Any) -> Index | None:
+        """Embed `sentences` (a list, or a `Corpus`, read streamed, whose ids are the default
+        `ids`), then index them. Under torchrun, with a `cache` the processes share the encoding
+        and rank 0 alone gets the index (the others None). The kind, `dims` and the number of
+        sentences are checked before anything is encoded."""
+        encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
+        pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
+            else (check_pooling(pooling or DEFAULT_POOLING), max_length or DEFAULT_MAX_LENGTH)
+        if not isinstance(sentences, Corpus | list | tuple):
+            sentences = list(sentences)
+        _plan(options.get("kind", "flat"), head.out_dim if head is not None else
+              encoder.width(pooling), options.get("dims"), len(sentences))
+        corpus = sentences if isinstance(sentences, Corpus) else None
+        if ids is None and corpus is not None:
+            ids = corpus.ids
+        if cache is None:
+            sentences = list(sentences)
+            x = encoder.encode(sentences, pooling, max_length, batch_size, progress)
+        else:
+            x = cache.files(corpus or Corpus.from_sentences(sentences), encoder, pooling,
+                            max_length, batch_size, progress)[pooling].load()
+            if not distributed.is_main():
+                return None
+        return cls.from_embeddings(x, list(sentences), ids=ids, head=head, encoder=encoder.id,
+                                   pooling=pooling, max_length=max_length, **options)
+
+    def search_embeddings(self, x: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """Cosine scores and item ids (rows, k), best first, for pooled query embeddings."""
+        if k < 1:
+            raise BertflowError(f"k must be at least 1, got {k}")
+        x = np.asarray(x)
+        width = self.head.dim if self.head is not None else self.config["dim"]
+        if x.ndim != 2 or x.shape[1] != width:
+            raise BertflowError(f"index expects {width}-d embeddings, got {x.shape}")
+        if self.head is not None:
+            x = self.head.transform(x)  # checks its input and output
+        else:
+            check_finite(x, "the query embeddings")
+        return self.faiss_index.search(np.ascontiguousarray(x, dtype=np.float32),
+                                       min(k, len(self.items)))
+
+    def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
+               k: int = 10, batch_size: int = DEFAULT_BATCH_SIZE) -> list[list[Hit]]:
+        """For each query, the `k` nearest items as `Hit(score, item, line, id)`, best first."""
+        if isinstance(queries, str):
+            raise BertflowError("expected a list of queries, got one string: pass [query]")
+        encoder = resolve_encoder(encoder, self.encoder)
+        mine = self.encoder
+        if mine is not None and mine.fingerprint != encoder.id.fingerprint:
+            raise BertflowError(f"index was built with encoder {mine}; got encoder {encoder.id}")
+        x = encoder.encode(queries, self.pooling, self.config["max_length"], batch_size)
+        scores, ids = self.search_embeddings(x, k)
+        return [[Hit(float(s), self.items[i], int(i) + 1, self.ids[i])
+                 for s, i in zip(row_s, row_i, strict=True) if i >= 0]
+                for row_s, row_i in zip(scores, ids, strict=True)]
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the index folder atomically (see `folders.FolderFormat.write`)."""
+        faiss = _faiss()
+
+        def fill(tmp: Path) -> None:
+            faiss.write_index(self.faiss_index, str(tmp / _INDEX))
+            write_json(tmp / _ITEMS, {"items": self.items, "ids": self.ids})
+            if self.head is not None:
+                (tmp / _HEAD).mkdir()
+                self.head.write(tmp / _HEAD)
+            files = {name: sha256_file(tmp / name) for name in (_INDEX, _ITEMS)}
+            write_json(tmp / _CONFIG, {**self.config, "sha256": files})
+
+        return INDEX_FOLDER.write(path, fill)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Index:
+        """Rebuild an index folder, checking its manifest, config, FAISS index and head."""
+        faiss = _faiss()
+        path = Path(path)
+        if not (path / _INDEX).is_file():
+            raise BertflowError(f"no index at {path} (no {_INDEX})")
+        config = INDEX_FOLDER.read(path)
+        try:
+            dim, dims, count = (int(config[k]) for k in ("dim", "dims", "count"))
+            encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
+            check_pooling(config["pooling"])
+            check_max_length(config["max_length"])
+            if not 1 <= dims <= dim or count < 1:
+                raise ValueError("bad dims or count")
+            expected = structure(make(config["kind"], dim, dims))
+        except (KeyError, TypeError, ValueError, BertflowError) as e:
+            raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
+        stored = read_json(path / _ITEMS)
+        items, ids = stored.get("items"), stored.get("ids")
+        if not all(isinstance(v, list) and all(isinstance(i, str) for i in v)
+                   for v in (items, ids)):
+            raise BertflowError(f"{path / _ITEMS} does not hold a list of items and their ids")
+        try:
+            _check_ids(ids, len(items))
+        except BertflowError as e:
+            raise BertflowError(f"{path / _ITEMS}: {e}") from None
+        try:
+            index = faiss.read_index(str(path / _INDEX))
+        except RuntimeError as e:
+            raise BertflowError(f"{path / _INDEX} is not a valid FAISS index ({first_line(e)})") \
+                from None
+        if not len(items) == index.ntotal == count:
+            raise BertflowError(f"{path} is inconsistent: {len(items)} items, {index.ntotal} "
+                                f"vectors; its config says {count}")
+        if structure(index) != expected or not index.is_trained:
+            raise BertflowError(f"{path} is inconsistent: {_INDEX} is not the trained "
+                                f"{config['kind']!r} index of {dim}-d vectors (PCA to {dims}, "
+                                "inner product) that its config describes")
+        if bool(config["head"]) != (path / _HEAD).is_dir():
+            raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
+        head = FlowHead.load(path / _HEAD) if config["head"] else None
+        if head is not None:
+            head.check(encoder=encoder, pooling=config["pooling"],
+                       max_length=config["max_length"])
+            if head.out_dim != dim:
+                raise BertflowError(f"{path}: its head gives {head.out_dim}-d vectors, its "
+                                    f"index holds {dim}-d ones")
+        config.pop("sha256", None)  # belongs to the files on disk; `save` writes it afresh
+        return cls(index, items, config, head, ids)
+
+
+def _plan(kind: str, dim: int, dims: int | None, count: int, hnsw_m: int = 32
+          ) -> tuple[Any, int]:
+    """The empty index of `kind` for `count` vectors of `dim` dimensions, PCA to `dims`, and
+    how many of them it is trained on; refused where that cannot be."""
+    dims = None if dims == dim else dims  # all of them: no PCA to train
+    if dims is not None and not 1 <= dims <= min(dim, count):
+        raise BertflowError(f"dims must be {dim} (all) or between 1 and {min(dim, count)} "
+                            f"(the dimension and the number of items), got {dims}")
+    index = make(kind, dim, dims or dim, hnsw_m)
+    return index, training_rows(index, kind, count)
+
+
+def _check_ids(ids: Sequence[str] | None, count: int) -> list[str]:
+    """`ids` as a list, checked to name `count` items once each; None: the lines as text."""
+    if ids is None:
+        return [str(line) for line in range(1, count + 1)]
+    ids = list(ids)
+    if len(ids) != count or not all(isinstance(i, str) for i in ids):
+        raise BertflowError(f"need one id (a string) per item: {len(ids)} for {count}")
+    if len(set(ids)) != count:
+        repeated = next(i for i, n in Counter(ids).items() if n > 1)
+        raise BertflowError(f"ids must be unique: {repeated!r} names more than one item")
+    return ids

@@ -1,0 +1,70 @@
+"""Files of one record a line, read streamed: text lines (a blank one refused) and JSON-lines
+objects with their string fields and ids, a bad line refused in one line naming its file and
+line number."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import BertflowError, first_line
+from .files import iter_sentences
+
+__all__ = ["field", "read_lines", "record_id", "records", "unicode_text"]
+
+
+def read_lines(path: Path, what: str, start: int = 0) -> Iterator[str]:
+    """The lines of text file `path` from line `start` on; a blank one is refused."""
+    for number, line in enumerate(iter_sentences(path, start, blank_ok=True), start + 1):
+        if not line.strip():
+            raise BertflowError(f"{path} line {number} is blank: expected {what} per line")
+        yield line
+
+
+def records(path: Path, start: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, JSON object) of each line of a JSON-lines file from line `start` on."""
+    for number, line in enumerate(read_lines(path, "one JSON object", start), start + 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BertflowError(f"{path} line {number} is not JSON ({first_line(e)})") from None
+        if not isinstance(record, dict):
+            raise BertflowError(f"{path} line {number} is not a JSON object")
+        yield number, record
+
+
+def field(path: Path, number: int, record: dict[str, Any], key: str) -> str:
+    if key not in record:
+        raise BertflowError(f"{path} line {number} has no {key!r}")
+    value = record[key]
+    if isinstance(value, int) and not isinstance(value, bool) and key == "_id":
+        return str(value)
+    if not isinstance(value, str):
+        raise BertflowError(f"{path} line {number}: {key!r} is not a string")
+    return unicode_text(path, number, key, value)
+
+
+def unicode_text(path: Path, number: int, key: str, value: str) -> str:
+    """`value`, refused where JSON's escapes made it no Unicode text (a lone surrogate)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BertflowError(f"{path} line {number}: {key!r} is not valid Unicode (a lone "
+                            "surrogate)") from None
+    return value
+
+
+def record_id(path: Path, number: int, record: dict[str, Any], seen: dict[str, int]) -> str:
+    """The `_id` of `record`, refused where empty or on an earlier line (`seen`: id → line)."""
+    key = field(path, number, record, "_id")
+    if not key.strip():
+        raise BertflowError(f"{path} line {number}: '_id' is empty")
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in key):
+        raise BertflowError(f"{path} line {number}: '_id' {key!r} holds a control character")
+    if key in seen:
+        raise BertflowError(f"{path} line {number}: duplicate id {key!r} (also on line "
+                            f"{seen[key]})")
+    return key

@@ -1,0 +1,14 @@
+"""Fitting a flow head: the trainer, recipes, checkpoints, TensorBoard logs and the fit job."""
+
+from ..lazy import exports
+
+__all__, __getattr__, __dir__ = exports(__name__, {
+    "checkpoint": ("CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointFile",
+                   "open_checkpoint"),
+    "job": ("FitJob", "FittedHead", "run_fit"),
+    "recipes": ("BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "NEAR", "RECIPES", "Recipe",
+                "close_call", "corpus_note", "recommended", "resolve", "rule_note", "settle"),
+    "tensorboard": ("RunLogs", "TensorBoard"),
+    "trainer": ("RECORD", "History", "Hook", "TrainConfig", "TrainState", "fit", "fit_head",
+                "nll_text", "split_indices"),
+})

@@ -1,0 +1,236 @@
+"""`bertflow fit` as a library call: resumable, logged to TensorBoard, scored on STS-B dev."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from ..constants import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_ENCODER_NAME,
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_POOLING,
+)
+from ..embeddings.cache import EmbeddingCache
+from ..embeddings.file import EmbeddingFile, open_embeddings
+from ..encoders.batches import check_max_length
+from ..encoders.loading import load_encoder
+from ..errors import BertflowError, BertflowWarning
+from ..heads.head import FlowHead
+from ..runtime import distributed
+from ..storage.artifacts import HEAD_FOLDER
+from ..storage.corpus import Corpus
+from ..storage.files import check_outputs
+from .checkpoint import CheckpointFile
+from .recipes import Recipe, close_call, resolve, rule_note, settle
+from .tensorboard import RunLogs
+from .trainer import TrainState, fit_head, nll_text
+
+__all__ = ["FitJob", "FittedHead", "run_fit"]
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class FitJob:
+    """The arguments of `bertflow fit` (`source`: a text file or an encoded `.npy`); `recipe` is a
+    `Recipe` or the changes to the pooling's recommended one (`Recipe.updated`)."""
+
+    source: Path
+    out: Path
+    method: str = "flow"
+    k: int | None = None
+    d: int | None = None
+    shrinkage: float | None = None
+    recipe: Recipe | dict[str, Any] = field(default_factory=dict)
+    encoder: str | None = None
+    pooling: str | None = None
+    max_length: int | None = None
+    batch_size: int = DEFAULT_BATCH_SIZE
+    device: str = "auto"
+    dtype: str = "float32"
+    cache: Path | None = None
+    checkpoint: Path | None = None
+    resume: bool = False
+    logdir: Path | None = None
+    dev_sts: Path | None = None
+
+
+class FittedHead(NamedTuple):
+    """The head saved in `FitJob.out`, and its TensorBoard folder."""
+
+    head: FlowHead
+    logs: Path | None
+
+
+def run_fit(job: FitJob, *, say: Say | None = None,
+            progress: bool | None = None) -> FittedHead | None:
+    """Fit the head of `job` and save it in `job.out`; `say` gets each epoch's line. Under
+    torchrun every process calls it, and only the first gets the result."""
+    say = say if distributed.is_main() else None
+    HEAD_FOLDER.check_destination(job.out)
+    encodes = job.source.suffix != ".npy" or job.dev_sts is not None
+    check_outputs({"--checkpoint": job.checkpoint, "--logdir": job.logdir, "--out": job.out},
+                  {"the input": job.source,
+                   "the embedding cache": EmbeddingCache(job.cache).root if encodes else None,
+                   "--encoder": Path(job.encoder) if job.encoder is not None else None,
+                   "--dev-sts": job.dev_sts},
+                  grows={"--logdir": ["--out"]})  # logs: a new subfolder
+    flow = job.method == "flow"
+    checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
+    dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
+    job, x, origin = _source(job, progress, say)
+    if not flow:
+        if not distributed.is_main():
+            return None
+        head = FlowHead.fit_linear(x, job.method, k=job.k, d=job.d, shrinkage=job.shrinkage,
+                                   encoder=origin["encoder"], pooling=origin["pooling"],
+                                   max_length=origin["max_length"], corpus=origin["corpus"])
+        head.save(job.out)
+        return FittedHead(head, None)
+    return _train(job, x, origin, checkpoint, dev, say, progress)
+
+
+def _source(job: FitJob, progress: bool | None,
+            say: Say | None) -> tuple[FitJob, Any, dict[str, Any]]:
+    """The job with its recipe resolved, the embeddings and their origin (`open_embeddings`'s,
+    and the `Encoder` as ``loaded``); a flow too wide for them, or a --max-length other than a
+    `.npy`'s, is refused before anything is encoded (a text file's through the cache)."""
+    flow, max_length = job.method == "flow", job.max_length or DEFAULT_MAX_LENGTH
+    if job.source.suffix != ".npy":
+        pooling = job.pooling or DEFAULT_POOLING
+        check_max_length(max_length)  # and against the encoder when one encodes the text
+        corpus = Corpus.from_file(job.source)
+        loaded = load_encoder(job.encoder, job.device, job.dtype)
+        if flow:
+            resolve(job.recipe, pooling).flow.check(loaded.width(pooling))
+        x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
+                                            progress=progress)[pooling]
+        job = _settle(job, pooling, x, loaded.width(pooling), say)
+        return job, x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
+                        "data": corpus.sha256, "loaded": loaded,
+                        "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
+    with EmbeddingFile(job.source) as file:
+        meta, width = file.meta or {}, file.dim
+    if job.max_length not in (None, meta.get("max_length", job.max_length)):
+        raise BertflowError(f"--max-length {job.max_length} differs from the "
+                            f"{meta['max_length']} that {job.source} was encoded with")
+    pooling = meta.get("pooling") or job.pooling or DEFAULT_POOLING
+    if flow:
+        resolve(job.recipe, pooling).flow.check(width)
+    loaded = None  # --encoder, where given: on the device and in the precision --dev-sts needs
+    if job.encoder is not None:
+        loaded = load_encoder(job.encoder, *(
+            (job.device, meta.get("precision") or job.dtype) if job.dev_sts else ("cpu",)))
+    x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
+                                max_length=max_length)
+    return _settle(job, pooling, x, width, say), x, {**origin, "loaded": loaded}
+
+
+def _settle(job: FitJob, pooling: str, x: Any, width: int, say: Say | None) -> FitJob:
+    """The job with a flow's recipe resolved for embeddings `x` (`bertflow.training.recipes`' rule,
+    said, and warned of where it was a close call) and checked against their `width`."""
+    if job.method != "flow":
+        return job
+    recipe, cosine = settle(job.recipe, pooling, x)
+    if close_call(cosine):
+        warnings.warn(rule_note(pooling, cosine), BertflowWarning, stacklevel=2)
+    elif say is not None and cosine is not None:
+        say(f"note: {rule_note(pooling, cosine)}")
+    recipe.flow.check(width)
+    return replace(job, recipe=recipe)
+
+
+def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFile | None,
+           dev: Any, say: Say | None, progress: bool | None) -> FittedHead | None:
+    """Fit the flow, checkpointing and logging each epoch, and save the head. A failed run leaves
+    `--logdir` as it was unless a checkpoint can resume it."""
+    run = {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
+           "before": job.recipe.before, "pooling": origin["pooling"],
+           "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
+           "max_length": origin["max_length"], "data": origin["data"]}  # what a checkpoint is of
+    state = checkpoint.state_for(run, say) if checkpoint is not None else None
+    measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
+    main = distributed.is_main()
+    recorded = checkpoint.saved.logs if state is not None else None
+    logs = RunLogs(job.logdir, job.recipe.train.seed, recorded) \
+        if job.logdir is not None and main else None
+    last = state  # the last epoch's state: the resumed one, then each epoch's as it ends
+
+    def epoch_end(done: TrainState) -> None:
+        nonlocal last
+        if say is not None:
+            e = done.history.epochs[-1]
+            dev = f", dev Spearman {e['dev_spearman']:.2f}" if "dev_spearman" in e else ""
+            say(f"epoch {int(e['epoch'])}/{job.recipe.train.epochs}: train "
+                f"{e['train_nll']:.3f} val {nll_text(e)}, val cosine {e['val_cosine']:.3f}{dev}")
+        if checkpoint is not None and main:
+            checkpoint.save(done, logs.folder.name if logs else recorded)
+        last = done
+
+    fitted = False
+    try:
+        hook = logs.open(state) if logs is not None else None
+        head = fit_head(x, encoder=origin["encoder"], pooling=origin["pooling"],
+                            max_length=origin["max_length"], **job.recipe.fit_options(),
+                            corpus=origin["corpus"], hook=hook, state=state,
+                            on_epoch_end=epoch_end, measure=measure,
+                            progress=progress is not False)
+        if main:
+            head.save(job.out)
+        fitted = True
+        if hook is not None:
+            hparams = {**run, "encoder": origin["encoder"].name if origin["encoder"] else None,
+                       "data": origin["corpus"].get("file"),
+                       "corpus_size": head.training_info["corpus"]["size"]}
+            hook.hparams(hparams, head.history, last.step if last else 0)
+    finally:
+        if logs is not None:  # a checkpoint saved or resumed names the folder: kept
+            saved = checkpoint is not None and last is not state
+            logs.close(keep=fitted or saved or logs.resumed)
+    return FittedHead(head, logs.folder if logs else None) if main else None
+
+
+def _read_dev(data: Path) -> Any:
+    """The STS-B dev pairs of `--dev-sts DATA` (DATA/STSBenchmark, or DATA itself)."""
+    from ..data.sts import read_stsb
+
+    for folder in (data / "STSBenchmark", data):
+        if (folder / "sts-dev.csv").is_file():
+            return read_stsb(folder, "dev")
+    raise BertflowError(f"--dev-sts {data} holds no STSBenchmark/sts-dev.csv (STS-B in "
+                        "SentEval's layout)")
+
+
+def _dev_measure(job: FitJob, dev: Any, x: Any, origin: dict[str, Any],
+                 progress: bool | None) -> Callable[[Any], dict[str, float]]:
+    """The Spearman × 100 of STS-B dev's latent cosines (NaN where undefined)."""
+    from ..data.sts import pair_spearman
+
+    made_by = origin["encoder"]
+    if made_by is None or (job.encoder is None and made_by.name != DEFAULT_ENCODER_NAME):
+        raise BertflowError(f"--dev-sts needs the encoder that made {job.source}" + (
+            ", which has no sidecar naming one; pass --encoder with it" if made_by is None
+            else f" ({made_by.name}); pass --encoder with its folder"))
+    precision = (getattr(x, "meta", None) or {}).get("precision") or job.dtype
+    encoder = origin.get("loaded") or load_encoder(None, job.device, precision)
+    if encoder.id.fingerprint != made_by.fingerprint:
+        raise BertflowError(f"--dev-sts: {job.source} was made by encoder {made_by}, not by "
+                            f"{encoder.id}")
+    sentences = dev.sentences()
+    vectors = torch.from_numpy(np.array(EmbeddingCache(job.cache).encode(
+        sentences, encoder, origin["pooling"], origin["max_length"], job.batch_size,
+        progress=progress), dtype=np.float32))
+
+    def measure(model: torch.nn.Module) -> dict[str, float]:
+        value = pair_spearman(dev, sentences, model(vectors)[0].double().cpu().numpy())
+        return {"dev_spearman": math.nan if value is None else value}
+
+    return measure

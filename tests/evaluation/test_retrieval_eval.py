@@ -1,0 +1,326 @@
+"""The retrieval harness on tiny BEIR folders and a tiny encoder: exact cosine search, pytrec_eval's
+measures as MTEB computes them, methods fit on the documents, the queries or a text file (never
+the qrels), a fitted head, and `bertflow eval --retrieval`."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertflow import BertflowError
+from bertflow.cli.main import main
+from bertflow.embeddings.cache import EmbeddingCache
+from bertflow.evaluation.retrieval import (
+    MEASURES,
+    evaluate_retrieval,
+    format_retrieval_table,
+    ignores_identical_ids,
+    ranking,
+    score_run,
+    top_hits,
+    without_identical_ids,
+)
+
+from ..conftest import WORDS, fit_tiny_head
+
+pytest.importorskip("pytrec_eval")
+
+
+def write_beir(folder, documents=24, queries=8, seed=0):
+    """A BEIR folder of word salads the tiny model knows: titled and untitled documents, queries
+    and qrels/test.tsv, qrels/train.tsv (two documents judged per query, one of them 2)."""
+    rng = np.random.default_rng(seed)
+
+    def salad(low=3, high=9):
+        return " ".join(rng.choice(WORDS, size=rng.integers(low, high)))
+
+    (folder / "qrels").mkdir(parents=True)
+    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for i in range(documents):
+            title = salad(1, 3) if i % 3 else ""
+            f.write(json.dumps({"_id": f"d{i}", "title": title, "text": salad()}) + "\n")
+    with open(folder / "queries.jsonl", "w", encoding="utf-8") as f:
+        for i in range(queries + 2):  # two queries no split judges
+            f.write(json.dumps({"_id": f"q{i}", "text": salad(2, 6), "metadata": {}}) + "\n")
+    for split, judged in (("test", range(0, queries, 2)), ("train", range(1, queries, 2))):
+        rows = [f"q{q}\td{d}\t{r}" for q in judged
+                for d, r in zip(rng.choice(documents, 2, replace=False), (1, 2), strict=True)]
+        (folder / "qrels" / f"{split}.tsv").write_text(
+            "query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture
+def beir(tmp_path):
+    return write_beir(tmp_path / "tiny")
+
+
+@pytest.fixture
+def task(beir):
+    from bertflow.data.beir import load_task
+
+    return load_task(beir, "test")
+
+
+def test_top_hits_is_exact_cosine_search_ties_by_row():
+    rng = np.random.default_rng(0)
+    docs, queries = rng.normal(size=(50, 8)), rng.normal(size=(7, 8))
+    docs[10] = docs[3] * 2  # the same direction: a tie, broken by row
+    scores, rows = top_hits(queries, docs, top=20, block=3)
+    unit = docs / np.linalg.norm(docs, axis=1, keepdims=True)
+    cosine = (queries / np.linalg.norm(queries, axis=1, keepdims=True)) @ unit.T
+    for q in range(7):
+        order = sorted(range(50), key=lambda j: (-round(cosine[q, j], 5), j))[:20]
+        assert rows[q].tolist() == order
+        np.testing.assert_allclose(scores[q], cosine[q, order], atol=1e-5)
+    all_scores, all_rows = top_hits(queries, docs, top=1000)
+    assert all_rows.shape == (7, 50) and (all_rows[:, :20] == rows).all()
+    assert (top_hits(queries, docs, top=20)[1] == rows).all()  # blocks change nothing
+    with pytest.raises(BertflowError, match="width"):
+        top_hits(queries, docs[:, :4])
+
+
+def test_ties_at_the_cut_keep_the_lowest_rows():
+    """Many documents tied at the last place kept: the first rows of them, as the docstring
+    says, in every block and at every cut."""
+    docs = np.tile(np.eye(4, dtype=np.float32)[0], (60, 1))
+    docs[[7, 30]] = np.eye(4)[1]  # better for the query below
+    query = np.array([[1.0, 2.0, 0, 0]], np.float32)
+    for top in (1, 2, 3, 5, 40):
+        scores, rows = top_hits(np.repeat(query, 3, 0), docs, top=top, block=2)
+        rest = [r for r in range(60) if r not in (7, 30)][: max(0, top - 2)]
+        assert (rows == [[7, 30, *rest][:top]] * 3).all(), (top, rows)
+
+
+def test_score_run_by_hand():
+    qrels = {"q1": {"d1": 1}, "q2": {"d2": 1, "d3": 1}}
+    run = {"q1": {"d0": 0.9, "d1": 0.8, "d2": 0.1},
+           "q2": {"d2": 0.9, "d0": 0.8, "d3": 0.7},
+           "q9": {"d1": 1.0}}  # judged by no qrels: not scored
+    s = score_run(qrels, run)
+    ndcg2 = (1 + 1 / np.log2(4)) / (1 + 1 / np.log2(3))
+    assert s["ndcg_at_10"] == pytest.approx((1 / np.log2(3) + ndcg2) / 2)
+    assert s["map_at_100"] == pytest.approx((0.5 + (1 + 2 / 3) / 2) / 2)
+    assert s["mrr_at_10"] == pytest.approx((0.5 + 1) / 2)
+    assert s["recall_at_100"] == pytest.approx(1.0)
+    assert set(s) == set(MEASURES)
+
+
+def test_mrr_at_10_counts_only_the_first_ten_and_breaks_ties_by_id_descending():
+    qrels = {"q": {"d11": 1}}
+    eleven = {"q": {f"d{i:02d}": 1 - i / 100 for i in range(12)}}  # the relevant one 12th
+    assert score_run({"q": {"d11": 1}}, eleven)["mrr_at_10"] == 0
+    tied = {"q": {"a": 0.5, "d11": 0.5, "z": 0.5}}  # by id descending: z, d11, a
+    assert score_run(qrels, tied)["mrr_at_10"] == pytest.approx(0.5)
+
+
+def test_score_run_equals_mtebs_own_scores():
+    """Random runs with ties and graded qrels: pytrec_eval here, MTEB's evaluator there (where
+    MTEB is installed; a moved module fails, not skips)."""
+    pytest.importorskip("mteb")
+    import mteb._evaluators.retrieval_metrics as metrics
+    rng = np.random.default_rng(1)
+    docs = [f"d{i}" for i in range(40)]
+    qrels = {f"q{q}": {d: int(rng.integers(1, 3)) for d in rng.choice(docs, 3, replace=False)}
+             for q in range(20)}
+    run = {q: {d: float(rng.integers(0, 8)) / 8 for d in docs} for q in qrels}
+    mine = score_run(qrels, run)
+    theirs = metrics.calculate_retrieval_scores(run, qrels, [10, 100])
+    assert mine["ndcg_at_10"] == pytest.approx(theirs.ndcg["NDCG@10"], abs=1e-5)
+    assert mine["map_at_100"] == pytest.approx(theirs.map["MAP@100"], abs=1e-5)
+    assert mine["recall_at_100"] == pytest.approx(theirs.recall["Recall@100"], abs=1e-5)
+    assert mine["mrr_at_10"] == pytest.approx(theirs.mrr["MRR@10"], abs=1e-12)
+
+
+def test_identical_ids_are_left_out_as_mteb_leaves_them_out():
+    """MTEB's own evaluator, with and without `ignore_identical_ids`, on the hand case and on
+    random runs where some query ids are document ids; bertflow's default follows MTEB's per
+    task, by BEIR's folder names."""
+    import copy
+
+    pytest.importorskip("mteb")
+    from mteb._evaluators.retrieval_evaluator import RetrievalEvaluator
+
+    def theirs(qrels, run, ignore):
+        result = RetrievalEvaluator.evaluate(None, qrels, copy.deepcopy(run), [10, 100],
+                                             ignore_identical_ids=ignore)
+        return {"ndcg_at_10": result.ndcg["NDCG@10"], "map_at_100": result.map["MAP@100"],
+                "mrr_at_10": result.mrr["MRR@10"], "recall_at_100": result.recall["Recall@100"]}
+
+    hand = ({"a1": {"a2": 1}}, {"a1": {"a1": 0.99, "a2": 0.80, "a3": 0.5}})
+    rng = np.random.default_rng(3)
+    docs = [f"d{i}" for i in range(30)]
+    qrels = {d: {e: 1 for e in rng.choice(docs, 2, replace=False) if e != d} for d in docs[:12]}
+    random = (qrels, {q: {d: float(rng.random()) for d in docs} for q in qrels})
+    for qrels, run in (hand, random):
+        for ignore in (True, False):
+            mine = score_run(qrels, without_identical_ids(run) if ignore else run)
+            for name, value in theirs(qrels, run, ignore).items():
+                assert mine[name] == pytest.approx(value, abs=1e-5), (name, ignore)
+    assert score_run(*hand)["ndcg_at_10"] == pytest.approx(0.63093, abs=1e-5)
+    assert score_run(hand[0], without_identical_ids(hand[1]))["ndcg_at_10"] == 1.0
+    assert [n for n in ("arguana", "ArguAna", "quora", "fiqa", "FiQA2018", "msmarco", "fever",
+                        "scifact", "nfcorpus", "hotpotqa") if ignores_identical_ids(n)] == [
+        "arguana", "ArguAna", "quora", "fiqa", "FiQA2018", "msmarco", "fever"]
+
+
+def test_eval_leaves_out_identical_ids_by_the_tasks_name_or_the_option(tmp_path, capsys,
+                                                                       tiny_encoder_dir):
+    """A task whose queries are documents (as ArguAna's): the query's own document ranks first
+    and counts against it where kept; left out for a task named arguana, or when asked. The
+    judged document has the query's text too (a tie, broken by id descending: second)."""
+    (tmp_path / "qrels").mkdir()
+    texts = ["a man plays the guitar", "a man plays the guitar", "the dog runs in the park",
+             "a big red car", "the small cat eats food"]
+    with open(tmp_path / "corpus.jsonl", "w") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"_id": f"a{i}" if i else "b0", "text": text}) + "\n")
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "b0", "text": texts[0]}) + "\n")
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nb0\ta1\t1\n")
+    for name in ("scifact", "arguana"):
+        (tmp_path / name).symlink_to(tmp_path, target_is_directory=True)
+    base = ["eval", "--method", "raw", "--pooling", "mean", "--encoder", str(tiny_encoder_dir),
+            "--quiet", "--retrieval"]
+    mrr = {}
+    for name, flag in (("scifact", None), ("arguana", None), ("scifact", "--ignore-identical-ids"),
+                       ("arguana", "--no-ignore-identical-ids")):
+        assert main([*base, str(tmp_path / name), *([flag] if flag else [])]) == 0
+        out = capsys.readouterr().out
+        row = [c.strip() for c in out.strip().splitlines()[-1].split("|")]
+        mrr[name, flag] = float(row[9])
+        assert ("left out" in out) == (mrr[name, flag] == 100), out
+    assert mrr["scifact", None] == mrr["arguana", "--no-ignore-identical-ids"] == 50
+    assert main(["eval", "--data", str(tmp_path), "--ignore-identical-ids"]) == 1
+    assert "applies to --retrieval" in capsys.readouterr().err
+
+
+def test_ranking_keeps_ids_and_the_top():
+    x = np.eye(3, dtype=np.float32)
+    run = ranking(x[:2], x, ["a", "b"], ["x", "y", "z"], top=2)
+    assert list(run) == ["a", "b"]
+    assert list(run["a"]) == ["x", "y"] and run["a"]["x"] == pytest.approx(1)
+    with pytest.raises(BertflowError, match="ids"):
+        ranking(x[:2], x, ["a"], ["x", "y", "z"])
+
+
+def test_raw_retrieval_embeds_through_the_cache_once(task, tiny_encoder, tmp_path):
+    cache = EmbeddingCache(tmp_path / "cache")
+    [row] = evaluate_retrieval(task, "raw", tiny_encoder, cache, pooling="mean", max_length=32)
+    assert row["method"] == "raw" and row["fit_on"] == "corpus"
+    assert (row["task"], row["split"], row["queries"], row["documents"]) == ("tiny", "test", 4, 24)
+    assert all(0 <= row[m] <= 1 for m in MEASURES)
+    entries = sorted(cache.root.glob("*.npy"))
+    assert len(entries) == 2  # the documents and the queries
+    again = evaluate_retrieval(task, "whitening", tiny_encoder, cache, pooling="mean",
+                               max_length=32, fit_on=["corpus", "queries"])
+    assert sorted(cache.root.glob("*.npy")) == entries
+    assert again[0]["fit_on"] == "corpus + queries"
+    # the same documents as a list, keyed as the harness keyed them
+    docs = np.asarray(cache.encode(list(task.corpus), tiny_encoder, "mean", 32))
+    assert docs.shape == (24, 16)
+    assert sorted(cache.root.glob("*.npy")) == entries
+    table = format_retrieval_table([row, *again])
+    assert table.count("\n") == 3 and f"{100 * row['ndcg_at_10']:.2f}" in table
+
+
+def test_methods_fit_on_the_documents_the_queries_or_a_file_never_the_qrels(
+        task, tiny_encoder, tmp_path, monkeypatch):
+    from bertflow.evaluation import methods
+
+    fitted = []
+    fit = methods.Method.fit
+    monkeypatch.setattr(methods.Method, "fit", lambda self, x: fitted.append(len(x)) or
+                        fit(self, x))
+    text = tmp_path / "more.txt"
+    text.write_text("\n".join(" ".join(WORDS[i:i + 4]) for i in range(30)) + "\n")
+    cache = EmbeddingCache(tmp_path / "cache")
+    rows = {}
+    for fit_on in ("corpus", "queries", text, ["corpus", "queries", text]):
+        [rows[str(fit_on)]] = evaluate_retrieval(task, "whitening", tiny_encoder, cache, k=3,
+                                                 pooling="mean", max_length=32, fit_on=fit_on)
+    assert fitted == [24, 4, 30, 58]
+    assert rows[str(text)]["fit_on"] == "more.txt"
+    assert rows["corpus"]["ndcg_at_10"] != rows["queries"]["ndcg_at_10"]
+    for bad in (["corpus", "corpus"], []):
+        with pytest.raises(BertflowError, match="at most once"):
+            evaluate_retrieval(task, "raw", tiny_encoder, cache, pooling="mean", fit_on=bad)
+
+
+@pytest.mark.parametrize("method", ["standardize", "whitening", "whitening-k", "abtt", "flow"])
+def test_each_method_scores(task, tiny_encoder, tmp_path, method):
+    options = {"whitening": {"shrinkage": 0.9}, "whitening-k": {"k": 4, "shrinkage": 0.5},
+               "abtt": {"d": 1}}.get(method, {})
+    recipe = {"flow": {"levels": 2, "depth": 2}, "train": {"epochs": 1}}
+    [row] = evaluate_retrieval(task, method, tiny_encoder, EmbeddingCache(tmp_path / "c"),
+                               pooling="mean", max_length=32, recipe=recipe, progress=False,
+                               **options)
+    assert row["method"] == method and all(0 <= row[m] <= 1 for m in MEASURES)
+    assert all(row.get(o) == options.get(o) for o in ("k", "d", "shrinkage"))
+    again = evaluate_retrieval(task, method, tiny_encoder, EmbeddingCache(tmp_path / "c"),
+                               pooling="mean", max_length=32, recipe=recipe, progress=False,
+                               **options)
+    assert again == [row]  # seeded
+
+
+def test_a_fitted_head_is_scored_with_its_pooling(task, tiny_encoder, tmp_path):
+    head = fit_tiny_head(tiny_encoder, "cls")
+    [row] = evaluate_retrieval(task, head, tiny_encoder, EmbeddingCache(tmp_path / "c"),
+                               name="my-head")
+    assert (row["method"], row["head"], row["pooling"], row["max_length"]) == (
+        "flow", "my-head", "cls", 32)
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_eval_retrieval(beir, tiny_encoder_dir, tmp_path, capsys):
+    common = ["--encoder", tiny_encoder_dir, "--pooling", "mean", "--max-length", "32",
+              "--cache", tmp_path / "cache", "--quiet"]
+    rows_file = tmp_path / "rows.json"
+    code, out, err = run(capsys, "eval", "--retrieval", beir, "--method", "raw", *common,
+                         "--json", rows_file)
+    assert code == 0, err
+    assert "tiny (test: 4 queries, 24 documents)" in out and "| nDCG@10 |" in out
+    [row] = json.loads(rows_file.read_text())
+    assert (row["split"], row["method"], row["fit_on"]) == ("test", "raw", "corpus")
+    code, out, err = run(capsys, "eval", "--retrieval", beir, "--split", "train", "--method",
+                         "whitening", "--k", "3", "--fit-on", "queries", *common, "--json",
+                         rows_file)
+    assert code == 0, err
+    [row] = json.loads(rows_file.read_text())
+    assert (row["split"], row["method"], row["k"], row["fit_on"]) == (
+        "train", "whitening-k", 3, "queries")
+    head = tmp_path / "head"
+    fit_tiny_head(__import__("bertflow").load_encoder(tiny_encoder_dir), "mean").save(head)
+    code, out, err = run(capsys, "eval", "--retrieval", beir, "--head", head, "--encoder",
+                         tiny_encoder_dir, "--cache", tmp_path / "cache")
+    assert code == 0, err
+    assert "| flow |" in out
+
+
+def test_cli_eval_retrieval_refusals(beir, tmp_path, capsys):
+    missing = tmp_path / "missing"
+    cases = [
+        (["--retrieval", beir, "--split", "dev"],
+         f"no qrels/dev.tsv in the BEIR folder {beir} (splits: test, train)"),
+        (["--retrieval", missing], f"no BEIR folder at {missing}"),
+        (["--retrieval", beir, "--fit-on", "target"], "--fit-on target applies to --data"),
+        (["--retrieval", beir, "--fit-on", "corpus", missing], f"no such file: {missing}"),
+        (["--retrieval", beir, "--tasks", "STS-B"], "--tasks applies to --data"),
+        (["--data", tmp_path, "--split", "train"], "--split applies to --retrieval"),
+        (["--retrieval", beir, "--head", missing, "--fit-on", "corpus"],
+         "--fit-on does not apply to --head"),
+        (["--retrieval", beir, "--method", "raw", "--fit-on", "queries"],
+         "--fit-on applies to a method that is fit, not to --method raw"),
+        (["--retrieval", beir, "--json", beir / "rows.json"], "rows.json"),
+    ]
+    for args, message in cases:
+        code, _, err = run(capsys, "eval", *args)
+        assert code == 1 and message in err and err.count("\n") == 1, (args, err)
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "--retrieval", str(beir), "--data", str(tmp_path)])
+    assert e.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
