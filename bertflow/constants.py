@@ -15,3 +15,6 @@ BEFORE = ("standardize", "whiten", "none")  # what a flow head applies before it
 METHODS = ("raw", "standardize", "whitening", "whitening-k", "abtt", "flow")
 LINEAR_METHODS = ("whitening", "whitening-k", "abtt")  # those a head can be, besides a flow
 TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
+# `hnsw`'s graph: neighbours a node (FAISS's M; 2M on the ground layer), candidates kept while
+# it is built (efConstruction) and while it is searched (efSearch); FAISS's defaults but M
+HNSW_DEFAULTS = {"M": 32, "ef_construction": 40, "ef_search": 16}

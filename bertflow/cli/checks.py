@@ -42,12 +42,12 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         if args.fit_on is not None:
             raise BertflowError("--fit-on does not apply to --head: the head is already fit")
         if args.k is not None or args.d is not None or args.shrinkage is not None:
-            raise BertflowError("--k, --d and --shrinkage apply to --method whitening, "
+            raise BertflowError("--dims, --d and --shrinkage apply to --method whitening, "
                                 f"whitening-k and abtt, not to --head {args.head}, which is fit "
                                 "already")
     if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
             getattr(args, "d", None) is not None and method != "abtt"):
-        raise BertflowError("--k applies to --method whitening and whitening-k, --d to "
+        raise BertflowError("--dims applies to --method whitening and whitening-k, --d to "
                             "--method abtt")
     if getattr(args, "shrinkage", None) is not None and method not in ("whitening",
                                                                        "whitening-k"):
@@ -72,18 +72,9 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
 
 
 def _check_eval(args: argparse.Namespace) -> None:
-    """Refuse the options of STS (--data) given with --retrieval, and the reverse."""
-    if args.retrieval is None:
-        if args.split is not None:
-            raise BertflowError("--split applies to --retrieval; --data scores each STS task's "
-                                "test pairs")
-        if args.ignore_identical_ids is not None:
-            raise BertflowError("--ignore-identical-ids applies to --retrieval, not to --data")
-        return
-    if args.tasks is not None:
-        raise BertflowError("--tasks applies to --data (STS), not to --retrieval")
-    if "target" in (args.fit_on or []):
-        raise BertflowError("--fit-on target applies to --data (STS); with --retrieval fit on "
+    """Refuse --fit-on target (an STS task's own sentences) for retrieval."""
+    if args.retrieval is not None and "target" in (args.fit_on or []):
+        raise BertflowError("--fit-on target applies to eval sts; eval retrieval fits on "
                             "corpus, queries or text files")
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -16,6 +17,7 @@ from ..constants import DEFAULT_POOLING, TASKS
 from ..errors import BertflowError, BertflowWarning, PeerError, one_line
 from .checks import FLOW_FIELDS, TRAIN_FIELDS, check_inputs, check_options, check_paths
 from .parser import build_parser as _parser
+from .parser import upgrade
 
 __all__ = ["build_parser", "main"]
 
@@ -26,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv, notes = upgrade(sys.argv[1:] if argv is None else [str(a) for a in argv])
+    for note in notes:
+        print(f"bertflow: note: {note}; the old form goes in the next release", file=sys.stderr)
     args = build_parser().parse_args(argv)
     with warnings.catch_warnings():
         warnings.showwarning = functools.partial(_show_warning, warnings.showwarning)
@@ -132,17 +137,25 @@ def _fit(args: argparse.Namespace) -> None:
 
 
 def _transform(args: argparse.Namespace) -> None:
+    from ..embeddings.cache import EmbeddingCache
     from ..embeddings.file import open_embeddings
     from ..embeddings.outputs import check_destination, write_transformed
     from ..heads.head import FlowHead
+    from ..storage.corpus import Corpus
     from ..storage.files import Checked, meta_path, read_sentences, sha256_file
 
     check_paths(args)
     out = Checked(args.out, check_destination, also=[meta_path(args.out)])
     if args.sentences is not None:  # --pooling: how the sentences are encoded
         head, encoder = _head_and_encoder(args)
-        z = head.encode(read_sentences(args.sentences), encoder, args.encode_batch_size,
-                        progress=args.progress)
+        if head.pooling is None:
+            raise BertflowError(f"{args.head} does not record its pooling: encode the "
+                                "sentences, then transform --embeddings")
+        pooling, max_length = head.settings(encoder)
+        corpus = Corpus.from_sentences(read_sentences(args.sentences), str(args.sentences))
+        x = EmbeddingCache(args.cache).files(corpus, encoder, pooling, max_length,
+                                             args.encode_batch_size, args.progress)[pooling]
+        z = head.transform(x.load())
         source = {"sentences_sha256": sha256_file(args.sentences)}
     else:  # --pooling: how the embeddings were (`head.check`)
         head = FlowHead.load(args.head)
@@ -166,12 +179,15 @@ def _eval(args: argparse.Namespace) -> None:
     from ..storage.files import Checked, write_json
     from ..training.recipes import close_call, corpus_note, rule_note
 
-    check_paths(args, "json")
-    out = Checked(args.json, check_rows_destination) if args.json is not None else None
+    check_paths(args)
+    out = Checked(args.out, check_rows_destination) if args.out is not None else None
     if args.retrieval is not None:
         from ..data.beir import load_task
+        from ..evaluation.retrieval import check_mteb_destination
 
         task = load_task(args.retrieval, args.split or "test")
+        if args.mteb is not None:
+            check_mteb_destination(args.mteb, task.name)
     else:
         wanted = args.tasks or list(TASKS)
         tasks, missing = load_tasks(args.data, wanted)
@@ -184,30 +200,43 @@ def _eval(args: argparse.Namespace) -> None:
                "k": args.k, "d": args.d, "shrinkage": args.shrinkage,
                "recipe": _flow_options(args), "name": str(args.head),
                "batch_size": args.encode_batch_size, "progress": args.progress}
+    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
     if args.retrieval is not None:
-        from ..evaluation.retrieval import evaluate_retrieval, format_retrieval_table
+        from ..evaluation.retrieval import evaluate_retrieval, format_retrieval_table, write_mteb
 
+        started = time.perf_counter()
         rows = evaluate_retrieval(task, method if head is None else head, encoder,
                                   EmbeddingCache(args.cache), **options,
-                                  ignore_identical_ids=args.ignore_identical_ids)
-        if args.json is not None:
-            write_json(args.json, rows, recheck=out)
+                                  ignore_identical_ids=args.ignore_identical_ids,
+                                  every_k=args.mteb is not None)
+        if args.mteb is not None:
+            written = write_mteb(args.mteb, rows[0], time.perf_counter() - started)
+            say(f"wrote {written}")
+            rows[0].pop("mteb")
+        if args.out is not None:
+            write_json(args.out, rows, recheck=out)
         left_out = ", a document whose id is the query's left out" * rows[0][
             "ignore_identical_ids"]
-        print(f"{task.name} ({task.split}: {len(task.queries)} queries, {len(task.corpus)} "
-              f"documents{left_out}), × 100:")
-        print(format_retrieval_table(rows))
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print(f"{task.name} ({task.split}: {len(task.queries)} queries, "
+                  f"{len(task.corpus)} documents{left_out}), × 100:")
+            print(format_retrieval_table(rows))
         if rows[0].get("mean_cosine") is not None:  # a close call is warned of already
             if not close_call(rows[0]["mean_cosine"]):
-                print(f"note: {rule_note(rows[0]['pooling'], rows[0]['mean_cosine'])}")
+                say(f"note: {rule_note(rows[0]['pooling'], rows[0]['mean_cosine'])}")
         return
     rows = evaluate_method(tasks, missing, method if head is None else head, encoder,
                            EmbeddingCache(args.cache), **options)
-    if args.json is not None:
-        write_json(args.json, rows, recheck=out)
-    for aggregation in ("all", "wmean"):
-        print(f"Spearman × 100 ({aggregation}):")
-        print(format_table(rows, aggregation))
+    if args.out is not None:
+        write_json(args.out, rows, recheck=out)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for aggregation in ("all", "wmean"):
+            print(f"Spearman × 100 ({aggregation}):")
+            print(format_table(rows, aggregation))
     notes = undefined_notes(rows)
     if missing:
         notes.append(f"missing from {args.data}: {', '.join(missing)}")
@@ -218,7 +247,7 @@ def _eval(args: argparse.Namespace) -> None:
         notes += [f"note: {task}: {rule_note(pooling, cosine)}"
                   for task, cosine in cosines.items() if not close_call(cosine)]
     for note in filter(None, notes):
-        print(note)
+        say(note)
 
 
 def _diagnose(args: argparse.Namespace) -> None:
@@ -310,19 +339,29 @@ def _index(args: argparse.Namespace) -> None:
     head, encoder = _head_and_encoder(args)
     index = Index.build(corpus, encoder, head=head, pooling=args.pooling,
                         max_length=args.max_length, cache=EmbeddingCache(args.cache),
-                        kind=args.kind, dims=args.dims, batch_size=args.encode_batch_size,
-                        progress=args.progress)
+                        kind=args.kind, dims=args.dims, hnsw=_hnsw(args),
+                        batch_size=args.encode_batch_size, progress=args.progress)
     if index is None:  # another process of a torchrun job builds it
         return
     index.save(args.out)
     c = index.config
     trained = f" (trained on {c['trained_on']})" if c["trained_on"] else ""
-    print(f"wrote {args.out}: {c['count']} items, {c['kind']}{trained}, {c['dims']}-d, "
-          f"{c['pooling']} pooling, {'with' if head is not None else 'without'} a head")
+    graph = ", ".join(f"{k} {v}" for k, v in c["hnsw"].items()) if "hnsw" in c else ""
+    print(f"wrote {args.out}: {c['count']} items, {c['kind']}{trained}"
+          f"{f' ({graph})' if graph else ''}, {c['dims']}-d, {c['pooling']} pooling, "
+          f"{'with' if head is not None else 'without'} a head")
+
+
+def _hnsw(args: argparse.Namespace) -> dict[str, int] | None:
+    """The HNSW settings given (--hnsw-m, --ef-construction, --ef-search), or None."""
+    given = {"M": args.hnsw_m, "ef_construction": args.ef_construction,
+             "ef_search": args.ef_search}
+    return {k: v for k, v in given.items() if v is not None} or None
 
 
 def _search(args: argparse.Namespace) -> None:
     from ..data.beir import read_queries
+    from ..embeddings.cache import EmbeddingCache
     from ..search.index import Index
 
     queries = read_queries(args.queries) if args.queries else {
@@ -332,7 +371,11 @@ def _search(args: argparse.Namespace) -> None:
     index = Index.load(args.index)
     if args.nprobe is not None:
         index.nprobe = args.nprobe
-    hits_per_query = index.search(list(queries.values()), _load_encoder(args, index), args.top)
+    if args.ef_search is not None:
+        index.ef_search = args.ef_search
+    hits_per_query = index.search(list(queries.values()), _load_encoder(args, index), args.top,
+                                  args.encode_batch_size, cache=EmbeddingCache(args.cache),
+                                  progress=args.progress)
     for (key, query), hits in zip(queries.items(), hits_per_query, strict=True):
         if args.json:
             print(json.dumps({"id": key, "query": query, "hits": [

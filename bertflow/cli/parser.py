@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -18,13 +18,14 @@ from ..constants import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_POOLING,
     DTYPES,
+    HNSW_DEFAULTS,
     LINEAR_METHODS,
     METHODS,
     POOLINGS,
     TASKS,
 )
 
-__all__ = ["EXPORT_FORMATS", "build_parser"]
+__all__ = ["EXPORT_FORMATS", "build_parser", "upgrade"]
 
 EXPORT_FORMATS = ("sentence-transformers", "onnx", "torch-export")
 
@@ -65,6 +66,51 @@ def build_parser(run: Mapping[str, Callable[[argparse.Namespace], None]]) -> _Pa
         add(p)
         p.set_defaults(run=run[name])
     return parser
+
+
+def upgrade(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`argv` with the forms of the last release rewritten as today's, and a note for each:
+    `eval --data DATA` is `eval sts DATA`, `eval --retrieval DIR` is `eval retrieval DIR`,
+    eval's `--json PATH` is `--out PATH` (`--json` alone prints the rows), and fit's and
+    eval's `--k K` is `--dims K`."""
+    argv, notes = list(argv), []
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if at is None or argv[at] not in ("eval", "fit"):
+        return argv, notes
+    head, rest = argv[: at + 1], argv[at + 1 :]
+    for i, arg in enumerate(rest):
+        if arg == "--k" or arg.startswith("--k="):
+            rest[i] = "--dims" + arg[3:]
+            notes.append("`--k` is now `--dims` (the components whitening-k keeps, as an "
+                         "index's --dims)")
+    if argv[at] == "fit":
+        return head + rest, notes
+    if not rest or rest[0] not in ("sts", "retrieval", "-h", "--help"):
+        for old, kind in (("--data", "sts"), ("--retrieval", "retrieval")):
+            found = _take(rest, old)
+            if found is not None:
+                rest = [kind, found, *rest]
+                notes.append(f"`eval {old} {found}` is now `eval {kind} {found}`")
+                break
+    for i, arg in enumerate(rest[:-1]):
+        if arg == "--json" and not rest[i + 1].startswith("-"):
+            rest[i] = "--out"
+            notes.append(f"eval's `--json {rest[i + 1]}` is now `--out {rest[i + 1]}` "
+                         "(`--json` alone prints the rows as JSON)")
+    return head + rest, notes
+
+
+def _take(args: list[str], option: str) -> str | None:
+    """The value of `option` (`--x V` or `--x=V`), removed from `args`; None if absent."""
+    for i, arg in enumerate(args):
+        if arg == option and i + 1 < len(args):
+            value = args[i + 1]
+            del args[i : i + 2]
+            return value
+        if arg.startswith(option + "="):
+            del args[i]
+            return arg.split("=", 1)[1]
+    return None
 
 
 _COMMANDS: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str, str]] = {}
@@ -111,7 +157,7 @@ def _fit(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="folder to write the head to")
     p.add_argument("--method", choices=("flow", *LINEAR_METHODS), default="flow",
                    help="the flow, or a closed-form baseline: BERT-whitening, whitening to "
-                        "--k components, all-but-the-top (--d directions)")
+                        "--dims components, all-but-the-top (--d directions)")
     _baseline_options(p)
     _encoder_options(p, f"the embeddings' sidecar's, else {DEFAULT_POOLING}",
                      f"{DEFAULT_MAX_LENGTH}; for a .npy, its sidecar's")
@@ -151,39 +197,64 @@ def _transform(p: argparse.ArgumentParser) -> None:
                    "head)")
     p.add_argument("--encode-batch-size", dest="encode_batch_size", type=positive,
                    default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
+    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP + " (--sentences)")
     _device_options(p)
     _quiet(p)
 
 
-@_command("eval", "score the STS tasks of a data folder, or retrieval on a BEIR task", """
+@_command("eval", "score STS tasks (eval sts) or a BEIR retrieval task (eval retrieval)", """
+        `bertflow eval sts DATA` and `bertflow eval retrieval DIR`: a fitted head, or a method
+        fit without labels, scored against human judgements. `bertflow eval sts --help` and
+        `bertflow eval retrieval --help` show each one's options.""")
+def _eval(p: argparse.ArgumentParser) -> None:
+    kinds = p.add_subparsers(dest="eval_kind", required=True, parser_class=_Parser,
+                             metavar="{sts,retrieval}")
+    sts = kinds.add_parser("sts", formatter_class=_Formatter, help="Spearman on STS tasks",
+                           description=textwrap.dedent("""
         Spearman correlation × 100 of cosine similarity with human scores on the STS tasks
         found in DATA (SentEval's layout), for a fitted head or for a method fit on each task's
-        own sentences (no scores) or on a text file. With --retrieval, a BEIR task's split:
-        all documents ranked by cosine per query, scored as MTEB does with pytrec_eval
-        (nDCG@10, MAP@100, MRR@10, recall@100); the method never sees the qrels.""")
-def _eval(p: argparse.ArgumentParser) -> None:
-    data = p.add_mutually_exclusive_group(required=True)
-    data.add_argument("--data", type=Path, help="folder in SentEval's layout (STS)")
-    data.add_argument("--retrieval", type=Path, metavar="DIR",
-                      help="a BEIR task's folder: corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv")
-    p.add_argument("--split", choices=("test", "train", "dev"), default=None,
-                   help="the qrels --retrieval scores (default: test)")
-    p.add_argument("--ignore-identical-ids", action=argparse.BooleanOptionalAction,
-                   default=None, help="--retrieval: leave a document whose id is the query's out "
-                   "of its ranking (default: as MTEB does for the task: yes for arguana, quora, "
-                   "fiqa, msmarco and fever, no for the others)")
+        own sentences (no scores) or on text files.""").strip())
+    sts.add_argument("data", type=Path, metavar="DATA", help="folder in SentEval's layout")
+    sts.add_argument("--tasks", nargs="+", choices=TASKS, default=None,
+                     help="STS tasks to score, where DATA has them (default: all)")
+    _eval_options(sts, "'target' (each task's own sentences, no scores; the default), text "
+                  "files, or both: 'target FILE' fits each task on its own sentences and the "
+                  "file's")
+    sts.set_defaults(retrieval=None, split=None, ignore_identical_ids=None, mteb=None)
+    retrieval = kinds.add_parser(
+        "retrieval", formatter_class=_Formatter, help="nDCG@10 and more on a BEIR task",
+        description=textwrap.dedent("""
+        A BEIR task's split: all documents ranked by cosine per query, scored as MTEB does
+        with pytrec_eval (nDCG@10, MAP@100, MRR@10, recall@100; --mteb writes MTEB's result
+        file with every measure at k 1, 3, 5, 10, 20, 100, 1000); the method never sees the
+        qrels.""").strip())
+    retrieval.add_argument("retrieval", type=Path, metavar="DIR",
+                           help="a BEIR task's folder: corpus.jsonl, queries.jsonl, "
+                           "qrels/SPLIT.tsv")
+    retrieval.add_argument("--split", choices=("test", "train", "dev"), default=None,
+                           help="the qrels scored (default: test)")
+    retrieval.add_argument(
+        "--ignore-identical-ids", action=argparse.BooleanOptionalAction, default=None,
+        help="leave a document whose id is the query's out of its ranking (default: as MTEB "
+        "does for the task: yes for arguana, quora, fiqa, msmarco and fever, no for the others)")
+    retrieval.add_argument("--mteb", type=Path, default=None, metavar="FOLDER",
+                           help="also write MTEB's result file of the task (TASK.json, MTEB's "
+                           "task name) into this folder of a model's results")
+    _eval_options(retrieval, "'corpus' (the documents; the default), 'queries' (the split's), "
+                  "text files, or several together")
+    retrieval.set_defaults(data=None, tasks=None)
+
+
+def _eval_options(p: argparse.ArgumentParser, fit_on_help: str) -> None:
+    """What `eval sts` and `eval retrieval` share: what is scored, and where the rows go."""
     which = p.add_mutually_exclusive_group()
     which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
     which.add_argument("--method", choices=METHODS, default=None, help="default: flow")
-    p.add_argument("--fit-on", nargs="+", default=None, metavar="SOURCE",
-                   help="STS: 'target' (each task's own sentences, no scores; the default), "
-                        "text files, or both: 'target FILE' fits each task on its own sentences "
-                        "and the file's. --retrieval: 'corpus' (the documents; the default), "
-                        "'queries' (the split's), text files, or several together")
+    p.add_argument("--fit-on", nargs="+", default=None, metavar="SOURCE", help=fit_on_help)
     _baseline_options(p)
-    p.add_argument("--tasks", nargs="+", choices=TASKS, default=None,
-                   help="STS tasks to score, where DATA has them (default: all)")
-    p.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    p.add_argument("--out", type=Path, default=None, metavar="ROWS.json",
+                   help="also write the rows here")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON, not tables")
     _head_or_flow_options(p)
 
 
@@ -237,6 +308,15 @@ def _index(p: argparse.ArgumentParser) -> None:
                    "string (IVF1024,PQ32; trained on a seeded sample of the corpus)")
     p.add_argument("--dims", type=positive, default=None,
                    help="keep this many principal components (smaller index; default: all)")
+    g = p.add_argument_group("hnsw", "The graph of --kind hnsw (FAISS's names; recorded)")
+    g.add_argument("--hnsw-m", type=_integer(2), default=None, metavar="M",
+                   help=f"neighbours a node (default: {HNSW_DEFAULTS['M']})")
+    g.add_argument("--ef-construction", type=positive, default=None, metavar="N",
+                   help=f"candidates kept while building (default: "
+                   f"{HNSW_DEFAULTS['ef_construction']})")
+    g.add_argument("--ef-search", type=positive, default=None, metavar="N",
+                   help=f"candidates kept while searching, saved with the index (default: "
+                   f"{HNSW_DEFAULTS['ef_search']})")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     _quiet(p)
 
@@ -253,11 +333,17 @@ def _search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=positive, default=10, help="hits per query")
     p.add_argument("--nprobe", type=positive, default=None,
                    help="inverted lists visited per query (IVF kinds; default: the index's)")
+    p.add_argument("--ef-search", type=positive, default=None, metavar="N",
+                   help="candidates kept while searching an HNSW graph (default: the index's)")
     p.add_argument("--k", action=_Refused, nargs="?", help=argparse.SUPPRESS,
-                   const="hits per query are --top; --k is the components of whitening-k")
+                   const="hits per query are --top")
     p.add_argument("--encoder", default=None, help="encoder (default: the index's)")
+    p.add_argument("--encode-batch-size", dest="encode_batch_size", type=positive,
+                   default=DEFAULT_BATCH_SIZE, help="queries per encoder batch")
+    p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     _device_options(p)
     p.add_argument("--json", action="store_true", help="print JSON lines")
+    _quiet(p)
 
 
 @_command("info", "describe a head, or list the ready heads", """
@@ -300,9 +386,9 @@ def _quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
 
 def _baseline_options(p: argparse.ArgumentParser) -> None:
     # the defaults are bertflow.heads.linear.default_k and default_d
-    p.add_argument("--k", type=positive, default=None,
+    p.add_argument("--dims", dest="k", type=positive, default=None, metavar="K",
                    help="components kept by whitening-k (default: a third of the dimension); "
-                        "--method whitening --k K is whitening-k keeping K")
+                        "--method whitening --dims K is whitening-k keeping K")
     p.add_argument("--d", type=natural, default=None,
                    help="directions removed by abtt (default: a hundredth of the dimension)")
     p.add_argument("--shrinkage", type=unit, default=None, metavar="ALPHA",

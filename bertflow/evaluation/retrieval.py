@@ -16,20 +16,29 @@ from ..encoders.encoder import Encoder
 from ..errors import BertflowError
 from ..heads.head import FlowHead
 from ..storage.corpus import Corpus
+from ..storage.files import read_json, refuse_link, write_json
 from ..training.recipes import Recipe
 from .sts import method_maker, row_key
 
 if TYPE_CHECKING:
     from ..data.beir import BeirTask
 
-__all__ = ["FIT_SOURCES", "IDENTICAL_IDS_IGNORED", "MEASURES", "TOP", "evaluate_retrieval",
-           "format_retrieval_table", "ignores_identical_ids", "ranking", "score_run", "top_hits",
-           "without_identical_ids"]
+__all__ = ["FIT_SOURCES", "IDENTICAL_IDS_IGNORED", "MEASURES", "MTEB_K", "MTEB_NAMES", "TOP",
+           "check_mteb_destination", "evaluate_retrieval", "format_retrieval_table",
+           "ignores_identical_ids", "mteb_name", "mteb_result", "mteb_scores", "ranking",
+           "score_run",
+           "top_hits", "without_identical_ids", "write_mteb"]
 
 # the measures of a row (MTEB's names) and the pytrec_eval measure each is the query mean of;
 # MRR@10 is `recip_rank` on each query's top 10, as MTEB's own loop computes it
 MEASURES = {"ndcg_at_10": "ndcg_cut_10", "map_at_100": "map_cut_100", "mrr_at_10": "recip_rank",
             "recall_at_100": "recall_100"}
+MTEB_K = (1, 3, 5, 10, 20, 100, 1000)  # the cuts of MTEB's result files
+# MTEB's names of BEIR's tasks, by folder name (a result file is named for its task)
+MTEB_NAMES = {"arguana": "ArguAna", "climate-fever": "ClimateFEVER", "dbpedia-entity": "DBPedia",
+              "fever": "FEVER", "fiqa": "FiQA2018", "hotpotqa": "HotpotQA", "msmarco": "MSMARCO",
+              "nfcorpus": "NFCorpus", "nq": "NQ", "quora": "QuoraRetrieval", "scidocs": "SCIDOCS",
+              "scifact": "SciFact", "trec-covid": "TRECCOVID", "webis-touche2020": "Touche2020"}
 FIT_SOURCES = ("corpus", "queries")  # the task's documents, its split's queries; else text files
 TOP = 1000  # documents ranked per query, as MTEB
 # the tasks MTEB scores with a document whose id is the query's left out of its ranking (its
@@ -52,8 +61,8 @@ def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
                        shrinkage: float | None = None,
                        recipe: Recipe | dict[str, Any] | None = None, name: str | None = None,
                        batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None,
-                       top: int = TOP,
-                       ignore_identical_ids: bool | None = None) -> list[dict[str, Any]]:
+                       top: int = TOP, ignore_identical_ids: bool | None = None,
+                       every_k: bool = False) -> list[dict[str, Any]]:
     """One row scoring `task`: a method of `METHODS` (`k`, `d`, `shrinkage`, the flow's
     `recipe`) fit on `fit_on` (``"corpus"``, ``"queries"``, text files, or several: their
     embeddings together), or a fitted head (labelled `name`, not fit again); documents and
@@ -61,7 +70,8 @@ def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
     transformed, and every document is ranked by cosine for each query (its `top`), less the
     document whose id is the query's where `ignore_identical_ids` (None: MTEB's default for
     the task, `ignores_identical_ids`). The row holds `MEASURES`, the labels of
-    `bertflow.evaluation.sts`'s rows and ``ignore_identical_ids``."""
+    `bertflow.evaluation.sts`'s rows and ``ignore_identical_ids``; with `every_k`, also
+    ``mteb``: MTEB's measures at `MTEB_K` (`mteb_scores`)."""
     make, pooling, max_length, labels = method_maker(
         method, encoder, pooling=pooling, max_length=max_length, k=k, d=d, shrinkage=shrinkage,
         recipe=recipe, name=name, progress=progress)
@@ -89,7 +99,8 @@ def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
              **fitted.settled(),  # what the rule chose (`Method.settle`)
              "task": task.name, "split": task.split, "queries": len(task.queries),
              "documents": len(task.corpus), "ignore_identical_ids": ignore_identical_ids,
-             **score_run(task.qrels, run)}]
+             **score_run(task.qrels, run),
+             **({"mteb": mteb_scores(task.qrels, run)} if every_k else {})}]
 
 
 def _fit_parts(fit_on: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str | Path]:
@@ -164,22 +175,102 @@ def without_identical_ids(run: dict[str, dict[str, float]]) -> dict[str, dict[st
 
 def score_run(qrels: dict[str, dict[str, int]],
               run: dict[str, dict[str, float]]) -> dict[str, float]:
-    """`MEASURES`, each the mean over the queries of `qrels` that `run` ranks (as MTEB divides);
-    trec_eval's conventions: linear gain, ties broken by document id descending."""
+    """`MEASURES` of `run` (`mteb_scores` at 10 and 100)."""
+    scores = mteb_scores(qrels, run, (10, 100))
+    return {name: scores[name] for name in MEASURES}
+
+
+def mteb_scores(qrels: dict[str, dict[str, int]], run: dict[str, dict[str, float]],
+                k_values: Sequence[int] = MTEB_K) -> dict[str, float]:
+    """MTEB's measures at each k: ndcg, map, recall and precision (pytrec_eval's cuts), mrr
+    and hit rate (the first relevant document among the top k), each the mean over the
+    queries of `qrels` that `run` ranks (as MTEB divides); trec_eval's conventions: linear
+    gain, ties broken by document id descending."""
     try:
         import pytrec_eval
     except ImportError:
         raise BertflowError("retrieval scores need pytrec_eval: "
                             "pip install 'bertflow[retrieval]'") from None
+    cuts = ",".join(str(k) for k in k_values)
     per_query = pytrec_eval.RelevanceEvaluator(
-        qrels, {"ndcg_cut.10", "map_cut.100", "recall.100"}).evaluate(run)
-    first10 = {q: dict(sorted(docs.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)[:10])
-               for q, docs in run.items()}
-    reciprocal = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(first10)
+        qrels, {f"ndcg_cut.{cuts}", f"map_cut.{cuts}", f"recall.{cuts}", f"P.{cuts}"}
+    ).evaluate(run)
     if not per_query:
         raise BertflowError("no query of the qrels is in the run: nothing to score")
-    return {name: float(np.mean([(reciprocal if m == "recip_rank" else per_query)[q][m]
-                                 for q in per_query])) for name, m in MEASURES.items()}
+    ranks = {q: next((rank for rank, (doc, _) in enumerate(sorted(
+        run[q].items(), key=lambda kv: (kv[1], kv[0]), reverse=True), 1)
+        if qrels[q].get(doc, 0) > 0), None) for q in per_query}
+    scores: dict[str, float] = {}
+    for k in k_values:
+        for name, measure in (("ndcg", "ndcg_cut"), ("map", "map_cut"), ("recall", "recall"),
+                              ("precision", "P")):
+            scores[f"{name}_at_{k}"] = float(np.mean([per_query[q][f"{measure}_{k}"]
+                                                      for q in per_query]))
+        scores[f"mrr_at_{k}"] = float(np.mean([1 / r if r and r <= k else 0.0
+                                               for r in ranks.values()]))
+        scores[f"hit_rate_at_{k}"] = float(np.mean([bool(r and r <= k)
+                                                    for r in ranks.values()]))
+    return {name: scores[name] for name in sorted(scores, key=_by_measure)}
+
+
+def _by_measure(name: str) -> tuple[str, int]:
+    measure, k = name.rsplit("_at_", 1)
+    return measure, int(k)
+
+
+def mteb_result(row: dict[str, Any], seconds: float | None = None) -> dict[str, Any]:
+    """MTEB's result file of the task of `row` (made `every_k`): its measures under
+    ``scores.<split>[0]``, nDCG@10 as ``main_score``, named by MTEB's name of the task."""
+    if "mteb" not in row:
+        raise BertflowError("the row holds no MTEB measures: evaluate it with every_k=True")
+    return {"dataset_revision": None, "task_name": mteb_name(row["task"]),
+            "mteb_version": None, "evaluation_time": seconds, "kg_co2_emissions": None,
+            "scores": {row["split"]: [{**row["mteb"], "main_score": row["mteb"]["ndcg_at_10"],
+                                       "hf_subset": "default", "languages": ["eng-Latn"]}]}}
+
+
+def mteb_name(task: str) -> str:
+    """MTEB's name of the BEIR task in folder `task` (its own name where MTEB has none)."""
+    return MTEB_NAMES.get(task.lower(), task)
+
+
+def check_mteb_destination(folder: str | os.PathLike, task: str) -> Path:
+    """Where `write_mteb` writes the result of `task` in `folder`: a new file, or MTEB's
+    result file of that task (its other splits are kept); anything else is refused."""
+    path = Path(folder) / f"{mteb_name(task)}.json"
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise BertflowError(f"--mteb {folder} is not a folder")
+    refuse_link(path)
+    if path.exists():
+        _read_mteb(path, task)
+    return path
+
+
+def write_mteb(folder: str | os.PathLike, row: dict[str, Any],
+               seconds: float | None = None) -> Path:
+    """Write (atomically) MTEB's result file of `row`'s task into `folder`, merging into one
+    there its other splits; the path written."""
+    path = check_mteb_destination(folder, row["task"])
+    result = mteb_result(row, seconds)
+    if path.exists():
+        earlier = _read_mteb(path, row["task"])
+        result["scores"] = {**earlier["scores"], **result["scores"]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, result, recheck=lambda p, _: check_mteb_destination(p.parent, row["task"]))
+    return path
+
+
+def _read_mteb(path: Path, task: str) -> dict[str, Any]:
+    """MTEB's result file of `task` at `path`, else refused as another file."""
+    try:
+        result = read_json(path)
+    except BertflowError:
+        result = None
+    if not (isinstance(result, dict) and result.get("task_name") == mteb_name(task)
+            and isinstance(result.get("scores"), dict)):
+        raise BertflowError(f"{path} exists and is not MTEB's result file of {mteb_name(task)}; "
+                            "not replacing it")
+    return result
 
 
 def format_retrieval_table(rows: list[dict[str, Any]]) -> str:

@@ -194,10 +194,10 @@ def method_maker(method: str | FlowHead, encoder: Encoder, *, pooling: str | Non
 
 
 def check_rows_destination(path: Path) -> None:
-    """`eval --json` may replace the rows of an earlier `eval` (STS or retrieval), and nothing
+    """`eval --out` may replace the rows of an earlier `eval` (STS or retrieval), and nothing
     else."""
     if path.is_dir():
-        raise BertflowError(f"--json {path} is a folder")
+        raise BertflowError(f"--out {path} is a folder")
     refuse_link(path)
     if not path.exists():
         return
@@ -209,5 +209,5 @@ def check_rows_destination(path: Path) -> None:
             isinstance(row, dict) and ({"task", "aggregation", "spearman"} <= row.keys()
                                        or {"task", "split", "ndcg_at_10"} <= row.keys())
             for row in rows)):
-        raise BertflowError(f"--json {path} exists and is not rows written by bertflow eval; "
+        raise BertflowError(f"--out {path} exists and is not rows written by bertflow eval; "
                             "not replacing it")

@@ -24,8 +24,19 @@ from ..runtime import distributed
 from ..storage.artifacts import INDEX_FOLDER
 from ..storage.corpus import Corpus
 from ..storage.files import check_finite, read_json, sha256_file, write_json
-from .kinds import KINDS, faiss_reason, make, sample, set_nprobe, structure, training_rows
+from .kinds import (
+    HNSW_DEFAULTS,
+    KINDS,
+    faiss_reason,
+    make,
+    sample,
+    set_ef_search,
+    set_nprobe,
+    structure,
+    training_rows,
+)
 from .kinds import faiss_module as _faiss
+from .kinds import graph as _graph
 from .kinds import inverted_lists as _lists
 
 __all__ = ["KINDS", "Hit", "Index"]
@@ -75,15 +86,30 @@ class Index:
     def nprobe(self, value: int) -> None:
         set_nprobe(self.faiss_index, self.config["kind"], value)
 
+    @property
+    def ef_search(self) -> int | None:
+        """Candidates kept while searching an HNSW graph (more: better recall, slower); None
+        for kinds without one. Saved with the index."""
+        found = _graph(self.faiss_index)
+        return None if found is None else int(found.efSearch)
+
+    @ef_search.setter
+    def ef_search(self, value: int) -> None:
+        set_ef_search(self.faiss_index, self.config["kind"], value)
+        if "hnsw" in self.config:
+            self.config["hnsw"] = {**self.config["hnsw"], "ef_search": int(value)}
+
     @classmethod
     def from_embeddings(cls, x: np.ndarray, items: Sequence[str], *,
                         ids: Sequence[str] | None = None, head: FlowHead | None = None,
                         encoder: EncoderId | None = None,
                         pooling: str = DEFAULT_POOLING, max_length: int = DEFAULT_MAX_LENGTH,
-                        kind: str = "flat", dims: int | None = None, hnsw_m: int = 32) -> Index:
+                        kind: str = "flat", dims: int | None = None,
+                        hnsw: dict[str, int] | None = None) -> Index:
         """Index pooled embeddings `x` of `items` (named by `ids`, by default their lines),
         after `head`, keeping `dims` components. A trained `kind` (IVF, PQ) learns from a
-        seeded sample of the vectors (`index_kinds.training_rows`)."""
+        seeded sample of the vectors (`kinds.training_rows`); kind `hnsw` builds its graph
+        with `hnsw` (M, ef_construction, ef_search; `kinds.HNSW_DEFAULTS`), recorded."""
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
             raise BertflowError(f"need one embedding row per item: {x.shape} for {len(items)}")
@@ -95,7 +121,7 @@ class Index:
         else:
             check_finite(x, "the embeddings to index")
         dim = x.shape[1]
-        index, rows = _plan(kind, dim, dims, len(items), hnsw_m)
+        index, rows = _plan(kind, dim, dims, len(items), hnsw)
         z, rows = np.ascontiguousarray(x, dtype=np.float32), 0 if index.is_trained else rows
         try:
             if rows:
@@ -110,6 +136,8 @@ class Index:
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
                   "max_length": max_length, "kind": kind, "dim": dim, "dims": dims or dim,
                   "count": len(items), "trained_on": rows, "head": head is not None}
+        if kind == "hnsw":
+            config["hnsw"] = {**HNSW_DEFAULTS, **(hnsw or {})}
         return cls(index, list(items), config, head, ids)
 
     @classmethod
@@ -130,7 +158,7 @@ class Index:
         if not isinstance(sentences, Corpus | list | tuple):
             sentences = list(sentences)
         _plan(options.get("kind", "flat"), head.out_dim if head is not None else
-              encoder.width(pooling), options.get("dims"), len(sentences))
+              encoder.width(pooling), options.get("dims"), len(sentences), options.get("hnsw"))
         corpus = sentences if isinstance(sentences, Corpus) else None
         if ids is None and corpus is not None:
             ids = corpus.ids
@@ -161,15 +189,21 @@ class Index:
                                        min(k, len(self.items)))
 
     def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
-               k: int = 10, batch_size: int = DEFAULT_BATCH_SIZE) -> list[list[Hit]]:
-        """For each query, the `k` nearest items as `Hit(score, item, line, id)`, best first."""
+               k: int = 10, batch_size: int = DEFAULT_BATCH_SIZE, *,
+               cache: EmbeddingCache | None = None, progress: bool | None = None
+               ) -> list[list[Hit]]:
+        """For each query, the `k` nearest items as `Hit(score, item, line, id)`, best first;
+        the queries' embeddings are read from (and kept in) `cache` where one is given."""
         if isinstance(queries, str):
             raise BertflowError("expected a list of queries, got one string: pass [query]")
         encoder = resolve_encoder(encoder, self.encoder)
         mine = self.encoder
         if mine is not None and mine.fingerprint != encoder.id.fingerprint:
             raise BertflowError(f"index was built with encoder {mine}; got encoder {encoder.id}")
-        x = encoder.encode(queries, self.pooling, self.config["max_length"], batch_size)
+        settings = self.pooling, self.config["max_length"], batch_size, progress
+        x = encoder.encode(list(queries), *settings) if cache is None else cache.files(
+            Corpus.from_sentences(list(queries), "queries"), encoder, *settings)[
+            self.pooling].load()
         scores, ids = self.search_embeddings(x, k)
         return [[Hit(float(s), self.items[i], int(i) + 1, self.ids[i])
                  for s, i in zip(row_s, row_i, strict=True) if i >= 0]
@@ -205,7 +239,10 @@ class Index:
             check_max_length(config["max_length"])
             if not 1 <= dims <= dim or count < 1:
                 raise ValueError("bad dims or count")
-            expected = structure(make(config["kind"], dim, dims))
+            hnsw = config.get("hnsw")  # absent: written before M was settable, which was 32
+            if hnsw is not None and (not isinstance(hnsw, dict) or set(hnsw) != set(HNSW_DEFAULTS)):
+                raise ValueError("bad hnsw settings")
+            expected = structure(make(config["kind"], dim, dims, hnsw and {"M": hnsw["M"]}))
         except (KeyError, TypeError, ValueError, BertflowError) as e:
             raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
         stored = read_json(path / _ITEMS)
@@ -242,15 +279,15 @@ class Index:
         return cls(index, items, config, head, ids)
 
 
-def _plan(kind: str, dim: int, dims: int | None, count: int, hnsw_m: int = 32
-          ) -> tuple[Any, int]:
+def _plan(kind: str, dim: int, dims: int | None, count: int,
+          hnsw: dict[str, int] | None = None) -> tuple[Any, int]:
     """The empty index of `kind` for `count` vectors of `dim` dimensions, PCA to `dims`, and
     how many of them it is trained on; refused where that cannot be."""
     dims = None if dims == dim else dims  # all of them: no PCA to train
     if dims is not None and not 1 <= dims <= min(dim, count):
         raise BertflowError(f"dims must be {dim} (all) or between 1 and {min(dim, count)} "
                             f"(the dimension and the number of items), got {dims}")
-    index = make(kind, dim, dims or dim, hnsw_m)
+    index = make(kind, dim, dims or dim, hnsw)
     return index, training_rows(index, kind, count)
 
 

@@ -2,7 +2,8 @@
 `index_factory` string (`IVF1024,PQ32`, `OPQ32,IVF1024,PQ32`, `PCA64,Flat`, `HNSW32`, ...),
 each behind an optional PCA and an L2 normalisation (and another after a string's own vector
 transforms), searched by inner product (cosine); how many vectors a kind is trained on, its
-inverted lists' `nprobe`, and the structure a saved index must have."""
+inverted lists' `nprobe`, its HNSW graph's `M`, `efConstruction` and `efSearch`, and the
+structure a saved index must have."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import HNSW_DEFAULTS
 from ..errors import BertflowError, first_line
 
-__all__ = ["KINDS", "MAX_PER_CENTROID", "MIN_PER_CENTROID", "TRAIN_SEED", "faiss_module",
-           "faiss_reason", "inverted_lists", "make", "no_lists", "sample", "set_nprobe",
-           "structure", "training_rows"]
+__all__ = ["HNSW_DEFAULTS", "KINDS", "MAX_PER_CENTROID", "MIN_PER_CENTROID", "TRAIN_SEED",
+           "faiss_module", "faiss_reason", "graph", "inverted_lists", "make", "no_graph",
+           "no_lists", "sample", "set_ef_search", "set_nprobe", "structure", "training_rows"]
 
 KINDS = ("flat", "hnsw")  # by name; any other kind is an index_factory string
 # FAISS's k-means asks for at least 39 training vectors per centroid (fewer: a warning, and
@@ -39,17 +41,29 @@ def faiss_module() -> Any:
     return faiss
 
 
-def make(kind: str, dim: int, dims: int, hnsw_m: int = 32) -> Any:
+def make(kind: str, dim: int, dims: int, hnsw: dict[str, int] | None = None) -> Any:
     """An untrained, empty index of `dim`-d vectors: PCA to `dims` (when fewer), unit length,
-    then `kind` by inner product."""
+    then `kind` by inner product; `hnsw` sets the graph of kind `hnsw` (`HNSW_DEFAULTS`'
+    keys; those left out keep their default), which no other kind takes."""
     faiss = faiss_module()
     if not isinstance(kind, str) or not kind.strip():
         raise BertflowError(f"an index kind is flat, hnsw or a FAISS index_factory string; "
                             f"got {kind!r}")
+    if hnsw and kind != "hnsw":
+        raise BertflowError(f"HNSW's M, efConstruction and efSearch are set for kind hnsw; "
+                            f"this index is {kind!r}")
     if kind == "flat":
         inner = faiss.IndexFlatIP(dims)
     elif kind == "hnsw":
-        inner = faiss.IndexHNSWFlat(dims, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        settings = {**HNSW_DEFAULTS, **(hnsw or {})}
+        for name, value in settings.items():
+            low = 2 if name == "M" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise BertflowError(f"HNSW's {name} must be an integer of at least {low}, got "
+                                    f"{value!r}")
+        inner = faiss.IndexHNSWFlat(dims, settings["M"], faiss.METRIC_INNER_PRODUCT)
+        inner.hnsw.efConstruction = settings["ef_construction"]
+        inner.hnsw.efSearch = settings["ef_search"]
     else:
         small = [f"{g}{n}" for g, n in _GRAPH.findall(kind) if int(n) < _GRAPH_MIN[g]]
         if _ZERO.search(kind) or small:
@@ -122,6 +136,33 @@ def set_nprobe(index: Any, kind: str, nprobe: int) -> None:
     ivf.nprobe = int(nprobe)
 
 
+def graph(index: Any) -> Any:
+    """The HNSW graph that `index` searches (kind `hnsw`, or a string such as `HNSW32`), or
+    None for kinds without one."""
+    faiss = faiss_module()
+    inner = faiss.downcast_index(index)
+    while isinstance(inner, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(inner.index)
+    return inner.hnsw if isinstance(inner, faiss.IndexHNSW) else None
+
+
+def set_ef_search(index: Any, kind: str, ef: int) -> None:
+    """Keep `ef` candidates while searching the index's HNSW graph (more: better recall,
+    slower)."""
+    found = graph(index)
+    if found is None:
+        raise no_graph(kind)
+    if isinstance(ef, bool) or not isinstance(ef, int | np.integer) or ef < 1:
+        raise BertflowError(f"efSearch must be an integer of at least 1, got {ef!r}")
+    found.efSearch = int(ef)
+
+
+def no_graph(kind: str) -> BertflowError:
+    """The refusal of efSearch for an index of `kind`, which has no HNSW graph."""
+    return BertflowError(f"efSearch applies to kinds with an HNSW graph (hnsw, HNSW...); this "
+                         f"index is {kind!r}")
+
+
 def no_lists(kind: str) -> BertflowError:
     """The refusal of nprobe for an index of `kind`, which has no inverted lists."""
     return BertflowError(f"nprobe applies to kinds with inverted lists (IVF...); this index "
@@ -142,6 +183,8 @@ def structure(index: Any) -> tuple:
         parts.append(structure(index.index))
     if isinstance(index, faiss.IndexIVF):
         parts += [index.nlist, structure(index.quantizer)]
+    if isinstance(index, faiss.IndexHNSW):
+        parts.append(("M", index.hnsw.nb_neighbors(1)))
     del given
     return tuple(parts)
 

@@ -62,6 +62,16 @@ def test_encode_fit_transform_info(tmp_path, capsys, corpus_file, tiny_encoder_d
     assert code == 0, err
     np.testing.assert_allclose(np.load(z_emb), np.load(z_txt), atol=1e-5)
     np.testing.assert_allclose(np.load(z_emb), loaded.transform(np.load(emb)), atol=1e-6)
+    cache = tmp_path / "cache"  # --sentences are encoded into the cache once, then read
+    stamps = []
+    for _ in range(2):
+        code, out, err = run(capsys, "transform", "--head", head, "--sentences", corpus_file,
+                             "--out", z_txt, "--encoder", tiny_encoder_dir, "--cache", cache)
+        assert code == 0, err
+        np.testing.assert_allclose(np.load(z_emb), np.load(z_txt), atol=1e-5)
+        kept, = cache.rglob("*.npy")
+        stamps.append((kept.stat().st_ino, kept.stat().st_mtime_ns))
+    assert np.load(kept).shape == (120, 16) and stamps[0] == stamps[1]
 
     code, out, err = run(capsys, "info", head)
     assert code == 0
@@ -306,14 +316,25 @@ def test_sidecar_encoder_must_match_a_given_encoder(
     assert_refused(capsys, ["fit", emb, "--out", head], "is malformed: max_length", head)
 
 
-@pytest.mark.parametrize("command", ["encode", "fit", "transform", "eval", "diagnose", "index",
-                                     "search"])
-def test_every_encoding_command_takes_device_and_dtype(command):
+def commands():
+    """Every command's parser by name, `eval sts` and `eval retrieval` among them."""
     from bertflow.cli.main import build_parser
 
-    commands = build_parser()._subparsers._group_actions[0].choices
-    options = {o for action in commands[command]._actions for o in action.option_strings}
-    assert {"--device", "--dtype"} <= options
+    found = {}
+    for name, parser in build_parser()._subparsers._group_actions[0].choices.items():
+        if parser._subparsers is None:
+            found[name] = parser
+        else:
+            for kind, inner in parser._subparsers._group_actions[0].choices.items():
+                found[f"{name} {kind}"] = inner
+    return found
+
+
+@pytest.mark.parametrize("command", ["encode", "fit", "transform", "eval sts", "eval retrieval",
+                                     "diagnose", "index", "search"])
+def test_every_encoding_command_takes_device_and_dtype(command):
+    options = {o for action in commands()[command]._actions for o in action.option_strings}
+    assert {"--device", "--dtype", "--cache", "--quiet"} <= options
 
 
 def test_encode_fills_the_cache_that_fit_and_index_read(tmp_path, capsys, corpus_file,
@@ -388,11 +409,12 @@ def test_help_is_fast_shows_defaults_and_every_option_has_a_meaning():
     assert done.stdout.strip().endswith("False False"), done.stdout[-500:] + done.stderr
     assert "(default: 128" in done.stdout and "(default: 0)" in done.stdout  # max length, seed
 
-    from bertflow.cli.main import build_parser
-
-    parser = build_parser()
-    commands = parser._subparsers._group_actions[0].choices
-    for name, command in commands.items():
+    every = commands()
+    flags = {name: {f for a in c._actions for f in a.option_strings} for name, c in every.items()}
+    assert not {"--split", "--mteb", "--ignore-identical-ids"} & flags["eval sts"]
+    assert "--tasks" not in flags["eval retrieval"] and "--tasks" in flags["eval sts"]
+    assert "--k" not in flags["fit"] | flags["eval sts"] and "--dims" in flags["fit"]
+    for name, command in every.items():
         assert command.description, name
         for action in command._actions:
             if action.dest != "help":
@@ -481,7 +503,7 @@ def test_fit_and_eval_follow_the_recipe_of_the_pooling_unless_told(
         (data / f"sts-{split}.csv").write_text("".join(
             f"g\tf\t2012\t{i}\t{i % 5}.0\t{split} sentence {i}\tanother {i} there\n"
             for i in range(8)))
-    code, _, err = run(capsys, "eval", "--data", tmp_path / "data", *common, "--tasks", "STS-B")
+    code, _, err = run(capsys, "eval", "sts", tmp_path / "data", *common, "--tasks", "STS-B")
     assert code == 0, err
     assert fits and fits[0]["before"] == "whiten" and fits[0]["flow"].levels == 2
 
@@ -498,20 +520,20 @@ def _stsb(folder):
 
 def test_whitening_with_k_is_whitening_k_in_fit_and_eval(tmp_path, capsys, corpus_file,
                                                          tiny_encoder_dir):
-    """`--method whitening --k K`, as BERT-whitening's users write it, is whitening-k keeping
-    K in both commands: fit writes the same head as `--method whitening-k --k K`, byte for
+    """`--method whitening --dims K`, as BERT-whitening's users write it, is whitening-k keeping
+    K in both commands: fit writes the same head as `--method whitening-k --dims K`, byte for
     byte, and eval names its rows whitening-k (k=K)."""
     common = ("--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache", tmp_path / "c")
     heads = {}
     for method in ("whitening", "whitening-k"):
         code, out, err = run(capsys, "fit", corpus_file, "--out", tmp_path / method,
-                             "--method", method, "--k", "6", *common)
+                             "--method", method, "--dims", "6", *common)
         assert code == 0 and "whitening-k (k 6), a linear map 16 → 6" in out, err
         heads[method] = {p.name: p.read_bytes() for p in (tmp_path / method).iterdir()}
     assert heads["whitening"] == heads["whitening-k"]
     rows = tmp_path / "rows.json"
-    code, out, err = run(capsys, "eval", "--data", _stsb(tmp_path / "data"), "--method",
-                         "whitening", "--k", "6", "--fit-on", corpus_file, "--json", rows,
+    code, out, err = run(capsys, "eval", "sts", _stsb(tmp_path / "data"), "--method",
+                         "whitening", "--dims", "6", "--fit-on", corpus_file, "--out", rows,
                          "--tasks", "STS-B", *common, "--quiet")
     assert code == 0, err
     assert {(r["method"], r["k"]) for r in json.loads(rows.read_text())} == {("whitening-k", 6)}
@@ -527,9 +549,9 @@ def test_shrinkage_in_fit_and_eval(tmp_path, capsys, corpus_file, tiny_encoder_d
     config = json.loads((tmp_path / "h" / "config.json").read_text())
     assert config["training"]["shrinkage"] == 0.9
     rows = tmp_path / "rows.json"
-    code, out, err = run(capsys, "eval", "--data", _stsb(tmp_path / "data"), "--method",
-                         "whitening", "--k", "6", "--shrinkage", "0.5", "--fit-on", corpus_file,
-                         "--json", rows, "--tasks", "STS-B", *common, "--quiet")
+    code, out, err = run(capsys, "eval", "sts", _stsb(tmp_path / "data"), "--method",
+                         "whitening", "--dims", "6", "--shrinkage", "0.5", "--fit-on", corpus_file,
+                         "--out", rows, "--tasks", "STS-B", *common, "--quiet")
     assert code == 0, err
     assert {(r["method"], r["k"], r["shrinkage"]) for r in json.loads(rows.read_text())} == {
         ("whitening-k", 6, 0.5)}
@@ -540,8 +562,8 @@ def test_k_and_d_are_refused_where_they_do_not_apply(tmp_path, capsys, corpus_fi
                                                      tiny_encoder_dir):
     data = _stsb(tmp_path / "data")
     common = ("--encoder", tiny_encoder_dir, "--cache", tmp_path / "c", "--quiet")
-    for method, option in [("abtt", "--k"), ("raw", "--k"), ("standardize", "--k"),
-                           ("flow", "--k"), ("whitening", "--d"), ("whitening-k", "--d"),
+    for method, option in [("abtt", "--dims"), ("raw", "--dims"), ("standardize", "--dims"),
+                           ("flow", "--dims"), ("whitening", "--d"), ("whitening-k", "--d"),
                            ("flow", "--d"), ("abtt", "--shrinkage"), ("raw", "--shrinkage"),
                            ("flow", "--shrinkage")]:
         value = "0.5" if option == "--shrinkage" else "3"
@@ -549,8 +571,8 @@ def test_k_and_d_are_refused_where_they_do_not_apply(tmp_path, capsys, corpus_fi
             assert_refused(capsys, ["fit", corpus_file, "--out", tmp_path / "h", "--method",
                                     method, option, value, *common], "applies to",
                            tmp_path / "h")
-        assert_refused(capsys, ["eval", "--data", data, "--method", method, option, value,
-                                "--json", tmp_path / "rows.json", *common],
+        assert_refused(capsys, ["eval", "sts", data, "--method", method, option, value,
+                                "--out", tmp_path / "rows.json", *common],
                        "applies to", tmp_path / "rows.json")
 
 
@@ -610,11 +632,11 @@ def no_encoder(monkeypatch):
      "--dtype bfloat16 cannot apply: --embeddings {emb} are transformed as they are"),
     (["transform", "--head", "{head}", "--embeddings", "{emb}", "--device", "cuda"],
      "--device cuda cannot apply"),
-    (["eval", "--data", "{data}", "--head", "{head}", "--levels", "2"],
+    (["eval", "sts", "{data}", "--head", "{head}", "--levels", "2"],
      "--levels apply to a flow fit here, not to --head {head}"),
-    (["eval", "--data", "{data}", "--method", "whitening", "--lr", "0.1", "--before", "whiten"],
+    (["eval", "sts", "{data}", "--method", "whitening", "--lr", "0.1", "--before", "whiten"],
      "--before, --lr apply to --method flow only"),
-    (["eval", "--data", "{data}", "--head", "{head}", "--max-length", "64"],
+    (["eval", "sts", "{data}", "--head", "{head}", "--max-length", "64"],
      "--max-length 64 differs from the head's 32"),
     (["diagnose", "{corpus}", "--head", "{head}", "--depth", "3"],
      "--depth apply to a flow fit here"),
@@ -625,21 +647,21 @@ def test_options_that_cannot_apply_are_refused(tmp_path, capsys, inputs, no_enco
                                                message):
     out = tmp_path / "out"
     outputs = {"fit": ["--out", out], "transform": ["--out", tmp_path / "z.npy"],
-               "eval": ["--json", tmp_path / "rows.json"], "diagnose": ["--out", out]}
+               "eval": ["--out", tmp_path / "rows.json"], "diagnose": ["--out", out]}
     args = [a.format(**inputs) for a in args] + outputs[args[0]] + ["--quiet"] * (
         args[0] != "transform")
     assert_refused(capsys, args, message.format(**inputs), out)
     assert not (tmp_path / "z.npy").exists() and not (tmp_path / "rows.json").exists()
 
 
-@pytest.mark.parametrize("options", [["--k", "3"], ["--d", "3"], ["--k", "3", "--d", "2"],
+@pytest.mark.parametrize("options", [["--dims", "3"], ["--d", "3"], ["--dims", "3", "--d", "2"],
                                      ["--shrinkage", "0.5"]])
 def test_eval_refuses_k_d_and_shrinkage_with_a_head(tmp_path, capsys, inputs, no_encoder,
                                                     options):
     rows = tmp_path / "rows.json"
-    assert_refused(capsys, ["eval", "--data", inputs["data"], "--head", inputs["head"], *options,
-                            "--json", rows, "--quiet"],
-                   "--k, --d and --shrinkage apply to --method whitening, whitening-k and abtt, "
+    assert_refused(capsys, ["eval", "sts", inputs["data"], "--head", inputs["head"], *options,
+                            "--out", rows, "--quiet"],
+                   "--dims, --d and --shrinkage apply to --method whitening, whitening-k and abtt, "
                    f"not to --head {inputs['head']}", rows)
 
 

@@ -87,17 +87,17 @@ CASES = [
      f"--out's sidecar side.meta.json is {INPUT} (--embeddings's sidecar emb.meta.json)"),
     (["transform", "--head", "head", "--sentences", "corpus.txt", "--out", "corpus-link.npy"],
      f"is {INPUT} (the sentences corpus.txt)"),
-    (["eval", "--data", "data", "--method", "whitening", "--json",
+    (["eval", "sts", "data", "--method", "whitening", "--out",
       "data/STSBenchmark/sts-dev.csv", *ENC], f"is inside {INPUT} (--data data)"),
-    (["eval", "--data", "data", "--method", "whitening", "--fit-on", "corpus.txt", "--json",
-      "corpus.txt", *ENC], f"--json corpus.txt is {INPUT} (--fit-on corpus.txt)"),
-    (["eval", "--data", "data", "--fit-on", "target", "corpus.txt", "--json",
+    (["eval", "sts", "data", "--method", "whitening", "--fit-on", "corpus.txt", "--out",
+      "corpus.txt", *ENC], f"--out corpus.txt is {INPUT} (--fit-on corpus.txt)"),
+    (["eval", "sts", "data", "--fit-on", "target", "corpus.txt", "--out",
       "corpus-link.json", *ENC], f"is {INPUT} (--fit-on corpus.txt)"),
-    (["eval", "--data", "data", "--method", "standardize", "--fit-on", "corpus.txt", "--json",
+    (["eval", "sts", "data", "--method", "standardize", "--fit-on", "corpus.txt", "--out",
       "corpus-hard.json", *ENC], f"is {INPUT} (--fit-on corpus.txt)"),
-    (["eval", "--data", "data", "--head", "head", "--json", "head/model.safetensors"],
+    (["eval", "sts", "data", "--head", "head", "--out", "head/model.safetensors"],
      f"is inside {INPUT} (--head head)"),
-    (["eval", "--data", "data", "--head", "head-link", "--json", "head/config.json"],
+    (["eval", "sts", "data", "--head", "head-link", "--out", "head/config.json"],
      f"is inside {INPUT} (--head head-link)"),
     (["diagnose", "d/s.txt", "--out", "d", *ENC], f"--out d holds {INPUT} (the sentences d/s"),
     (["diagnose", "corpus.txt", "--data", "data", "--out", "data/plots", *ENC],
@@ -129,7 +129,7 @@ def test_no_output_is_an_input_or_inside_one(world, capsys, monkeypatch, no_enco
 
 
 def test_eval_json_replaces_only_rows_of_an_earlier_eval(world, tmp_path, capsys, no_encoding):
-    base = ["eval", "--data", str(world / "data"), "--method", "whitening", "--encoder",
+    base = ["eval", "sts", str(world / "data"), "--method", "whitening", "--encoder",
             str(world / "enc"), "--cache", str(tmp_path / "cache")]
     (tmp_path / "notes.json").write_text('{"mine": true}\n')
     (tmp_path / "list.json").write_text('[{"task": "mine"}]\n')
@@ -140,7 +140,7 @@ def test_eval_json_replaces_only_rows_of_an_earlier_eval(world, tmp_path, capsys
                           ("list.json", "is not rows written by bertflow eval"),
                           ("link.json", "is a symbolic link"),
                           ("folder.json", "is a folder")]:
-        code = main([*base, "--json", str(tmp_path / name)])
+        code = main([*base, "--out", str(tmp_path / name)])
         err = capsys.readouterr().err
         assert code == 1 and len(err.strip().splitlines()) == 1 and message in err, err
     assert snapshot(tmp_path) == before
@@ -300,7 +300,7 @@ def head_of_enc(world):
 RECORDED = [
     ["transform", "--head", "head-enc", "--sentences", "corpus.txt", "--out", "enc/z.npy"],
     ["transform", "--head", "head-enc", "--embeddings", "emb.npy", "--out", "enc/z.npy"],
-    ["eval", "--data", "data", "--head", "head-enc", "--json", "enc/rows.json"],
+    ["eval", "sts", "data", "--head", "head-enc", "--out", "enc/rows.json"],
     ["diagnose", "corpus.txt", "--head", "head-enc", "--out", "enc/plots"],
     ["export", "--head", "head-enc", "--format", "sentence-transformers", "--out", "enc/st"],
     ["export", "--head", "head-enc", "--format", "onnx", "--out", "enc/h.onnx"],
@@ -378,9 +378,9 @@ def test_eval_keeps_a_file_made_at_json_while_it_ran(world, tmp_path, capsys, mo
     else:
         made_while_written(monkeypatch, rows)
     refused_keeping_the_users(
-        capsys, ["eval", "--data", world / "data", "--head", world / "head", "--json", rows,
+        capsys, ["eval", "sts", world / "data", "--head", world / "head", "--out", rows,
                  "--cache", tmp_path / "cache", "--quiet"], rows.parent,
-        f"--json {rows} exists and is not rows written by bertflow eval; not replacing it")
+        f"--out {rows} exists and is not rows written by bertflow eval; not replacing it")
 
 
 @pytest.mark.parametrize("made, after, message", [

@@ -132,8 +132,8 @@ def test_encode_fit_transform_eval_commands(narrow_dir, corpus_file, tmp_path, c
     data = tmp_path / "data"
     write_stsb(data / "STSBenchmark")
     for fitted in (head, static_head):
-        assert main(["eval", "--data", str(data), "--head", str(fitted), "--tasks", "STS-B",
-                     "--json", str(tmp_path / "rows.json"), "--quiet", *common, *cache]) == 0
+        assert main(["eval", "sts", str(data), "--head", str(fitted), "--tasks", "STS-B",
+                     "--out", str(tmp_path / "rows.json"), "--quiet", *common, *cache]) == 0
     assert main(["diagnose", str(corpus_file), "--out", str(tmp_path / "plots"), "--head",
                  str(static_head), "--quiet", *common, *cache]) == 0
     capsys.readouterr()

@@ -152,9 +152,9 @@ def test_pair_measures_take_the_pairs_with_gold_of_at_least_four():
 
 def test_eval_command_end_to_end(data, tmp_path, capsys, tiny_encoder_dir, corpus_file):
     out = tmp_path / "rows.json"
-    code = main(["eval", "--data", str(data), "--method", "abtt", "--d", "2", "--pooling",
+    code = main(["eval", "sts", str(data), "--method", "abtt", "--d", "2", "--pooling",
                  "cls", "--fit-on", str(corpus_file), "--encoder", str(tiny_encoder_dir),
-                 "--json", str(out), "--cache", str(tmp_path / "cache"), "--quiet"])
+                 "--out", str(out), "--cache", str(tmp_path / "cache"), "--quiet"])
     printed = capsys.readouterr().out
     assert code == 0
     rows = json.loads(out.read_text())
@@ -162,12 +162,12 @@ def test_eval_command_end_to_end(data, tmp_path, capsys, tiny_encoder_dir, corpu
     assert {r["method"] for r in rows} == {"abtt"} and {r["d"] for r in rows} == {2}
     assert KEYS <= set(next(r for r in rows if r["task"] == "STS-B"))
     assert "missing from" in printed and "STS12" in printed
-    assert main(["eval", "--data", str(data), "--method", "standardize", "--fit-on", "target",
-                 str(corpus_file), "--encoder", str(tiny_encoder_dir), "--json", str(out),
+    assert main(["eval", "sts", str(data), "--method", "standardize", "--fit-on", "target",
+                 str(corpus_file), "--encoder", str(tiny_encoder_dir), "--out", str(out),
                  "--cache", str(tmp_path / "cache"), "--quiet", "--tasks", "STS-B"]) == 0
     assert {r["fit_on"] for r in json.loads(out.read_text())} == {"target + corpus.txt"}
     assert "recipe was chosen" not in capsys.readouterr().out  # not a flow: no note
-    assert main(["eval", "--data", str(data), "--pooling", "cls", "--levels", "1", "--depth",
+    assert main(["eval", "sts", str(data), "--pooling", "cls", "--levels", "1", "--depth",
                  "2", "--encoder", str(tiny_encoder_dir), "--cache", str(tmp_path / "cache"),
                  "--quiet", "--tasks", "STS-B"]) == 0
     assert "note: the cls recipe was chosen fit on general text" in capsys.readouterr().out
@@ -175,8 +175,8 @@ def test_eval_command_end_to_end(data, tmp_path, capsys, tiny_encoder_dir, corpu
     head = tmp_path / "head"
     assert main(["fit", str(corpus_file), "--out", str(head), "--encoder", str(tiny_encoder_dir),
                  "--pooling", "last2", "--cache", str(tmp_path / "cache"), "--quiet"]) == 0
-    code = main(["eval", "--data", str(data), "--head", str(head), "--encoder",
-                 str(tiny_encoder_dir), "--json", str(out), "--cache", str(tmp_path / "cache"),
+    code = main(["eval", "sts", str(data), "--head", str(head), "--encoder",
+                 str(tiny_encoder_dir), "--out", str(out), "--cache", str(tmp_path / "cache"),
                  "--quiet", "--tasks", "STS-B", "SICK-R"])
     assert code == 0
     rows = json.loads(out.read_text())
@@ -192,15 +192,15 @@ def test_eval_refusals(data, tmp_path, capsys, tiny_encoder_dir, other_encoder_d
           "--cache", str(tmp_path / "cache"), "--quiet"])
     capsys.readouterr()
     for args, message in [
-        (["--data", str(tmp_path / "empty-dir")], "no data folder"),
-        (["--data", str(data), "--tasks", "STS12"], "none of STS12 is in"),
-        (["--data", str(data), "--head", str(head), "--encoder", str(other_encoder_dir)],
+        (["sts", str(tmp_path / "empty-dir")], "no data folder"),
+        (["sts", str(data), "--tasks", "STS12"], "none of STS12 is in"),
+        (["sts", str(data), "--head", str(head), "--encoder", str(other_encoder_dir)],
          "but these come from encoder"),
-        (["--data", str(data), "--head", str(head), "--fit-on", "target"], "does not apply"),
-        (["--data", str(data), "--method", "whitening-k", "--k", "99", "--encoder",
+        (["sts", str(data), "--head", str(head), "--fit-on", "target"], "does not apply"),
+        (["sts", str(data), "--method", "whitening-k", "--dims", "99", "--encoder",
           str(tiny_encoder_dir)], "must be between 1 and the dimension 16"),
     ]:
-        code = main(["eval", *args, "--json", str(out), "--quiet",
+        code = main(["eval", *args, "--out", str(out), "--quiet",
                      "--cache", str(tmp_path / "cache")])
         err = capsys.readouterr().err
         assert code == 1 and message in err and len(err.strip().splitlines()) == 1, err
@@ -246,8 +246,8 @@ def test_undefined_spearman_rows_are_null_with_a_reason_and_shown_as_na(data, ti
 
 def test_eval_command_with_constant_or_non_finite_gold(data, tmp_path, capsys, tiny_encoder_dir):
     out = tmp_path / "rows.json"
-    args = ["eval", "--data", str(data), "--method", "raw", "--pooling", "mean", "--encoder",
-            str(tiny_encoder_dir), "--json", str(out), "--cache", str(tmp_path / "cache"),
+    args = ["eval", "sts", str(data), "--method", "raw", "--pooling", "mean", "--encoder",
+            str(tiny_encoder_dir), "--out", str(out), "--cache", str(tmp_path / "cache"),
             "--quiet", "--tasks", "STS-B", "SICK-R"]
     _flatten_gold(data / "STSBenchmark" / "sts-test.csv")
     assert main(args) == 0

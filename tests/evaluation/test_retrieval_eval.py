@@ -9,12 +9,16 @@ import pytest
 
 from bertflow import BertflowError
 from bertflow.cli.main import main
+from bertflow.cli.parser import upgrade
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.evaluation.retrieval import (
     MEASURES,
+    MTEB_K,
     evaluate_retrieval,
     format_retrieval_table,
     ignores_identical_ids,
+    mteb_name,
+    mteb_scores,
     ranking,
     score_run,
     top_hits,
@@ -130,6 +134,15 @@ def test_score_run_equals_mtebs_own_scores():
     assert mine["map_at_100"] == pytest.approx(theirs.map["MAP@100"], abs=1e-5)
     assert mine["recall_at_100"] == pytest.approx(theirs.recall["Recall@100"], abs=1e-5)
     assert mine["mrr_at_10"] == pytest.approx(theirs.mrr["MRR@10"], abs=1e-12)
+    every = mteb_scores(qrels, run)  # every measure of MTEB's result files, at its cuts
+    theirs = metrics.calculate_retrieval_scores(run, qrels, list(MTEB_K))
+    expected = metrics.make_score_dict(
+        ndcg=theirs.ndcg, _map=theirs.map, recall=theirs.recall, precision=theirs.precision,
+        mrr=theirs.mrr, naucs={}, naucs_mrr={}, hit_rate=theirs.hit_rate, task_scores={})
+    expected.pop("accuracy")
+    assert every.keys() == expected.keys() and len(every) == 6 * len(MTEB_K)
+    for name, value in expected.items():
+        assert every[name] == pytest.approx(value, abs=1e-5), name
 
 
 def test_identical_ids_are_left_out_as_mteb_leaves_them_out():
@@ -179,19 +192,20 @@ def test_eval_leaves_out_identical_ids_by_the_tasks_name_or_the_option(tmp_path,
     (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nb0\ta1\t1\n")
     for name in ("scifact", "arguana"):
         (tmp_path / name).symlink_to(tmp_path, target_is_directory=True)
-    base = ["eval", "--method", "raw", "--pooling", "mean", "--encoder", str(tiny_encoder_dir),
-            "--quiet", "--retrieval"]
+    base = ["eval", "retrieval", "--method", "raw", "--pooling", "mean", "--encoder",
+            str(tiny_encoder_dir), "--quiet"]
     mrr = {}
     for name, flag in (("scifact", None), ("arguana", None), ("scifact", "--ignore-identical-ids"),
                        ("arguana", "--no-ignore-identical-ids")):
-        assert main([*base, str(tmp_path / name), *([flag] if flag else [])]) == 0
+        assert main([*base[:2], str(tmp_path / name), *base[2:], *([flag] if flag else [])]) == 0
         out = capsys.readouterr().out
         row = [c.strip() for c in out.strip().splitlines()[-1].split("|")]
         mrr[name, flag] = float(row[9])
         assert ("left out" in out) == (mrr[name, flag] == 100), out
     assert mrr["scifact", None] == mrr["arguana", "--no-ignore-identical-ids"] == 50
-    assert main(["eval", "--data", str(tmp_path), "--ignore-identical-ids"]) == 1
-    assert "applies to --retrieval" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", "sts", str(tmp_path), "--ignore-identical-ids"])
+    assert "unrecognized arguments: --ignore-identical-ids" in capsys.readouterr().err
 
 
 def test_ranking_keeps_ids_and_the_top():
@@ -280,14 +294,14 @@ def test_cli_eval_retrieval(beir, tiny_encoder_dir, tmp_path, capsys):
     common = ["--encoder", tiny_encoder_dir, "--pooling", "mean", "--max-length", "32",
               "--cache", tmp_path / "cache", "--quiet"]
     rows_file = tmp_path / "rows.json"
-    code, out, err = run(capsys, "eval", "--retrieval", beir, "--method", "raw", *common,
-                         "--json", rows_file)
+    code, out, err = run(capsys, "eval", "retrieval", beir, "--method", "raw", *common,
+                         "--out", rows_file)
     assert code == 0, err
     assert "tiny (test: 4 queries, 24 documents)" in out and "| nDCG@10 |" in out
     [row] = json.loads(rows_file.read_text())
     assert (row["split"], row["method"], row["fit_on"]) == ("test", "raw", "corpus")
-    code, out, err = run(capsys, "eval", "--retrieval", beir, "--split", "train", "--method",
-                         "whitening", "--k", "3", "--fit-on", "queries", *common, "--json",
+    code, out, err = run(capsys, "eval", "retrieval", beir, "--split", "train", "--method",
+                         "whitening", "--dims", "3", "--fit-on", "queries", *common, "--out",
                          rows_file)
     assert code == 0, err
     [row] = json.loads(rows_file.read_text())
@@ -295,7 +309,7 @@ def test_cli_eval_retrieval(beir, tiny_encoder_dir, tmp_path, capsys):
         "train", "whitening-k", 3, "queries")
     head = tmp_path / "head"
     fit_tiny_head(__import__("bertflow").load_encoder(tiny_encoder_dir), "mean").save(head)
-    code, out, err = run(capsys, "eval", "--retrieval", beir, "--head", head, "--encoder",
+    code, out, err = run(capsys, "eval", "retrieval", beir, "--head", head, "--encoder",
                          tiny_encoder_dir, "--cache", tmp_path / "cache")
     assert code == 0, err
     assert "| flow |" in out
@@ -304,23 +318,78 @@ def test_cli_eval_retrieval(beir, tiny_encoder_dir, tmp_path, capsys):
 def test_cli_eval_retrieval_refusals(beir, tmp_path, capsys):
     missing = tmp_path / "missing"
     cases = [
-        (["--retrieval", beir, "--split", "dev"],
+        (["retrieval", beir, "--split", "dev"],
          f"no qrels/dev.tsv in the BEIR folder {beir} (splits: test, train)"),
-        (["--retrieval", missing], f"no BEIR folder at {missing}"),
-        (["--retrieval", beir, "--fit-on", "target"], "--fit-on target applies to --data"),
-        (["--retrieval", beir, "--fit-on", "corpus", missing], f"no such file: {missing}"),
-        (["--retrieval", beir, "--tasks", "STS-B"], "--tasks applies to --data"),
-        (["--data", tmp_path, "--split", "train"], "--split applies to --retrieval"),
-        (["--retrieval", beir, "--head", missing, "--fit-on", "corpus"],
+        (["retrieval", missing], f"no BEIR folder at {missing}"),
+        (["retrieval", beir, "--fit-on", "target"], "--fit-on target applies to eval sts"),
+        (["retrieval", beir, "--fit-on", "corpus", missing], f"no such file: {missing}"),
+        (["retrieval", beir, "--head", missing, "--fit-on", "corpus"],
          "--fit-on does not apply to --head"),
-        (["--retrieval", beir, "--method", "raw", "--fit-on", "queries"],
+        (["retrieval", beir, "--method", "raw", "--fit-on", "queries"],
          "--fit-on applies to a method that is fit, not to --method raw"),
-        (["--retrieval", beir, "--json", beir / "rows.json"], "rows.json"),
+        (["retrieval", beir, "--out", beir / "rows.json"], "rows.json"),
     ]
     for args, message in cases:
         code, _, err = run(capsys, "eval", *args)
         assert code == 1 and message in err and err.count("\n") == 1, (args, err)
-    with pytest.raises(SystemExit) as e:
-        main(["eval", "--retrieval", str(beir), "--data", str(tmp_path)])
-    assert e.value.code == 2
-    assert "not allowed with argument" in capsys.readouterr().err
+    for args in (["retrieval", beir, "--tasks", "STS-B"], ["sts", tmp_path, "--split", "train"],
+                 ["sts", tmp_path, "--mteb", tmp_path], ["retrieval", beir, "--data", tmp_path]):
+        with pytest.raises(SystemExit) as e:  # each kind of eval has only its own options
+            main(["eval", *map(str, args)])
+        assert e.value.code == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_cli_eval_retrieval_writes_mtebs_result_file_and_json(beir, tiny_encoder_dir, tmp_path,
+                                                              capsys):
+    common = ["--method", "raw", "--encoder", tiny_encoder_dir, "--pooling", "mean",
+              "--cache", tmp_path / "cache", "--quiet"]
+    results = tmp_path / "results" / "tiny-model"
+    code, out, err = run(capsys, "eval", "retrieval", beir, *common, "--mteb", results, "--json")
+    assert code == 0, err
+    [row] = json.loads(out)  # --json: the rows, and nothing else, on stdout
+    written = json.loads((results / "tiny.json").read_text())
+    assert f"wrote {results / 'tiny.json'}" in err
+    assert written["task_name"] == "tiny" and list(written["scores"]) == ["test"]
+    [test] = written["scores"]["test"]
+    assert test["ndcg_at_10"] == test["main_score"] == pytest.approx(row["ndcg_at_10"])
+    assert test["recall_at_100"] == pytest.approx(row["recall_at_100"])
+    assert {f"{m}_at_{k}" for m in ("ndcg", "map", "recall", "precision", "mrr", "hit_rate")
+            for k in MTEB_K} <= test.keys() and "mteb" not in row
+    code, _, err = run(capsys, "eval", "retrieval", beir, "--split", "train", *common,
+                       "--mteb", results)
+    assert code == 0, err  # another split joins the same file
+    assert list(json.loads((results / "tiny.json").read_text())["scores"]) == ["test", "train"]
+    (results / "tiny.json").write_text('{"task_name": "SciFact", "scores": {}}')
+    code, _, err = run(capsys, "eval", "retrieval", beir, *common, "--mteb", results)
+    assert code == 1 and err.count("\n") == 1
+    assert "is not MTEB's result file of tiny; not replacing it" in err
+    assert json.loads((results / "tiny.json").read_text())["task_name"] == "SciFact"
+    assert mteb_name("scifact") == "SciFact" and mteb_name("fiqa") == "FiQA2018"
+
+
+def test_the_last_releases_eval_forms_still_run_and_say_what_to_use(beir, tiny_encoder_dir,
+                                                                     tmp_path, capsys):
+    common = ["--method", "raw", "--encoder", tiny_encoder_dir, "--pooling", "mean",
+              "--cache", tmp_path / "cache", "--quiet"]
+    code, out, err = run(capsys, "eval", "--retrieval", beir, *common, "--json",
+                         tmp_path / "rows.json")
+    assert code == 0, err
+    assert json.loads((tmp_path / "rows.json").read_text())[0]["task"] == "tiny"
+    assert "| nDCG@10 |" in out
+    assert err.splitlines() == [
+        f"bertflow: note: `eval --retrieval {beir}` is now `eval retrieval {beir}`; the old "
+        "form goes in the next release",
+        f"bertflow: note: eval's `--json {tmp_path / 'rows.json'}` is now `--out "
+        f"{tmp_path / 'rows.json'}` (`--json` alone prints the rows as JSON); the old form goes "
+        "in the next release"]
+    assert upgrade(["--debug", "eval", "--data=d", "--tasks", "STS-B"]) == (
+        ["--debug", "eval", "sts", "d", "--tasks", "STS-B"],
+        ["`eval --data d` is now `eval sts d`"])
+    assert upgrade(["eval", "sts", "d", "--json"]) == (["eval", "sts", "d", "--json"], [])
+    assert upgrade(["fit", "--json", "x"]) == (["fit", "--json", "x"], [])
+    note = "`--k` is now `--dims` (the components whitening-k keeps, as an index's --dims)"
+    assert upgrade(["fit", "c.txt", "--k=3"]) == (["fit", "c.txt", "--dims=3"], [note])
+    assert upgrade(["eval", "sts", "d", "--k", "3"]) == (["eval", "sts", "d", "--dims", "3"],
+                                                         [note])
+    assert upgrade(["search", "--k", "3"]) == (["search", "--k", "3"], [])

@@ -139,7 +139,7 @@ def test_fit_method_from_the_command_line_and_every_export(tmp_path, capsys, cor
         return code, out, err
 
     head = tmp_path / "white"
-    code, out, err = run("fit", corpus_file, "--out", head, "--method", "whitening-k", "--k",
+    code, out, err = run("fit", corpus_file, "--out", head, "--method", "whitening-k", "--dims",
                          "6", "--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache",
                          tmp_path / "cache")
     assert code == 0, err
@@ -166,7 +166,7 @@ def test_fit_method_from_the_command_line_and_every_export(tmp_path, capsys, cor
     code, out, err = run("fit", corpus_file, "--out", tmp_path / "x", "--method", "abtt",
                          "--logdir", tmp_path / "runs", "--encoder", tiny_encoder_dir)
     assert code == 1 and "--logdir apply to --method flow only" in err
-    assert run("fit", corpus_file, "--out", tmp_path / "x", "--k", "3", "--encoder",
+    assert run("fit", corpus_file, "--out", tmp_path / "x", "--dims", "3", "--encoder",
                tiny_encoder_dir)[0] == 1
 
 

@@ -14,6 +14,7 @@ from bertflow import BertflowError
 from bertflow.cli.main import main
 from bertflow.search.index import Index
 from bertflow.search.kinds import MAX_PER_CENTROID, sample
+from bertflow.storage.artifacts import write_manifest
 
 from ..cli.test_cli_checks import _NOTHING_HEAVY
 from ..conftest import REPO, SENTENCES, WORDS
@@ -208,3 +209,66 @@ def test_torchrun_builds_one_trained_index_from_every_rank(setup):  # noqa: F811
     assert one.config["trained_on"] == two.config["trained_on"] == 300
     for name in ("index.faiss", "items.json"):
         assert (setup / "ivf-two" / name).read_bytes() == (setup / "ivf-one" / name).read_bytes()
+
+
+def test_hnsw_graph_settings_are_set_recorded_and_checked(tmp_path, easy):
+    x, items, queries = easy
+    flat = Index.from_embeddings(x, items, pooling="mean")
+    truth = flat.search_embeddings(queries, 10)[1]
+    default = Index.from_embeddings(x, items, pooling="mean", kind="hnsw")
+    assert default.config["hnsw"] == {"M": 32, "ef_construction": 40, "ef_search": 16}
+    assert default.ef_search == 16 and flat.ef_search is None
+    small = Index.from_embeddings(x, items, pooling="mean", kind="hnsw",
+                                  hnsw={"M": 4, "ef_construction": 8, "ef_search": 1})
+    import faiss
+
+    inner = faiss.downcast_index(small.faiss_index.index)  # behind the normalisation
+    assert (inner.hnsw.nb_neighbors(1), inner.hnsw.efConstruction, inner.hnsw.efSearch) == \
+        (4, 8, 1)
+    poor = recall_at_10(small, truth, queries)
+    small.ef_search = 200  # a wider search of the same graph finds more
+    assert small.config["hnsw"] == {"M": 4, "ef_construction": 8, "ef_search": 200}
+    assert recall_at_10(small, truth, queries) > poor
+    small.save(tmp_path / "small")
+    loaded = Index.load(tmp_path / "small")
+    assert loaded.ef_search == 200 and loaded.config == small.config
+    edit_config(tmp_path / "small", hnsw={"M": 32, "ef_construction": 8, "ef_search": 200})
+    with pytest.raises(BertflowError, match="is not the trained 'hnsw' index"):
+        Index.load(tmp_path / "small")
+    edit_config(tmp_path / "small", hnsw={"M": 4})
+    with pytest.raises(BertflowError, match="config.json is malformed"):
+        Index.load(tmp_path / "small")
+    default.save(tmp_path / "old")  # written before M was settable: no settings, M 32
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    del config["hnsw"]
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    write_manifest(tmp_path / "old", "bertflow-index")
+    assert Index.load(tmp_path / "old").ef_search == 16
+    for options, message in (
+            ({"kind": "flat", "hnsw": {"M": 8}}, "are set for kind hnsw; this index is 'flat'"),
+            ({"kind": "hnsw", "hnsw": {"M": 1}}, "HNSW's M must be an integer of at least 2"),
+            ({"kind": "hnsw", "hnsw": {"ef_search": 0}}, "ef_search must be an integer of at")):
+        with pytest.raises(BertflowError, match=message):
+            Index.from_embeddings(x[:50], items[:50], pooling="mean", **options)
+    with pytest.raises(BertflowError, match="efSearch applies to kinds with an HNSW graph"):
+        flat.ef_search = 10
+    factory = Index.from_embeddings(x[:50], items[:50], pooling="mean", kind="HNSW8,Flat")
+    factory.ef_search = 64  # a graph from a factory string is searched the same way
+    assert factory.ef_search == 64 and "hnsw" not in factory.config
+
+
+def test_index_and_search_commands_set_the_hnsw_graph(tmp_path, capsys, tiny_encoder_dir):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"{a} {b}" for a in WORDS[:8] for b in WORDS[8:16]) + "\n")
+    out, encoder = tmp_path / "idx", ["--encoder", str(tiny_encoder_dir)]
+    assert main(["index", str(corpus), "--out", str(out), "--kind", "hnsw", "--hnsw-m", "8",
+                 "--ef-construction", "20", "--ef-search", "12", *encoder]) == 0
+    assert "hnsw (M 8, ef_construction 20, ef_search 12)" in capsys.readouterr().out
+    assert Index.load(out).config["hnsw"] == {"M": 8, "ef_construction": 20, "ef_search": 12}
+    query = ["search", "--index", str(out), "--query", "a man", "--json", *encoder]
+    assert main([*query, "--ef-search", "64"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["hits"]) == 10
+    assert main(["index", str(corpus), "--out", str(tmp_path / "flat"), "--hnsw-m", "8",
+                 *encoder]) == 1
+    assert "are set for kind hnsw; this index is 'flat'" in capsys.readouterr().err
+    assert not (tmp_path / "flat").exists()

@@ -145,7 +145,8 @@ def test_retrieval_scores_on_a_hand_case():
     assert got["queries"] == 4 and got["candidates"] == 4
 
 
-def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, items):
+def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder, tiny_encoder_dir,
+                                   items):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(items) + "\n")
     head.save(tmp_path / "head")
@@ -164,6 +165,18 @@ def test_index_and_search_commands(tmp_path, capsys, head, tiny_encoder_dir, ite
                  "--encoder", str(tiny_encoder_dir)]) == 0
     query, row = capsys.readouterr().out.splitlines()
     assert query == items[40] and row.split(maxsplit=3) == ["1", row.split()[1], "41", items[40]]
+    cache = tmp_path / "cache"  # the queries' embeddings are kept once, then read
+    search = ["search", "--index", str(tmp_path / "idx"), "--query", items[3], "--top", "1",
+              "--encoder", str(tiny_encoder_dir), "--cache", str(cache), "--json", "--quiet"]
+    stamps = []
+    for _ in range(2):
+        assert main(search) == 0
+        assert json.loads(capsys.readouterr().out)["hits"][0]["line"] == 4
+        kept, = cache.rglob("*.npy")
+        stamps.append((kept.stat().st_ino, kept.stat().st_mtime_ns))
+    assert stamps[0] == stamps[1]
+    np.testing.assert_allclose(np.load(kept), tiny_encoder.encode([items[3]], "mean"),
+                               atol=1e-6)
 
     for args, message in (
         (["search", "--index", str(tmp_path / "none"), "--query", "x"], "no index"),

@@ -392,7 +392,7 @@ for args in (
     ["index", corpus, "--head", "head", "--out", "index", "--kind", "hnsw", *cache],
     ["export", "--head", "head", "--format", "sentence-transformers", "--out", "st"],
     ["transform", "--head", "head", "--embeddings", "e.npy", "--out", "z.npy"],
-    ["eval", "--data", data, "--head", "head", "--json", "rows.json", *cache],
+    ["eval", "sts", data, "--head", "head", "--out", "rows.json", *cache],
 ):
     assert main(args) == 0, args
 """
