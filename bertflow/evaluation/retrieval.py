@@ -15,8 +15,9 @@ from ..embeddings.cache import EmbeddingCache
 from ..encoders.encoder import Encoder
 from ..errors import BertflowError
 from ..heads.head import FlowHead
+from ..storage.artifacts import FileFormat
 from ..storage.corpus import Corpus
-from ..storage.files import read_json, refuse_link, write_json
+from ..storage.files import read_json, write_json
 from ..training.recipes import Recipe
 from .sts import method_maker, row_key
 
@@ -237,13 +238,11 @@ def mteb_name(task: str) -> str:
 def check_mteb_destination(folder: str | os.PathLike, task: str) -> Path:
     """Where `write_mteb` writes the result of `task` in `folder`: a new file, or MTEB's
     result file of that task (its other splits are kept); anything else is refused."""
-    path = Path(folder) / f"{mteb_name(task)}.json"
     if Path(folder).exists() and not Path(folder).is_dir():
         raise BertflowError(f"--mteb {folder} is not a folder")
-    refuse_link(path)
-    if path.exists():
-        _read_mteb(path, task)
-    return path
+    return FileFormat(f"MTEB's result file of {mteb_name(task)}",
+                      lambda path: _is_mteb(read_json(path), task), option="--mteb"
+                      ).check_destination(Path(folder) / f"{mteb_name(task)}.json")
 
 
 def write_mteb(folder: str | os.PathLike, row: dict[str, Any],
@@ -253,24 +252,15 @@ def write_mteb(folder: str | os.PathLike, row: dict[str, Any],
     path = check_mteb_destination(folder, row["task"])
     result = mteb_result(row, seconds)
     if path.exists():
-        earlier = _read_mteb(path, row["task"])
-        result["scores"] = {**earlier["scores"], **result["scores"]}
+        result["scores"] = {**read_json(path)["scores"], **result["scores"]}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, result, recheck=lambda p, _: check_mteb_destination(p.parent, row["task"]))
     return path
 
 
-def _read_mteb(path: Path, task: str) -> dict[str, Any]:
-    """MTEB's result file of `task` at `path`, else refused as another file."""
-    try:
-        result = read_json(path)
-    except BertflowError:
-        result = None
-    if not (isinstance(result, dict) and result.get("task_name") == mteb_name(task)
-            and isinstance(result.get("scores"), dict)):
-        raise BertflowError(f"{path} exists and is not MTEB's result file of {mteb_name(task)}; "
-                            "not replacing it")
-    return result
+def _is_mteb(result: Any, task: str) -> bool:
+    return isinstance(result, dict) and result.get("task_name") == mteb_name(task) \
+        and isinstance(result.get("scores"), dict)
 
 
 def format_retrieval_table(rows: list[dict[str, Any]]) -> str:

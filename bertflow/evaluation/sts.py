@@ -20,7 +20,8 @@ from ..encoders.encoder import Encoder
 from ..errors import BertflowError
 from ..heads.head import FlowHead
 from ..heads.linear import linear_method, linear_options
-from ..storage.files import read_sentences, refuse_link
+from ..storage.artifacts import FileFormat
+from ..storage.files import read_sentences
 from ..training.recipes import Recipe
 from .methods import Method, flow_by_recipe, make_method
 
@@ -193,21 +194,20 @@ def method_maker(method: str | FlowHead, encoder: Encoder, *, pooling: str | Non
     return make, pooling, max_length or DEFAULT_MAX_LENGTH, {"method": method, **make().describe()}
 
 
-def check_rows_destination(path: Path) -> None:
+def check_rows_destination(path: Path) -> Path:
     """`eval --out` may replace the rows of an earlier `eval` (STS or retrieval), and nothing
     else."""
-    if path.is_dir():
-        raise BertflowError(f"--out {path} is a folder")
-    refuse_link(path)
-    if not path.exists():
-        return
-    try:
-        rows = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        rows = None
-    if not (isinstance(rows, list) and rows and all(
-            isinstance(row, dict) and ({"task", "aggregation", "spearman"} <= row.keys()
-                                       or {"task", "split", "ndcg_at_10"} <= row.keys())
-            for row in rows)):
-        raise BertflowError(f"--out {path} exists and is not rows written by bertflow eval; "
-                            "not replacing it")
+    return _ROWS.check_destination(path)
+
+
+def _are_rows(path: Path) -> bool:
+    rows = json.loads(path.read_bytes())
+    return isinstance(rows, list) and bool(rows) and all(
+        isinstance(row, dict) and ({"task", "aggregation", "spearman"} <= row.keys()
+                                   or {"task", "split", "ndcg_at_10"} <= row.keys())
+        for row in rows)
+
+
+_ROWS = FileFormat("rows written by bertflow eval", _are_rows)
+
+

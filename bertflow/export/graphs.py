@@ -3,6 +3,7 @@ an ONNX file for onnxruntime, or a `torch.export` program (.pt2)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -16,8 +17,8 @@ from torch import Tensor, nn
 
 from ..errors import BertflowError, first_line
 from ..heads.head import FORMAT, FlowHead
-from ..storage.artifacts import PIPELINE_FOLDER
-from ..storage.files import Checked, atomic_file, refuse_link
+from ..storage.artifacts import PIPELINE_FOLDER, FileFormat
+from ..storage.files import Checked, atomic_file
 
 __all__ = ["INPUT_NAME", "OUTPUT_NAME", "check_destination", "export_onnx", "export_program"]
 
@@ -78,7 +79,6 @@ def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = Non
 
 def check_destination(path: str | os.PathLike, fmt: str) -> Path:
     """`path` if it is free for an export in `fmt`, or holds one of bertflow's in that format."""
-    path = Path(path)
     if fmt == "sentence-transformers":
         return PIPELINE_FOLDER.check_destination(path)
     if fmt == "onnx":
@@ -87,15 +87,7 @@ def check_destination(path: str | os.PathLike, fmt: str) -> Path:
         except ImportError:
             raise BertflowError("ONNX export needs onnx and onnxscript: "
                                 "pip install 'bertflow[export]'") from None
-    suffix = {"onnx": ".onnx", "torch-export": ".pt2"}[fmt]
-    if path.suffix != suffix:
-        raise BertflowError(f"--out {path} must end in {suffix}")
-    if path.is_dir():
-        raise BertflowError(f"--out {path} is a folder")
-    refuse_link(path)
-    if path.exists() and not _is_export(path, fmt):
-        raise BertflowError(f"{path} exists and is not a bertflow export; not replacing it")
-    return path
+    return _FILES[fmt].check_destination(path)
 
 
 def _is_export(path: Path, fmt: str) -> bool:
@@ -116,3 +108,7 @@ def _is_export(path: Path, fmt: str) -> bool:
     except Exception:  # noqa: BLE001 - a file of any kind: a corrupt archive or protobuf
         return False
     return isinstance(config, dict) and config.get("format") == FORMAT
+
+
+_FILES = {fmt: FileFormat("a bertflow export", functools.partial(_is_export, fmt=fmt), suffix)
+          for fmt, suffix in (("onnx", ".onnx"), ("torch-export", ".pt2"))}

@@ -1,5 +1,7 @@
-"""Artifact folders written atomically with a `manifest.json` of their kind and every file's
-sha256; a non-empty folder without one listing everything in it is the user's, never replaced."""
+"""Where an artifact may be written: a folder (`FolderFormat`) is written atomically with a
+`manifest.json` of its kind and every file's sha256, and a non-empty folder without one listing
+everything in it is the user's, never replaced; a file (`FileFormat`) replaces only a file of
+its kind."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from ..errors import BertflowError
 from .files import atomic_directory, read_json, refuse_link, sha256_file, write_json
 
 __all__ = ["HEAD_FOLDER", "INDEX_FOLDER", "MANIFEST", "PIPELINE_FOLDER", "PLOTS_FOLDER",
-           "FolderFormat", "write_manifest"]
+           "FileFormat", "FolderFormat", "write_manifest"]
 
 MANIFEST = "manifest.json"
 _FORMAT = "bertflow-manifest"
@@ -107,6 +109,37 @@ class FolderFormat:
             raise BertflowError(f"{path} has {self.noun} format version {version}; this "
                                 f"bertflow reads version {self.version}")
         return config
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """One kind of artifact file: `name` says it in messages, `recognise(path)` whether a file
+    is one (a failure to read it says no), `suffix` how its name ends (None: any), `option`
+    the option that names it."""
+
+    name: str
+    recognise: Callable[[Path], bool]
+    suffix: str | None = None
+    option: str = "--out"
+
+    def check_destination(self, path: str | os.PathLike) -> Path:
+        """`path` if absent or a file of this kind; a folder, a link or another file is
+        refused."""
+        path = Path(path)
+        if self.suffix is not None and path.suffix != self.suffix:
+            raise BertflowError(f"{self.option} {path} must end in {self.suffix}")
+        if path.is_dir():
+            raise BertflowError(f"{self.option} {path} is a folder")
+        refuse_link(path)
+        if path.exists() and not self._recognised(path):
+            raise BertflowError(f"{path} exists and is not {self.name}; not replacing it")
+        return path
+
+    def _recognised(self, path: Path) -> bool:
+        try:
+            return bool(self.recognise(path))
+        except Exception:  # noqa: BLE001 - a file of any kind, read as this one
+            return False
 
 
 def _name(kind: str) -> str:

@@ -367,7 +367,7 @@ def refused_keeping_the_users(capsys, args, folder, message):
 
 
 @pytest.mark.parametrize("moment", ["before the write", "while written"])
-def test_eval_keeps_a_file_made_at_json_while_it_ran(world, tmp_path, capsys, monkeypatch,
+def test_eval_keeps_a_file_made_at_out_while_it_ran(world, tmp_path, capsys, monkeypatch,
                                                     moment):
     import bertflow.storage.files
 
@@ -380,7 +380,7 @@ def test_eval_keeps_a_file_made_at_json_while_it_ran(world, tmp_path, capsys, mo
     refused_keeping_the_users(
         capsys, ["eval", "sts", world / "data", "--head", world / "head", "--out", rows,
                  "--cache", tmp_path / "cache", "--quiet"], rows.parent,
-        f"--out {rows} exists and is not rows written by bertflow eval; not replacing it")
+        f"{rows} exists and is not rows written by bertflow eval; not replacing it")
 
 
 @pytest.mark.parametrize("made, after, message", [
