@@ -217,9 +217,9 @@ def _eval(p: argparse.ArgumentParser) -> None:
     sts.add_argument("data", type=Path, metavar="DATA", help="folder in SentEval's layout")
     sts.add_argument("--tasks", nargs="+", choices=TASKS, default=None,
                      help="STS tasks to score, where DATA has them (default: all)")
-    _eval_options(sts, "'target' (each task's own sentences, no scores; the default), text "
+    _eval_options(sts, "'target' (each task's own sentences, no scores), text "
                   "files, or both: 'target FILE' fits each task on its own sentences and the "
-                  "file's")
+                  "file's (default: target)")
     sts.set_defaults(retrieval=None, split=None, ignore_identical_ids=None, mteb=None)
     retrieval = kinds.add_parser(
         "retrieval", formatter_class=_Formatter, help="nDCG@10 and more on a BEIR task",
@@ -240,8 +240,8 @@ def _eval(p: argparse.ArgumentParser) -> None:
     retrieval.add_argument("--mteb", type=Path, default=None, metavar="FOLDER",
                            help="also write MTEB's result file of the task (TASK.json, MTEB's "
                            "task name) into this folder of a model's results")
-    _eval_options(retrieval, "'corpus' (the documents; the default), 'queries' (the split's), "
-                  "text files, or several together")
+    _eval_options(retrieval, "'corpus' (the documents), 'queries' (the split's), "
+                  "text files, or several together (default: corpus)")
     retrieval.set_defaults(data=None, tasks=None)
 
 
@@ -249,7 +249,8 @@ def _eval_options(p: argparse.ArgumentParser, fit_on_help: str) -> None:
     """What `eval sts` and `eval retrieval` share: what is scored, and where the rows go."""
     which = p.add_mutually_exclusive_group()
     which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
-    which.add_argument("--method", choices=METHODS, default=None, help="default: flow")
+    which.add_argument("--method", choices=METHODS, default=None,
+                       help="the method fit here (default: flow)")
     p.add_argument("--fit-on", nargs="+", default=None, metavar="SOURCE", help=fit_on_help)
     _baseline_options(p)
     p.add_argument("--out", type=Path, default=None, metavar="ROWS.json",
@@ -301,13 +302,13 @@ def _export(p: argparse.ArgumentParser) -> None:
 def _index(p: argparse.ArgumentParser) -> None:
     p.add_argument("corpus", type=Path, help=_CORPUS_HELP)
     p.add_argument("--out", type=Path, required=True, help="index folder")
-    p.add_argument("--head", type=Path, default=None, help="transform with this head (its "
-                   "encoder and pooling); default: raw pooled vectors")
+    p.add_argument("--head", type=Path, default=None, help="transform with this head, its "
+                   "encoder and pooling (default: raw pooled vectors)")
     _encoder_options(p, _HEADS_POOLING, _HEADS_MAX_LENGTH)
     p.add_argument("--kind", default="flat", help="flat (exact), hnsw, or a FAISS index_factory "
                    "string (IVF1024,PQ32; trained on a seeded sample of the corpus)")
     p.add_argument("--dims", type=positive, default=None,
-                   help="keep this many principal components (smaller index; default: all)")
+                   help="keep this many principal components, for a smaller index (default: all)")
     g = p.add_argument_group("hnsw", "The graph of --kind hnsw (FAISS's names; recorded)")
     g.add_argument("--hnsw-m", type=_integer(2), default=None, metavar="M",
                    help=f"neighbours a node (default: {HNSW_DEFAULTS['M']})")
@@ -332,7 +333,7 @@ def _search(p: argparse.ArgumentParser) -> None:
     queries.add_argument("--queries", type=Path, help="BEIR queries.jsonl, or one query a line")
     p.add_argument("--top", type=positive, default=10, help="hits per query")
     p.add_argument("--nprobe", type=positive, default=None,
-                   help="inverted lists visited per query (IVF kinds; default: the index's)")
+                   help="inverted lists visited per query, IVF kinds (default: the index's)")
     p.add_argument("--ef-search", type=positive, default=None, metavar="N",
                    help="candidates kept while searching an HNSW graph (default: the index's)")
     p.add_argument("--k", action=_Refused, nargs="?", help=argparse.SUPPRESS,
@@ -393,7 +394,7 @@ def _baseline_options(p: argparse.ArgumentParser) -> None:
                    help="directions removed by abtt (default: a hundredth of the dimension)")
     p.add_argument("--shrinkage", type=unit, default=None, metavar="ALPHA",
                    help="shrink whitening's covariance towards a multiple of the identity: "
-                        "(1−α)Σ + α·tr Σ/n·I (default 0)")
+                        "(1−α)Σ + α·tr Σ/n·I (default: 0)")
 
 
 def _head_or_flow_options(p: argparse.ArgumentParser) -> None:

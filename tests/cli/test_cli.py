@@ -416,6 +416,8 @@ def test_help_is_fast_shows_defaults_and_every_option_has_a_meaning():
     assert "--k" not in flags["fit"] | flags["eval sts"] and "--dims" in flags["fit"]
     for name, command in every.items():
         assert command.description, name
+        text = " ".join(command.format_help().split())  # every default said one way:
+        assert text.count("default") == text.count("(default: "), (name, text)  # (default: X)
         for action in command._actions:
             if action.dest != "help":
                 assert action.help, f"bertflow {name} {action.option_strings or action.dest}"
