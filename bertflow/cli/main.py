@@ -404,7 +404,7 @@ def _head_and_encoder(args: argparse.Namespace, flow: bool = False) -> tuple[Any
     """--head loaded (or None), whose pooling and max length those given must be, and the
     encoder; with `flow` and no head, refuse a flow too large for the encoder's width."""
     from ..heads.head import FlowHead
-    from ..training.recipes import resolve
+    from ..training.recipes import choose
 
     head = None if args.head is None else FlowHead.load(args.head)
     for flag, given, recorded in (("--pooling", args.pooling, getattr(head, "pooling", None)),
@@ -415,7 +415,7 @@ def _head_and_encoder(args: argparse.Namespace, flow: bool = False) -> tuple[Any
     encoder = _load_encoder(args, head)
     if flow and head is None:  # before anything is encoded
         pooling = args.pooling or DEFAULT_POOLING
-        resolve(_flow_options(args), pooling).flow.check(encoder.width(pooling))
+        choose(_flow_options(args), pooling)[0].flow.check(encoder.width(pooling))
     return head, encoder
 
 

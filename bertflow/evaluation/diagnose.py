@@ -26,7 +26,7 @@ from ..errors import BertflowError
 from ..heads.head import FlowHead
 from ..heads.linear import linear_options
 from ..storage.artifacts import PLOTS_FOLDER
-from ..training.recipes import Recipe, resolve
+from ..training.recipes import Recipe, choose
 from ..training.trainer import fit_head
 from .methods import Method, make_method
 from .sts import pair_measures
@@ -107,7 +107,7 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
     label = "flow" if head is None else f"the head ({head.method})"
     if head is None:
         head = fit_head(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
-                            **resolve(recipe, pooling, x).fit_options(),
+                            **choose(recipe, pooling, x)[0].fit_options(),
                             progress=progress is not False)
     z = head.transform(x)
     say = say or (lambda line: None)

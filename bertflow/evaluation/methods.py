@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,12 +10,12 @@ import torch
 
 from ..config import DictConfig
 from ..constants import METHODS
-from ..errors import BertflowError, BertflowWarning
+from ..errors import BertflowError
 from ..heads.flow import FlowConfig, StandardScaler
 from ..heads.head import FlowHead
 from ..heads.linear import linear_method
 from ..storage.rows import as_rows, moments
-from ..training.recipes import Recipe, close_call, resolve, rule_note, settle
+from ..training.recipes import Recipe, choose
 from ..training.trainer import TrainConfig, fit_head
 
 __all__ = ["METHODS", "Method", "flow_by_recipe", "make_method"]
@@ -33,10 +31,11 @@ class Method:
     options: dict[str, Any] = field(default_factory=dict)
     head: FlowHead | None = None
     scaler: StandardScaler | None = None
-    # the flow's recipe for the embeddings it is fit on, and the mean pair cosine the rule read
-    # (`bertflow.training.recipes.settle`): when the flow is fit, its settings replace
-    # `options`' and it is kept as `recipe`
-    settle: Callable[[Any], tuple[Recipe, float | None]] | None = None
+    # a flow by `pooling`'s recipe changed by `given` (`bertflow.training.recipes.choose`), chosen
+    # where it is fit: the `recipe` and the mean pair `cosine` the rule read, whose settings
+    # replace `options`'
+    pooling: str | None = None
+    given: Recipe | dict[str, Any] | None = None
     recipe: Recipe | None = None
     cosine: float | None = None
 
@@ -44,8 +43,8 @@ class Method:
         if self.name == "standardize":
             self.scaler = StandardScaler.from_moments(moments(as_rows(x)))
         elif self.name == "flow":
-            if self.settle is not None:
-                self.recipe, self.cosine = self.settle(x)
+            if self.pooling is not None:
+                self.recipe, self.cosine = choose(self.given, self.pooling, x, stacklevel=3)
                 self.options = {**self.options, **self.recipe.fit_options()}
             self.head = fit_head(x, **self.options)
         elif self.name != "raw":
@@ -69,7 +68,7 @@ class Method:
                 for key, value in self.options.items() if key != "progress"}
 
     def settled(self) -> dict[str, Any]:
-        """What `settle` chose, for a row of results: the flow's settings, the kind of text its
+        """What `choose` chose, for a row of results: the flow's settings, the kind of text its
         recipe was chosen on (``recipe_corpus``) and the mean pair cosine the rule read
         (``mean_cosine``, where it read one); empty where nothing was settled."""
         if self.recipe is None:
@@ -97,13 +96,7 @@ def make_method(name: str, *, k: int | None = None, d: int | None = None,
 
 def flow_by_recipe(pooling: str, recipe: Recipe | dict[str, Any] | None = None, *,
                    progress: bool = False) -> Method:
-    """A fresh flow by `pooling`'s recommended recipe changed by `recipe` (`resolve`), settled
-    on the embeddings it is fit on (the rule of `bertflow.training.recipes`)."""
-    def settled(x: Any) -> tuple[Recipe, float | None]:
-        chosen, cosine = settle(recipe, pooling, x)
-        if close_call(cosine):
-            warnings.warn(rule_note(pooling, cosine), BertflowWarning, stacklevel=3)
-        return chosen, cosine
-
-    return Method("flow", {**resolve(recipe, pooling).fit_options(), "progress": progress},
-                  settle=settled)
+    """A fresh flow by `pooling`'s recommended recipe changed by `recipe`, chosen on the
+    embeddings it is fit on (`bertflow.training.recipes.choose`)."""
+    return Method("flow", {**choose(recipe, pooling)[0].fit_options(), "progress": progress},
+                  pooling=pooling, given=recipe)

@@ -7,7 +7,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                    "open_checkpoint"),
     "job": ("FitJob", "FittedHead", "run_fit"),
     "recipes": ("BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "NEAR", "RECIPES", "Recipe",
-                "close_call", "corpus_note", "recommended", "resolve", "rule_note", "settle"),
+                "choose", "close_call", "corpus_note", "recommended", "rule_note"),
     "tensorboard": ("RunLogs", "TensorBoard"),
     "trainer": ("RECORD", "History", "Hook", "TrainConfig", "TrainState", "fit", "fit_head",
                 "nll_text", "split_indices"),

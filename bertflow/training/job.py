@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,14 +21,14 @@ from ..embeddings.cache import EmbeddingCache
 from ..embeddings.file import EmbeddingFile, open_embeddings
 from ..encoders.batches import check_max_length
 from ..encoders.loading import load_encoder
-from ..errors import BertflowError, BertflowWarning
+from ..errors import BertflowError
 from ..heads.head import FlowHead
 from ..runtime import distributed
 from ..storage.artifacts import HEAD_FOLDER
 from ..storage.corpus import Corpus
 from ..storage.files import check_outputs
 from .checkpoint import CheckpointFile
-from .recipes import Recipe, close_call, resolve, rule_note, settle
+from .recipes import Recipe, choose, close_call, rule_note
 from .tensorboard import RunLogs
 from .trainer import TrainState, fit_head, nll_text
 
@@ -110,7 +109,7 @@ def _source(job: FitJob, progress: bool | None,
         corpus = Corpus.from_file(job.source)
         loaded = load_encoder(job.encoder, job.device, job.dtype)
         if flow:
-            resolve(job.recipe, pooling).flow.check(loaded.width(pooling))
+            choose(job.recipe, pooling)[0].flow.check(loaded.width(pooling))
         x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
                                             progress=progress)[pooling]
         job = _settle(job, pooling, x, loaded.width(pooling), say)
@@ -124,7 +123,7 @@ def _source(job: FitJob, progress: bool | None,
                             f"{meta['max_length']} that {job.source} was encoded with")
     pooling = meta.get("pooling") or job.pooling or DEFAULT_POOLING
     if flow:
-        resolve(job.recipe, pooling).flow.check(width)
+        choose(job.recipe, pooling)[0].flow.check(width)
     loaded = None  # --encoder, where given: on the device and in the precision --dev-sts needs
     if job.encoder is not None:
         loaded = load_encoder(job.encoder, *(
@@ -139,10 +138,8 @@ def _settle(job: FitJob, pooling: str, x: Any, width: int, say: Say | None) -> F
     said, and warned of where it was a close call) and checked against their `width`."""
     if job.method != "flow":
         return job
-    recipe, cosine = settle(job.recipe, pooling, x)
-    if close_call(cosine):
-        warnings.warn(rule_note(pooling, cosine), BertflowWarning, stacklevel=2)
-    elif say is not None and cosine is not None:
+    recipe, cosine = choose(job.recipe, pooling, x, stacklevel=3)
+    if say is not None and cosine is not None and not close_call(cosine):
         say(f"note: {rule_note(pooling, cosine)}")
     recipe.flow.check(width)
     return replace(job, recipe=recipe)

@@ -26,7 +26,7 @@ from ..heads.flow import FlowConfig
 from .trainer import TrainConfig
 
 __all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "NEAR", "RECIPES", "Recipe",
-           "close_call", "corpus_note", "recommended", "resolve", "rule_note", "settle"]
+           "choose", "close_call", "corpus_note", "recommended", "rule_note"]
 
 CORPORA = ("target", "generic", "target+generic")  # the kinds of text a recipe is chosen on
 
@@ -111,26 +111,19 @@ def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike],
 def recommended(pooling: str, x: Any = None, isotropic: bool | None = None) -> Recipe:
     """The recipe for embeddings of `pooling`; for a pooling with an `ISOTROPIC_RECIPES` entry,
     that entry where `isotropic`, else where `x`, the embeddings the recipe is to be fit on, is
-    isotropic: their mean pair cosine (`mean_cosine`) is under `ISOTROPIC`. Where that cosine
-    is within `NEAR` of the line, a `BertflowWarning` says so (`rule_note`)."""
-    return resolve(None if isotropic is None else {"isotropic": isotropic}, pooling, x)
+    isotropic (`choose`)."""
+    given = None if isotropic is None else {"isotropic": isotropic}
+    return choose(given, pooling, x, stacklevel=3)[0]
 
 
-def resolve(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None) -> Recipe:
-    """`recipe` itself, or the recommended recipe of `pooling` (for embeddings `x`, where given,
-    and its ``isotropic``) changed by `recipe`'s `Recipe.updated` keywords (a dict, or None);
-    a close call of the rule is warned of, as `recommended` does."""
-    chosen, cosine = settle(recipe, pooling, x)
-    if close_call(cosine):
-        warnings.warn(rule_note(pooling, cosine), BertflowWarning, stacklevel=2)
-    return chosen
-
-
-def settle(recipe: Recipe | dict[str, Any] | None, pooling: str,
-           x: Any = None) -> tuple[Recipe, float | None]:
-    """`resolve`'s recipe, said nothing of, and the mean pair cosine of `x` the rule chose it
-    by (None where it read none: a whole `Recipe`, a pooling with one recipe, no `x`, or
-    ``isotropic`` given)."""
+def choose(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None, *,
+           stacklevel: int = 2) -> tuple[Recipe, float | None]:
+    """Where every flow's recipe is chosen: `recipe` itself (a whole `Recipe`), else the
+    recommended recipe of `pooling` changed by `recipe`'s `Recipe.updated` keywords (a dict,
+    or None). For a pooling with an `ISOTROPIC_RECIPES` entry, the dict's ``isotropic`` picks
+    it, else the rule does where the embeddings `x` are given: their mean pair cosine
+    (`mean_cosine`) under `ISOTROPIC`. Also the cosine read (None where none was); within
+    `NEAR` of the line a `BertflowWarning` says so (`rule_note`)."""
     if isinstance(recipe, Recipe):
         return recipe, None
     options = dict(recipe or {})
@@ -147,6 +140,8 @@ def settle(recipe: Recipe | dict[str, Any] | None, pooling: str,
     elif isotropic is None and x is not None:
         cosine = mean_cosine(x)
         isotropic = cosine < ISOTROPIC
+    if close_call(cosine):
+        warnings.warn(rule_note(pooling, cosine), BertflowWarning, stacklevel=stacklevel)
     chosen = ISOTROPIC_RECIPES[pooling] if isotropic else RECIPES[pooling]
     return chosen.updated(**options), cosine
 

@@ -131,7 +131,7 @@ def test_a_whitening_recipe_is_for_anisotropic_embeddings_only():
     pooling's isotropic recipe replaces the whitening one; above it, and without embeddings,
     the recipe stays; poolings without an isotropic recipe never change; options given change
     whichever recipe the rule picks."""
-    from bertflow.training.recipes import ISOTROPIC, ISOTROPIC_RECIPES, resolve
+    from bertflow.training.recipes import ISOTROPIC, ISOTROPIC_RECIPES, choose
 
     flat, cone = _cloud(0.0), _cloud(8.0)
     assert mean_pair_cosine(flat) < 0.05 < ISOTROPIC < 0.6 < mean_pair_cosine(cone)
@@ -141,9 +141,12 @@ def test_a_whitening_recipe_is_for_anisotropic_embeddings_only():
     for pooling in set(POOLINGS) - set(ISOTROPIC_RECIPES):
         assert recommended(pooling, flat) == recommended(pooling, cone) == RECIPES[pooling]
     given = {"train": {"seed": 3}, "flow": {"hidden": 8}}
-    assert resolve(given, "cls", flat) == ISOTROPIC_RECIPES["cls"].updated(**given)
-    assert resolve(given, "cls", cone) == RECIPES["cls"].updated(**given)
-    assert resolve(RECIPES["cls"], "cls", flat) is RECIPES["cls"]  # a whole recipe is kept
+    chosen, cosine = choose(given, "cls", flat)
+    assert chosen == ISOTROPIC_RECIPES["cls"].updated(**given)
+    assert cosine == pytest.approx(mean_pair_cosine(flat), abs=0.05)  # the rule's reading
+    assert choose(given, "cls", cone)[0] == RECIPES["cls"].updated(**given)
+    assert choose(RECIPES["cls"], "cls", flat) == (RECIPES["cls"], None)  # a whole recipe
+    assert choose(None, "mean", flat) == (RECIPES["mean"], None)  # one recipe: nothing read
 
 
 def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys):
