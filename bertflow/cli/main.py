@@ -13,7 +13,7 @@ import time
 import warnings
 from typing import Any
 
-from ..constants import DEFAULT_POOLING, TASKS
+from ..constants import TASKS
 from ..errors import BertflowError, BertflowWarning, PeerError, one_line
 from .checks import FLOW_FIELDS, TRAIN_FIELDS, check_inputs, check_options, check_paths
 from .parser import build_parser as _parser
@@ -101,6 +101,7 @@ def _encode(args: argparse.Namespace) -> None:
     check_paths(args)
     corpus = Corpus.from_file(args.corpus)
     encoder = _load_encoder(args)
+    args.pooling, args.max_length = encoder.defaults(args.pooling, args.max_length)
     cache = None if args.no_cache else EmbeddingCache(args.cache)
     encoded = encode_to(args.out, corpus, encoder, args.pooling, args.max_length,
                         args.encode_batch_size, cache=cache, resume=args.resume,
@@ -193,7 +194,7 @@ def _eval(args: argparse.Namespace) -> None:
         tasks, missing = load_tasks(args.data, wanted)
         if not tasks:
             raise BertflowError(f"none of {', '.join(wanted)} is in {args.data}")
-    method, pooling = args.method or "flow", args.pooling or DEFAULT_POOLING
+    method = args.method or "flow"
     fit_on = args.fit_on or ["target" if args.retrieval is None else "corpus"]
     head, encoder = _head_and_encoder(args, flow=method == "flow")
     options = {"pooling": args.pooling, "max_length": args.max_length, "fit_on": fit_on,
@@ -242,6 +243,7 @@ def _eval(args: argparse.Namespace) -> None:
         notes.append(f"missing from {args.data}: {', '.join(missing)}")
     if head is None and method == "flow":  # of the recipes the rule chose for the tasks
         kinds = dict.fromkeys(r["recipe_corpus"] for r in rows if r.get("recipe_corpus"))
+        pooling = rows[0]["pooling"]
         notes += [corpus_note(pooling, fit_on, kind) for kind in kinds]
         cosines = {r["task"]: r["mean_cosine"] for r in rows if r.get("mean_cosine") is not None}
         notes += [f"note: {task}: {rule_note(pooling, cosine)}"
@@ -414,7 +416,7 @@ def _head_and_encoder(args: argparse.Namespace, flow: bool = False) -> tuple[Any
             raise BertflowError(f"{flag} {given} differs from the head's {recorded}")
     encoder = _load_encoder(args, head)
     if flow and head is None:  # before anything is encoded
-        pooling = args.pooling or DEFAULT_POOLING
+        pooling = encoder.defaults(args.pooling, getattr(args, "max_length", None))[0]
         choose(_flow_options(args), pooling)[0].flow.check(encoder.width(pooling))
     return head, encoder
 

@@ -159,8 +159,8 @@ def _fit(p: argparse.ArgumentParser) -> None:
                    help="the flow, or a closed-form baseline: BERT-whitening, whitening to "
                         "--dims components, all-but-the-top (--d directions)")
     _baseline_options(p)
-    _encoder_options(p, f"the embeddings' sidecar's, else {DEFAULT_POOLING}",
-                     f"{DEFAULT_MAX_LENGTH}; for a .npy, its sidecar's")
+    _encoder_options(p, f"the embeddings' sidecar's, else {_FOLDERS_POOLING}",
+                     f"{_FOLDERS_MAX_LENGTH}; for a .npy, its sidecar's")
     p.add_argument("--cache", type=Path, default=None, help=_CACHE_HELP)
     g = _flow_arguments(p)
     g.add_argument("--logdir", type=Path, default=None,
@@ -373,8 +373,12 @@ evaluation, plots, exports and search. `bertflow COMMAND --help` tells more."""
 _HEAD_HELP = "a head folder, or the name of a ready head (`bertflow info` lists them)"
 _ENCODER_OF_HEAD = ("encoder folder (default: the one the head records, checked against its "
                     "fingerprint)")
-_HEADS_POOLING = f"the head's, else {DEFAULT_POOLING}"
-_HEADS_MAX_LENGTH = f"the head's, else {DEFAULT_MAX_LENGTH}"
+# an encoder folder's own sentence-transformers settings, where it has them, are the defaults
+_FOLDERS_POOLING = f"the encoder folder's own (modules.json), else {DEFAULT_POOLING}"
+_FOLDERS_MAX_LENGTH = (f"the encoder folder's own (sentence_bert_config.json), else "
+                       f"{DEFAULT_MAX_LENGTH}")
+_HEADS_POOLING = f"the head's, else {_FOLDERS_POOLING}"
+_HEADS_MAX_LENGTH = f"the head's, else {_FOLDERS_MAX_LENGTH}"
 _CORPUS_HELP = "text file of one sentence a line, or a BEIR corpus.jsonl (a file named *.jsonl)"
 _CACHE_HELP = ("embedding cache folder (default: $BERTFLOW_CACHE/embeddings, else "
                "~/.cache/bertflow/embeddings)")
@@ -404,19 +408,17 @@ def _head_or_flow_options(p: argparse.ArgumentParser) -> None:
     _quiet(_flow_arguments(p))
 
 
-def _encoder_options(p: argparse.ArgumentParser, pooling_help: str | None = None,
-                     max_length_help: str | None = None) -> None:
-    """The encoder's options; a help text given makes its option's default None."""
+def _encoder_options(p: argparse.ArgumentParser, pooling_help: str = _FOLDERS_POOLING,
+                     max_length_help: str = _FOLDERS_MAX_LENGTH) -> None:
+    """The encoder's options; pooling and max length are None where not given."""
     p.add_argument("--encoder", default=None,
                    help=f"Hugging Face encoder folder (default: {DEFAULT_ENCODER_NAME}, which "
                         "comes with bertflow)")
-    p.add_argument("--pooling", choices=POOLINGS, default=None if pooling_help else DEFAULT_POOLING,
-                   help="how token states become one vector" + (
-                       f" (default: {pooling_help})" if pooling_help else ""))
-    p.add_argument("--max-length", type=max_length_type,
-                   default=None if max_length_help else DEFAULT_MAX_LENGTH,
-                   help="tokens per sentence; longer sentences are truncated" + (
-                       f" (default: {max_length_help})" if max_length_help else ""))
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help=f"how token states become one vector (default: {pooling_help})")
+    p.add_argument("--max-length", type=max_length_type, default=None,
+                   help=f"tokens per sentence; longer sentences are truncated (default: "
+                   f"{max_length_help})")
     p.add_argument("--encode-batch-size", dest="encode_batch_size", type=positive,
                    default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
     _device_options(p)

@@ -1,5 +1,5 @@
 """A frozen Hugging Face encoder: loading and checking it, its identity, pooling, batching, the
-fused forward and sentence-transformers' calling convention."""
+fused forward, the folder's own settings and sentence-transformers' calling convention."""
 
 from ..lazy import exports
 
@@ -12,6 +12,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
                  "recorded_location"),
     "loading": ("check_architecture", "encode", "load_encoder", "resolve_encoder"),
     "pooling": ("LAYERS", "check_pooling", "pool"),
+    "settings": ("FolderSettings", "read_settings"),
     "st_api": ("SIMILARITY_FN_NAME", "as_sentences", "check_options", "convert", "similarity",
                "similarity_pairwise"),
 })

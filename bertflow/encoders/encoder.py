@@ -11,7 +11,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..constants import DEFAULT_BATCH_SIZE, DEFAULT_POOLING, POOLINGS, PROGRESS_FROM
+from ..constants import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_POOLING,
+    POOLINGS,
+    PROGRESS_FROM,
+)
 from ..errors import BertflowError, BertflowWarning, first_line
 from ..runtime.devices import resolve_device, resolve_dtype
 from . import st_api
@@ -19,6 +25,7 @@ from .batches import check_batch_size, check_max_length, release_free_memory, to
 from .fused import PROBE_TOLERANCE, fused_encoder, state_gap
 from .identity import EncoderId, fingerprint
 from .pooling import LAYERS, check_pooling, pool
+from .settings import FolderSettings
 
 __all__ = ["CHUNK_SIZE", "Encoder"]
 
@@ -39,7 +46,10 @@ class Encoder:
 
     def __init__(self, model: Any, tokenizer: Any, name: str,
                  device: str | torch.device | None = "auto",
-                 dtype: str | torch.dtype | None = "float32", source: str | None = None):
+                 dtype: str | torch.dtype | None = "float32", source: str | None = None,
+                 settings: FolderSettings | None = None):
+        self.settings = settings or FolderSettings()  # its folder's own (`defaults`)
+        self._said = False
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         model = model.eval().requires_grad_(False).float()
@@ -129,6 +139,29 @@ class Encoder:
             positions -= offset + 1
         limits = (getattr(self.tokenizer, "model_max_length", None), positions)
         return min((n for n in limits if isinstance(n, int) and 0 < n < 1_000_000), default=None)
+
+    def defaults(self, pooling: str | None = None, max_length: int | None = None
+                 ) -> tuple[str, int]:
+        """`pooling` and `max_length`, each where None the encoder folder's own
+        sentence-transformers setting (`settings`: modules.json's pooling,
+        sentence_bert_config.json's max_seq_length, within `max_tokens`), else first_last and
+        128. The first time a setting of the folder applies, or one it has cannot, a note says
+        so."""
+        own, used = self.settings, []
+        if pooling is None:
+            pooling = own.pooling or DEFAULT_POOLING
+            used += [f"{pooling} pooling"] * (own.pooling is not None)
+        if max_length is None:
+            max_length = min(own.max_length, self.max_tokens or own.max_length) \
+                if own.max_length else DEFAULT_MAX_LENGTH
+            used += [f"max length {max_length}"] * (own.max_length is not None)
+        if not self._said and (used or own.unused):
+            self._said = True
+            said = [f"{' and '.join(used)}: the encoder folder's own sentence-transformers "
+                    "settings (--pooling and --max-length choose others)"] if used else []
+            said += [f"{own.unused}: {DEFAULT_POOLING} pooling"] if own.unused else []
+            warnings.warn(f"{self.id.name}: {'; '.join(said)}", BertflowWarning, stacklevel=2)
+        return pooling, max_length
 
     def check_max_length(self, max_length: Any) -> int:
         """`max_length`, refused above `max_tokens`."""

@@ -17,6 +17,7 @@ from ..runtime.devices import resolve_device, resolve_dtype
 from ..storage.files import read_json
 from .encoder import Encoder
 from .identity import EncoderId, locate, recorded_location
+from .settings import read_settings
 
 __all__ = ["check_architecture", "encode", "load_encoder", "resolve_encoder"]
 
@@ -57,7 +58,7 @@ def load_encoder(name_or_path: str | os.PathLike | None = None,
         raise BertflowError(f"cannot load encoder {name_or_path} as a folder: {detail}") from None
     _check_weights(model, loaded, name_or_path)
     _check_tokenizer(tokenizer, config, name_or_path)
-    return Encoder(model, tokenizer, name, device, dtype, address)
+    return Encoder(model, tokenizer, name, device, dtype, address, read_settings(source))
 
 
 def _check_tokenizer(tokenizer: Any, config: Any, name: str | os.PathLike | None) -> None:

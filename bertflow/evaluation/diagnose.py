@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING, METHODS
+from ..constants import DEFAULT_BATCH_SIZE, METHODS
 from ..data.sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
 from ..embeddings.cache import EmbeddingCache
 from ..embeddings.isotropy import (
@@ -100,7 +100,7 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
     stsb = None if data is None else list(read_stsb_splits(Path(data) / "STSBenchmark",
                                                            STSB_SPLITS).values())
     pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
-        else (pooling or DEFAULT_POOLING, max_length or DEFAULT_MAX_LENGTH)
+        else encoder.defaults(pooling, max_length)
     embed = (cache or EmbeddingCache()).embedder(encoder, pooling, max_length, batch_size,
                                                  progress)
     x = embed(sentences)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
+from ..constants import DEFAULT_BATCH_SIZE
 from ..data.sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 from ..embeddings.cache import EmbeddingCache
 from ..embeddings.isotropy import alignment, isotropy_measures, uniformity
@@ -187,11 +187,12 @@ def method_maker(method: str | FlowHead, encoder: Encoder, *, pooling: str | Non
         labels = {"method": method.method, "head": name,
                   "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
         return functools.partial(Method, "flow", head=method), pooling, max_length, labels
-    pooling, method = pooling or DEFAULT_POOLING, linear_method(method, k, d, shrinkage)
+    (pooling, max_length), method = encoder.defaults(pooling, max_length), \
+        linear_method(method, k, d, shrinkage)
     make = functools.partial(flow_by_recipe, pooling, recipe, progress=progress is not False) \
         if method == "flow" else functools.partial(
             make_method, method, **linear_options(method, encoder.width(pooling), k, d, shrinkage))
-    return make, pooling, max_length or DEFAULT_MAX_LENGTH, {"method": method, **make().describe()}
+    return make, pooling, max_length, {"method": method, **make().describe()}
 
 
 def check_rows_destination(path: Path) -> Path:

@@ -14,7 +14,7 @@ from safetensors.torch import save as save_tensors
 from torch import Tensor, nn
 
 from .. import __version__
-from ..constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING, POOLINGS
+from ..constants import DEFAULT_BATCH_SIZE, POOLINGS
 from ..encoders import st_api
 from ..encoders.batches import check_max_length
 from ..encoders.encoder import Encoder
@@ -151,10 +151,10 @@ class FlowHead(nn.Module):
     def settings(self, encoder: Encoder, pooling: str | None = None,
                  max_length: int | None = None) -> tuple[str, int]:
         """The pooling and max length to embed with on `encoder` (`check`ed): the head's,
-        else those given, else the defaults."""
-        chosen = self.pooling or pooling or DEFAULT_POOLING
+        else those given, else the encoder's defaults (`Encoder.defaults`)."""
+        chosen, length = encoder.defaults(self.pooling or pooling, self.max_length or max_length)
         self.check(dim=encoder.width(chosen), encoder=encoder.id, pooling=pooling)
-        return chosen, self.max_length or max_length or DEFAULT_MAX_LENGTH
+        return chosen, length
 
     @torch.no_grad()
     def transform(self, x: np.ndarray | Tensor, batch_size: int = 8192) -> np.ndarray:

@@ -154,7 +154,7 @@ class Index:
         sentences are checked before anything is encoded."""
         encoder = resolve_encoder(encoder, head.encoder if head is not None else None)
         pooling, max_length = head.settings(encoder, pooling, max_length) if head is not None \
-            else (check_pooling(pooling or DEFAULT_POOLING), max_length or DEFAULT_MAX_LENGTH)
+            else encoder.defaults(pooling and check_pooling(pooling), max_length)
         if not isinstance(sentences, Corpus | list | tuple):
             sentences = list(sentences)
         _plan(options.get("kind", "flat"), head.out_dim if head is not None else

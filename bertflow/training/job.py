@@ -104,10 +104,11 @@ def _source(job: FitJob, progress: bool | None,
     `.npy`'s, is refused before anything is encoded (a text file's through the cache)."""
     flow, max_length = job.method == "flow", job.max_length or DEFAULT_MAX_LENGTH
     if job.source.suffix != ".npy":
-        pooling = job.pooling or DEFAULT_POOLING
-        check_max_length(max_length)  # and against the encoder when one encodes the text
+        if job.max_length is not None:
+            check_max_length(max_length)  # and against the encoder when one encodes the text
         corpus = Corpus.from_file(job.source)
         loaded = load_encoder(job.encoder, job.device, job.dtype)
+        pooling, max_length = loaded.defaults(job.pooling, job.max_length)
         if flow:
             choose(job.recipe, pooling)[0].flow.check(loaded.width(pooling))
         x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,

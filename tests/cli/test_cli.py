@@ -407,7 +407,7 @@ def test_help_is_fast_shows_defaults_and_every_option_has_a_meaning():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env)
     assert done.stdout.strip().endswith("False False"), done.stdout[-500:] + done.stderr
-    assert "(default: 128" in done.stdout and "(default: 0)" in done.stdout  # max length, seed
+    assert "else 128" in done.stdout and "(default: 0)" in done.stdout  # max length, seed
 
     every = commands()
     flags = {name: {f for a in c._actions for f in a.option_strings} for name, c in every.items()}

@@ -97,8 +97,9 @@ def test_the_ready_head_is_rebuilt_by_its_command(tmp_path):
     if not corpus.is_file():
         pytest.skip(f"no {corpus}")
     out = tmp_path / "head"
-    assert main(["fit", str(corpus), "--out", str(out), "--seed", "0",
-                 "--cache", str(tmp_path / "cache"), "--quiet"]) == 0
+    assert main(["fit", str(corpus), "--out", str(out), "--seed", "0", "--pooling",
+                 "first_last", "--max-length", "128", "--cache", str(tmp_path / "cache"),
+                 "--quiet"]) == 0
     if cpu() == SHIPPED_ON:
         for name in ("config.json", "model.safetensors", "manifest.json"):
             assert (out / name).read_bytes() == (HEAD / name).read_bytes(), name
