@@ -30,16 +30,15 @@ def test_the_map_names_every_folder_and_module_and_nothing_else():
     assert dict(rows) == _folders()
 
 
-def _imports(path, folder: str) -> set[str]:
-    """The folders (or "" for the package's own modules) that a module imports from."""
-    found = set()
+def _imports(path) -> set[str]:
+    """The folders (or "" for the package's own modules) that a module imports from, at any
+    depth below its folder (`cli/commands/`)."""
+    found, here = set(), path.relative_to(PACKAGE).parent.parts
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.level:
-            # from the package's own modules, level 1 is the package; from a folder's, level 2
-            parts = [] if node.level == (2 if folder else 1) else [folder]
-            parts += (node.module or "").split(".") if node.module else []
-            names = [alias.name for alias in node.names] if not node.module else []
-            target = parts[0] if parts else (names[0] if names else "")
+            parts = [*here[: len(here) - (node.level - 1)], *(node.module or "").split(".")]
+            parts = [p for p in parts if p] or [alias.name for alias in node.names][:1]
+            target = parts[0] if parts else ""
             found.add(target if (PACKAGE / target / "__init__.py").is_file() else "")
     return found
 
@@ -48,10 +47,10 @@ def test_each_folder_imports_only_from_the_folders_before_it():
     order = [folder for folder, _ in _rows()]
     for folder in order:
         place = PACKAGE / folder if folder else PACKAGE
-        for path in place.glob("*.py"):
+        for path in place.rglob("*.py") if folder else place.glob("*.py"):
             if path.name in ("__init__.py", "__main__.py"):
                 continue
-            for target in _imports(path, folder) - {folder}:
+            for target in _imports(path) - {folder}:
                 assert order.index(target) < order.index(folder), (
                     f"{path.relative_to(REPO)} imports from {target or 'bertflow'}/, which "
                     "comes after it on docs/layout.md")

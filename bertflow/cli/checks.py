@@ -10,7 +10,8 @@ from pathlib import Path
 from ..constants import DEFAULT_BATCH_SIZE
 from ..errors import BertflowError
 
-__all__ = ["FLOW_FIELDS", "TRAIN_FIELDS", "check_inputs", "check_options", "check_paths"]
+__all__ = ["FLOW_FIELDS", "TRAIN_FIELDS", "check_inputs", "check_no_encoding", "check_options",
+           "check_paths", "fit_on_files", "given_flags"]
 
 FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
 TRAIN_FIELDS = ("seed", "epochs", "batch_size", "lr", "val_fraction", "patience")
@@ -26,25 +27,16 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
                             "only encode, fit and index split their work")
     method = getattr(args, "method", None) or "flow"
-    given = _given(args, ("before", "isotropic", *FLOW_FIELDS, *TRAIN_FIELDS))
+    given = given_flags(args, ("before", "isotropic", *FLOW_FIELDS, *TRAIN_FIELDS))
     given += ["--no-isotropic"] * (getattr(args, "isotropic", None) is False)
     if given and getattr(args, "head", None) is not None:
         raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
                             f"{args.head}, which is fit already")
-    given += _given(args, ("checkpoint", "resume", "logdir", "dev_sts"))  # fit's
+    given += given_flags(args, ("checkpoint", "resume", "logdir", "dev_sts"))  # fit's
     if given and method != "flow":
         raise BertflowError(f"{', '.join(given)} apply to --method flow only")
-    if args.command == "eval":
-        _check_eval(args)
-    if args.command == "eval" and method == "raw" and args.fit_on is not None:
-        raise BertflowError("--fit-on applies to a method that is fit, not to --method raw")
-    if getattr(args, "head", None) is not None and args.command == "eval":
-        if args.fit_on is not None:
-            raise BertflowError("--fit-on does not apply to --head: the head is already fit")
-        if args.k is not None or args.d is not None or args.shrinkage is not None:
-            raise BertflowError("--dims, --d and --shrinkage apply to --method whitening, "
-                                f"whitening-k and abtt, not to --head {args.head}, which is fit "
-                                "already")
+    if getattr(args, "check", None) is not None:  # the command's own
+        args.check(args, launched)
     if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
             getattr(args, "d", None) is not None and method != "abtt"):
         raise BertflowError("--dims applies to --method whitening and whitening-k, --d to "
@@ -52,45 +44,21 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
     if getattr(args, "shrinkage", None) is not None and method not in ("whitening",
                                                                        "whitening-k"):
         raise BertflowError("--shrinkage applies to --method whitening and whitening-k")
-    if args.command == "transform" and args.embeddings is not None:
-        _check_no_encoding(args, f"--embeddings {args.embeddings} are transformed as they are")
-    if args.command == "export" and args.format != "sentence-transformers" and (
-            args.encoder is not None or args.normalize):
-        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
-    if args.command != "fit":
-        return
-    if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
-        unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
-        _check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
-                           unused if args.dev_sts or launched else ("device", *unused))
-    if args.checkpoint is not None and args.checkpoint.is_dir():
-        raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
-    if args.resume and args.checkpoint is None:
-        raise BertflowError("--resume needs --checkpoint FILE")
-    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
-        raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
 
 
-def _check_eval(args: argparse.Namespace) -> None:
-    """Refuse --fit-on target (an STS task's own sentences) for retrieval."""
-    if args.retrieval is not None and "target" in (args.fit_on or []):
-        raise BertflowError("--fit-on target applies to eval sts; eval retrieval fits on "
-                            "corpus, queries or text files")
-
-
-def _fit_on_files(args: argparse.Namespace) -> list[str]:
+def fit_on_files(args: argparse.Namespace) -> list[str]:
     """The text files of --fit-on: not its words (target; corpus and queries with --retrieval)."""
     words = ("corpus", "queries") if getattr(args, "retrieval", None) is not None else ("target",)
     return [p for p in getattr(args, "fit_on", None) or [] if p not in words]
 
 
-def _given(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+def given_flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
     """The flags of options `names` given (neither None nor False)."""
     return [f"--{name.replace('_', '-')}" for name in names
             if getattr(args, name, None) not in (None, False)]
 
 
-def _check_no_encoding(args: argparse.Namespace, why: str,
+def check_no_encoding(args: argparse.Namespace, why: str,
                        options: tuple[str, ...] = tuple(_WITHOUT_ENCODING)) -> None:
     """Refuse the encoder's `options` given where nothing is encoded, as `why` says."""
     given = [f"--{name.replace('_', '-')} {getattr(args, name)}" for name in options
@@ -114,7 +82,7 @@ def check_inputs(args: argparse.Namespace) -> None:
     from ..heads.catalog import head_folder
 
     given = [(dest, getattr(args, dest)) for dest in _INPUTS if getattr(args, dest, None)]
-    given += [("input", p) for p in _fit_on_files(args)]
+    given += [("input", p) for p in fit_on_files(args)]
     for dest, path in given:
         path, kind = Path(path), _INPUTS[dest][1]
         if kind == "file" and not path.is_file():
@@ -163,7 +131,7 @@ def check_paths(args: argparse.Namespace, output: str = "out") -> None:
             record = read_json(inputs["--head"] / "config.json").get("encoder")
             if isinstance(record, dict):
                 inputs["the head's encoder"] = recorded_folder(record.get("source"))
-    inputs["--fit-on"] = _fit_on_files(args)
+    inputs["--fit-on"] = fit_on_files(args)
     if hasattr(args, "cache") and not getattr(args, "no_cache", False):
         inputs["the embedding cache"] = EmbeddingCache(args.cache).root
     check_outputs({f"--{output}": getattr(args, output)}, inputs)

@@ -1,0 +1,53 @@
+"""`bertflow export`: write a head for use without bertflow's CLI."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ...errors import BertflowError
+from ..checks import check_paths
+from ..options import HEAD_HELP
+
+__all__ = ["EXPORT_FORMATS", "arguments", "run"]
+
+SUMMARY = "write a head for use without bertflow's CLI"
+EXPORT_FORMATS = ("sentence-transformers", "onnx", "torch-export")
+DESCRIPTION = """\
+A sentence-transformers folder (encoder, pooling and head; load it with
+bertflow.export.pipeline.load_pipeline), a self-contained ONNX file, or a torch.export
+program."""
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--head", type=Path, required=True, help=HEAD_HELP)
+    p.add_argument("--format", required=True, choices=EXPORT_FORMATS, help="what to write")
+    p.add_argument("--out", type=Path, required=True,
+                   help="a folder (sentence-transformers), HEAD.onnx or HEAD.pt2")
+    p.add_argument("--encoder", default=None,
+                   help="encoder of a sentence-transformers pipeline (default: the head's)")
+    p.add_argument("--normalize", action="store_true",
+                   help="end the sentence-transformers pipeline with L2 normalisation")
+
+
+
+def check(args: argparse.Namespace, launched: bool) -> None:
+    """Refuse a sentence-transformers pipeline's options with another format."""
+    if args.format != "sentence-transformers" and (args.encoder is not None or args.normalize):
+        raise BertflowError("--encoder and --normalize apply to --format sentence-transformers")
+
+
+def run(args: argparse.Namespace) -> None:
+    from ...export.graphs import check_destination, export_onnx, export_program
+    from ...heads.head import FlowHead
+
+    check_paths(args)
+    check_destination(args.out, args.format)
+    head = FlowHead.load(args.head)
+    if args.format == "sentence-transformers":
+        from ...export.pipeline import build_pipeline, save_pipeline
+
+        save_pipeline(build_pipeline(head, args.encoder, args.normalize), args.out)
+    else:
+        {"onnx": export_onnx, "torch-export": export_program}[args.format](head, args.out)
+    print(f"wrote {args.out} ({args.format})")

@@ -1,0 +1,100 @@
+"""`bertflow fit`: fit a flow head on a corpus or on embeddings."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+from ...constants import LINEAR_METHODS
+from ...errors import BertflowError
+from ..checks import check_no_encoding
+from ..options import (
+    CACHE_HELP,
+    FOLDERS_MAX_LENGTH,
+    FOLDERS_POOLING,
+    baseline_options,
+    encoder_options,
+    flow_arguments,
+    quiet,
+)
+from ..shared import flow_options
+
+SUMMARY = "fit a flow head on a corpus or on embeddings"
+DESCRIPTION = """\
+Fit a Glow by maximum likelihood on the embeddings of CORPUS (encoded and cached) or
+of EMB.npy, and save it as a head folder that records its encoder and pooling. With
+--method whitening, whitening-k or abtt, fit that baseline in closed form instead, as
+a head of the same format."""
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", type=Path, help="CORPUS.txt, or EMB.npy made by `bertflow encode`")
+    p.add_argument("--out", type=Path, required=True, help="folder to write the head to")
+    p.add_argument("--method", choices=("flow", *LINEAR_METHODS), default="flow",
+                   help="the flow, or a closed-form baseline: BERT-whitening, whitening to "
+                        "--dims components, all-but-the-top (--d directions)")
+    baseline_options(p)
+    encoder_options(p, f"the embeddings' sidecar's, else {FOLDERS_POOLING}",
+                     f"{FOLDERS_MAX_LENGTH}; for a .npy, its sidecar's")
+    p.add_argument("--cache", type=Path, default=None, help=CACHE_HELP)
+    g = flow_arguments(p)
+    g.add_argument("--logdir", type=Path, default=None,
+                   help="write TensorBoard logs to a new subfolder TIME-seedN of this folder "
+                        "(removed if the fit fails and cannot be resumed; a run resumed from "
+                        "--checkpoint continues the subfolder the checkpoint names)")
+    g.add_argument("--checkpoint", type=Path, default=None,
+                   help="training state, saved each epoch; a file of its own: never an input "
+                        "or output of the run, nor an existing file other than a checkpoint "
+                        "of this same run")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint, a run of the same settings and data; a "
+                        "larger --epochs extends it (from where it resumes, the learning rate "
+                        "follows the cosine over the new total)")
+    g.add_argument("--dev-sts", type=Path, default=None, metavar="DATA",
+                   help="after each epoch, score the STS-B dev set of DATA (SentEval's layout: "
+                        "DATA/STSBenchmark/sts-dev.csv), embedded like the training "
+                        "embeddings, and print and log its Spearman")
+    quiet(g)
+
+
+
+def check(args: argparse.Namespace, launched: bool) -> None:
+    """Refuse the encoder's options for embeddings encoded already, and a checkpoint, resume
+    or log folder that cannot be."""
+    if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
+        unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
+        check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
+                          unused if args.dev_sts or launched else ("device", *unused))
+    if args.checkpoint is not None and args.checkpoint.is_dir():
+        raise BertflowError(f"--checkpoint {args.checkpoint} is a folder; expected a file")
+    if args.resume and args.checkpoint is None:
+        raise BertflowError("--resume needs --checkpoint FILE")
+    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
+        raise BertflowError(f"--logdir {args.logdir} exists and is not a folder")
+
+
+def run(args: argparse.Namespace) -> None:
+    from ...export.card import summary
+    from ...training.job import FitJob, run_fit
+    from ...training.trainer import nll_text
+
+    job = FitJob(args.input, args.out, args.method, args.k, args.d, args.shrinkage,
+                 recipe=flow_options(args), encoder=args.encoder, pooling=args.pooling,
+                 max_length=args.max_length, batch_size=args.encode_batch_size,
+                 device=args.device, dtype=args.dtype, cache=args.cache,
+                 checkpoint=args.checkpoint, resume=args.resume, logdir=args.logdir,
+                 dev_sts=args.dev_sts)
+    say = None if args.progress is False else functools.partial(print, file=sys.stderr)
+    fitted = run_fit(job, say=say, progress=args.progress)
+    if fitted is None:  # another process of a torchrun job
+        return
+    if args.method != "flow":
+        print(f"wrote {args.out}: {summary(fitted.head)}")
+        return
+    info = fitted.head.training_info
+    print(f"wrote {args.out}: best epoch {info['best_epoch']} of {info['epochs_run']}, "
+          f"val NLL {nll_text(info) or 'unknown'}")
+    if fitted.logs is not None:
+        print(f"TensorBoard logs in {fitted.logs}")
