@@ -1,6 +1,6 @@
 """How fast each exported form of a head transforms embeddings, side by side.
 
-Times `FlowHead.transform` (the package), the ONNX file under onnxruntime and the torch.export
+Times `Head.transform` (the package), the ONNX file under onnxruntime and the torch.export
 program on the same random batch of pooled-embedding-sized rows, alternating the three in each
 round, and reports the median time per 10,000 rows and the ratio to the package.
 Writes experiments/results/bench_head.md.
@@ -20,7 +20,7 @@ import onnxruntime
 import torch
 from common import REPO, parser
 
-from bertflow import FlowHead
+from bertflow import Head
 from bertflow.export.graphs import export_onnx, export_program
 
 
@@ -32,7 +32,7 @@ def main() -> None:
     options.add_argument("--rounds", type=int, default=7)
     args = options.parse_args()
 
-    head = FlowHead.load(args.head)
+    head = Head.load(args.head)
     x = np.random.default_rng(0).normal(size=(args.rows, head.dim)).astype(np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         session = onnxruntime.InferenceSession(str(export_onnx(head, Path(tmp) / "h.onnx")),
@@ -44,7 +44,7 @@ def main() -> None:
             return program(torch.from_numpy(a)).numpy()
 
     runners = {
-        "FlowHead.transform (torch)": head.transform,
+        "Head.transform (torch)": head.transform,
         "ONNX (onnxruntime)": lambda a: session.run(["z"], {"embeddings": a})[0],
         "torch.export program": run_program,
     }
@@ -58,7 +58,7 @@ def main() -> None:
             run(x)
             times[name].append(time.perf_counter() - began)
 
-    base = statistics.median(times["FlowHead.transform (torch)"])
+    base = statistics.median(times["Head.transform (torch)"])
     lines = [f"# Head transform speed ({head.dim}-d, {args.rows} rows, median of {args.rounds} "
              f"rounds, {torch.get_num_threads()} threads)\n",
              "Made by `python experiments/bench_head.py`; ratios are to the package run side by "

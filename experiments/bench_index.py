@@ -10,7 +10,7 @@ max length 128, the shipped head's settings) through the embedding cache; then 9
 sampled (seeded) from a Gaussian with the mean and full covariance of those 100k real
 vectors, which brings the corpus to 1M. The queries are 1,000 more recombined sentences,
 encoded (never in the corpus). The head is the shipped `minilm-first_last-wiki`, applied
-once to corpus and queries (`FlowHead.transform`, as `Index.from_embeddings(..., head=...)`
+once to corpus and queries (`Head.transform`, as `Index.from_embeddings(..., head=...)`
 and `search_embeddings` would on every build and search), so that the build times and
 queries/s are the index's alone in both spaces; each space's ground truth is the exact top-10 of its
 own flat index, so recall@10 is what the approximate kind keeps of exact search in that
@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from common import parser
 
-from bertflow import BertflowError, FlowHead, load_encoder
+from bertflow import BertflowError, Head, load_encoder
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.search.index import Index
 from bertflow.search.kinds import faiss_module
@@ -173,7 +173,7 @@ def main() -> None:
     encoded = time.perf_counter() - began
     queries, real = np.array(x[: args.queries]), np.array(x[args.queries :])
     corpus = np.concatenate([real, gaussian(real, args.size - args.real)])
-    head = FlowHead.load(HEAD)
+    head = Head.load(HEAD)
     head.check(pooling=POOLING)
     began = time.perf_counter()
     spaces = {"raw": (corpus, queries), "head": (head.transform(corpus), head.transform(queries))}

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from common import REPO, parser
 
-from bertflow import POOLINGS, FlowHead, fit_head, lee, load_encoder, mean_pair_cosine, sts
+from bertflow import POOLINGS, Head, fit_head, lee, load_encoder, mean_pair_cosine, sts
 from bertflow.export.graphs import export_onnx
 from bertflow.training.recipes import recommended
 
@@ -45,7 +45,7 @@ def main() -> None:
     encoder = load_encoder()
     print(f"encoder: {encoder.id}, {encoder.dim}-d")
 
-    def fit_export_reload(x: np.ndarray, pooling: str, name: str, corpus: str) -> FlowHead:
+    def fit_export_reload(x: np.ndarray, pooling: str, name: str, corpus: str) -> Head:
         recipe = recommended(pooling, x).updated(train={"seed": args.seed})
         print(f"fitting the {pooling} head on {len(x)} {name} sentences ({recipe.before}, then "
               f"{recipe.train.epochs} epoch(s) of the flow)", flush=True)
@@ -54,7 +54,7 @@ def main() -> None:
         folder = head.save(args.out / f"{name}-{pooling}")
         onnx = export_onnx(head, args.out / f"{name}-{pooling}.onnx")
         print(f"  saved {folder}, exported {onnx}; reloading both", flush=True)
-        _check_reloaded(head, FlowHead.load(folder), onnx, x[:256])
+        _check_reloaded(head, Head.load(folder), onnx, x[:256])
         return head
 
     def compare(train: dict, test: dict, name: str, corpus: str,
@@ -98,7 +98,7 @@ def main() -> None:
     print(f"\nheads and their ONNX exports in {args.out}; {time.perf_counter() - began:.0f} s")
 
 
-def _check_reloaded(head: FlowHead, reloaded: FlowHead, onnx: Path, x: np.ndarray) -> None:
+def _check_reloaded(head: Head, reloaded: Head, onnx: Path, x: np.ndarray) -> None:
     """The saved head transforms `x` bit for bit as the fitted one; the ONNX export (run by
     onnxruntime, where installed) to float32 rounding."""
     z = head.transform(x)

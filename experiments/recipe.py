@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 from common import DATA, parser
 
-from bertflow import POOLINGS, FlowConfig, FlowHead, TrainConfig, fit_head, load_encoder, sts
+from bertflow import POOLINGS, FlowConfig, Head, TrainConfig, fit_head, load_encoder, sts
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.embeddings.isotropy import mean_pair_cosine
 from bertflow.evaluation.methods import make_method
@@ -167,7 +167,7 @@ class Data:
         return np.concatenate([self.embed(n, pooling) for n in names])
 
 
-def fit_trial(trial: Trial, x: np.ndarray) -> FlowHead:
+def fit_trial(trial: Trial, x: np.ndarray) -> Head:
     """The head `trial` fits on `x`. The release's loss is the sum of two batch means in bits
     per dimension, 2 / (D ln 2) times bertflow's, so its clipping at 1.0 is bertflow's at
     D ln 2 / 2 (133 for D = 384)."""

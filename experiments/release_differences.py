@@ -56,7 +56,7 @@ from common import parser
 from nflows.transforms import CompositeTransform
 from torch import Tensor, nn
 
-from bertflow import POOLINGS, FlowConfig, FlowHead, Glow, TrainConfig, fit_head, load_encoder, sts
+from bertflow import POOLINGS, FlowConfig, Glow, Head, TrainConfig, fit_head, load_encoder, sts
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.encoders.encoder import Encoder
 from bertflow.encoders.pooling import pool
@@ -153,7 +153,7 @@ class ReleaseConditioner(nn.Module):
         return self.last(h) * torch.exp(3 * self.logs)
 
 
-def fit_variant(x: np.ndarray, variant: Variant, train: TrainConfig) -> FlowHead:
+def fit_variant(x: np.ndarray, variant: Variant, train: TrainConfig) -> Head:
     """`fit_head` with the default flow, its layers swapped for the release's where the
     variant asks."""
     if not (variant.conditioner or variant.actnorm):
@@ -173,7 +173,7 @@ def fit_variant(x: np.ndarray, variant: Variant, train: TrainConfig) -> FlowHead
     scaler = None
     if variant.standardize:
         scaler = StandardScaler.from_moments(moments(as_rows(x)))
-    head = FlowHead(glow, scaler)
+    head = Head(glow, scaler)
     head.history = fit(head, x, train)
     return head
 

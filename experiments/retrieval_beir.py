@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from common import DATA, parser
 
-from bertflow import POOLINGS, FlowHead, load_encoder
+from bertflow import POOLINGS, Head, load_encoder
 from bertflow.data.beir import BeirTask, load_task
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.evaluation.methods import Method, flow_by_recipe, make_method
@@ -66,7 +66,7 @@ def main() -> None:
             corpus, encoder, pooling, MAX_LENGTH, progress=False)[pooling].load())
 
     rows = [{**row, "fit_on": "-"} for task in tasks.values() for row in evaluate_retrieval(
-        task, FlowHead.load(SHIPPED), encoder, cache, name=SHIPPED, progress=False)]
+        task, Head.load(SHIPPED), encoder, cache, name=SHIPPED, progress=False)]
     for pooling in args.pooling:
         study = make_study(pooling)
         rows += study.rows("raw", "documents")

@@ -34,10 +34,10 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e
 def head_and_encoder(args: argparse.Namespace, flow: bool = False) -> tuple[Any, Any]:
     """--head loaded (or None), whose pooling and max length those given must be, and the
     encoder; with `flow` and no head, refuse a flow too large for the encoder's width."""
-    from ..heads.head import FlowHead
+    from ..heads.head import Head
     from ..training.recipes import choose
 
-    head = None if args.head is None else FlowHead.load(args.head)
+    head = None if args.head is None else Head.load(args.head)
     for flag, given, recorded in (("--pooling", args.pooling, getattr(head, "pooling", None)),
                                   ("--max-length", getattr(args, "max_length", None),
                                    getattr(head, "max_length", None))):

@@ -1,4 +1,4 @@
-"""sentence-transformers' calling convention for `Encoder.encode` and `FlowHead.encode`."""
+"""sentence-transformers' calling convention for `Encoder.encode` and `Head.encode`."""
 
 from __future__ import annotations
 

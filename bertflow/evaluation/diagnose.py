@@ -23,7 +23,7 @@ from ..embeddings.isotropy import (
 )
 from ..encoders.encoder import Encoder
 from ..errors import BertflowError
-from ..heads.head import FlowHead
+from ..heads.head import Head
 from ..heads.linear import linear_options
 from ..storage.artifacts import PLOTS_FOLDER
 from ..training.recipes import Recipe, choose
@@ -87,7 +87,7 @@ def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
 
 
 def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder, *,
-             head: FlowHead | None = None, pooling: str | None = None,
+             head: Head | None = None, pooling: str | None = None,
              max_length: int | None = None, corpus: Sequence[str] | None = None,
              cache: EmbeddingCache | None = None, recipe: Recipe | dict[str, Any] | None = None,
              batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None,
@@ -131,7 +131,7 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
     return paths, isotropy_measures(x), isotropy_measures(z)
 
 
-def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: FlowHead,
+def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: Head,
                   flow_label: str = "flow") -> dict[str, dict[str, float | None]]:
     """The `pair_measures` of `pairs` (embedded by `y`) after each method of `METHODS` fit on
     `x` (the flow being `head`), by label: whitening-K, abtt-D, the flow as `flow_label`."""

@@ -12,10 +12,10 @@ from ..config import DictConfig
 from ..constants import METHODS
 from ..errors import BertflowError
 from ..heads.flow import FlowConfig, StandardScaler
-from ..heads.head import FlowHead
-from ..heads.linear import linear_method
+from ..heads.head import Head
 from ..storage.rows import as_rows, moments
 from ..training.recipes import Recipe, choose
+from ..training.spec import MethodSpec
 from ..training.trainer import TrainConfig, fit_head
 
 __all__ = ["METHODS", "Method", "flow_by_recipe", "make_method"]
@@ -25,11 +25,11 @@ __all__ = ["METHODS", "Method", "flow_by_recipe", "make_method"]
 class Method:
     """A method of `METHODS` fit on embeddings, mapping them to the vectors cosine is taken on:
     ``raw`` as they are, ``standardize`` by a flow head's scaler alone, the rest by a `head` fit
-    with `options` (`fit_head` for the flow, `FlowHead.fit_linear` for the baselines)."""
+    with `options` (`fit_head` for the flow, `Head.fit_linear` for the baselines)."""
 
     name: str = "raw"
     options: dict[str, Any] = field(default_factory=dict)
-    head: FlowHead | None = None
+    head: Head | None = None
     scaler: StandardScaler | None = None
     # a flow by `pooling`'s recipe changed by `given` (`bertflow.training.recipes.choose`), chosen
     # where it is fit: the `recipe` and the mean pair `cosine` the rule read, whose settings
@@ -48,7 +48,7 @@ class Method:
                 self.options = {**self.options, **self.recipe.fit_options()}
             self.head = fit_head(x, **self.options)
         elif self.name != "raw":
-            self.head = FlowHead.fit_linear(x, self.name, **self.options)
+            self.head = Head.fit_linear(x, self.name, **self.options)
         return self
 
     def transform(self, x: np.ndarray) -> np.ndarray:
@@ -83,9 +83,7 @@ def make_method(name: str, *, k: int | None = None, d: int | None = None,
                 progress: bool = False) -> Method:
     """A fresh method of `METHODS` by name: `k`, `d`, `shrinkage` (whitening's, where given)
     for the baselines, the rest for the flow."""
-    if name not in METHODS:
-        raise BertflowError(f"unknown method {name!r}; choose one of {', '.join(METHODS)}")
-    name = linear_method(name, k, d, shrinkage)
+    name = MethodSpec(name, k, d, shrinkage).name  # checked: whitening with k is whitening-k
     if name == "flow":
         return Method(name, {"flow": flow or FlowConfig(), "train": train or TrainConfig(),
                              "before": before, "progress": progress})

@@ -14,11 +14,11 @@ from ..constants import DEFAULT_BATCH_SIZE
 from ..embeddings.cache import EmbeddingCache
 from ..encoders.encoder import Encoder
 from ..errors import BertflowError
-from ..heads.head import FlowHead
+from ..heads.head import Head
 from ..storage.artifacts import FileFormat
 from ..storage.corpus import Corpus
 from ..storage.files import read_json, write_json
-from ..training.recipes import Recipe
+from ..training.spec import MethodSpec
 from .sts import method_maker, row_key
 
 if TYPE_CHECKING:
@@ -54,28 +54,25 @@ def ignores_identical_ids(task_name: str) -> bool:
     return task_name.lower() in IDENTICAL_IDS_IGNORED
 
 
-def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
+def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder: Encoder,
                        cache: EmbeddingCache, *, pooling: str | None = None,
                        max_length: int | None = None,
                        fit_on: str | os.PathLike | Sequence[str | os.PathLike] = "corpus",
-                       k: int | None = None, d: int | None = None,
-                       shrinkage: float | None = None,
-                       recipe: Recipe | dict[str, Any] | None = None, name: str | None = None,
-                       batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None,
-                       top: int = TOP, ignore_identical_ids: bool | None = None,
+                       name: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+                       progress: bool | None = None, top: int = TOP,
+                       ignore_identical_ids: bool | None = None,
                        every_k: bool = False) -> list[dict[str, Any]]:
-    """One row scoring `task`: a method of `METHODS` (`k`, `d`, `shrinkage`, the flow's
-    `recipe`) fit on `fit_on` (``"corpus"``, ``"queries"``, text files, or several: their
-    embeddings together), or a fitted head (labelled `name`, not fit again); documents and
-    queries are embedded once through `cache` with the pooling and max length (the head's),
-    transformed, and every document is ranked by cosine for each query (its `top`), less the
-    document whose id is the query's where `ignore_identical_ids` (None: MTEB's default for
-    the task, `ignores_identical_ids`). The row holds `MEASURES`, the labels of
+    """One row scoring `task`: a method (a `MethodSpec`, or the name of one) fit on `fit_on`
+    (``"corpus"``, ``"queries"``, text files, or several: their embeddings together), or a
+    fitted head (labelled `name`, not fit again); documents and queries are embedded once
+    through `cache` with the pooling and max length (the head's), transformed, and every
+    document is ranked by cosine for each query (its `top`), less the document whose id is the
+    query's where `ignore_identical_ids` (None: MTEB's default for the task,
+    `ignores_identical_ids`). The row holds `MEASURES`, the labels of
     `bertflow.evaluation.sts`'s rows and ``ignore_identical_ids``; with `every_k`, also
     ``mteb``: MTEB's measures at `MTEB_K` (`mteb_scores`)."""
     make, pooling, max_length, labels = method_maker(
-        method, encoder, pooling=pooling, max_length=max_length, k=k, d=d, shrinkage=shrinkage,
-        recipe=recipe, name=name, progress=progress)
+        method, encoder, pooling=pooling, max_length=max_length, name=name, progress=progress)
 
     def embed(corpus: Corpus) -> np.ndarray:
         return cache.files(corpus, encoder, pooling, max_length, batch_size,
@@ -84,7 +81,7 @@ def evaluate_retrieval(task: BeirTask, method: str | FlowHead, encoder: Encoder,
     documents = embed(task.corpus)
     queries = embed(Corpus.from_sentences(list(task.queries.values()), "the queries"))
     fitted = make()
-    if not isinstance(method, FlowHead):
+    if not isinstance(method, Head):
         parts = _fit_parts(fit_on)
         given = {"corpus": documents, "queries": queries}
         fitted.fit(np.concatenate([given[p] if isinstance(p, str) else embed(Corpus.from_file(p))

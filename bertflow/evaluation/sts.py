@@ -18,11 +18,10 @@ from ..embeddings.cache import EmbeddingCache
 from ..embeddings.isotropy import alignment, isotropy_measures, uniformity
 from ..encoders.encoder import Encoder
 from ..errors import BertflowError
-from ..heads.head import FlowHead
-from ..heads.linear import linear_method, linear_options
+from ..heads.head import Head
 from ..storage.artifacts import FileFormat
 from ..storage.files import read_sentences
-from ..training.recipes import Recipe
+from ..training.spec import MethodSpec
 from .methods import Method, flow_by_recipe, make_method
 
 __all__ = ["AGGREGATIONS", "MEASURES", "check_rows_destination", "evaluate", "evaluate_method",
@@ -153,46 +152,43 @@ def _cell(row: dict[str, Any]) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.2f}"
 
 
-def evaluate_method(tasks: dict[str, Task], missing: Sequence[str], method: str | FlowHead,
-                    encoder: Encoder, cache: EmbeddingCache, *, pooling: str | None = None,
-                    max_length: int | None = None, fit_on: FitOn = "target",
-                    k: int | None = None, d: int | None = None, shrinkage: float | None = None,
-                    recipe: Recipe | dict[str, Any] | None = None, name: str | None = None,
+def evaluate_method(tasks: dict[str, Task], missing: Sequence[str],
+                    method: str | MethodSpec | Head, encoder: Encoder, cache: EmbeddingCache, *,
+                    pooling: str | None = None, max_length: int | None = None,
+                    fit_on: FitOn = "target", name: str | None = None,
                     batch_size: int = DEFAULT_BATCH_SIZE, progress: bool | None = None) -> Results:
-    """`evaluate` a method of `METHODS` fit on `fit_on` (`k`, `d`, `shrinkage` for the
-    baselines, `recipe` for the flow), or a fitted head, labelled `name`, with its pooling and
-    max length (`FlowHead.settings`)."""
+    """`evaluate` a method (a `MethodSpec`, or the name of one without options) fit on
+    `fit_on`, or a fitted head, labelled `name`, with its pooling and max length
+    (`Head.settings`)."""
     make, pooling, max_length, labels = method_maker(
-        method, encoder, pooling=pooling, max_length=max_length, k=k, d=d, shrinkage=shrinkage,
-        recipe=recipe, name=name, progress=progress)
+        method, encoder, pooling=pooling, max_length=max_length, name=name, progress=progress)
     sentences, also = None, []
-    if not isinstance(method, FlowHead):
+    if not isinstance(method, Head):
         sentences, also, labels["fit_on"] = fit_sources(fit_on)
     embed = cache.embedder(encoder, pooling, max_length, batch_size, progress)
     return evaluate(tasks, missing, embed, make, sentences,
                     {"encoder": encoder.id.name, "pooling": pooling, **labels}, also)
 
 
-def method_maker(method: str | FlowHead, encoder: Encoder, *, pooling: str | None = None,
-                 max_length: int | None = None, k: int | None = None, d: int | None = None,
-                 shrinkage: float | None = None, recipe: Recipe | dict[str, Any] | None = None,
+def method_maker(method: str | MethodSpec | Head, encoder: Encoder, *,
+                 pooling: str | None = None, max_length: int | None = None,
                  name: str | None = None, progress: bool | None = None
                  ) -> tuple[Callable[[], Method], str, int, dict[str, Any]]:
-    """A maker of fresh `Method`s of `METHODS` (the flow with `recipe`) or of a fitted head
-    (labelled `name`: it needs no fit), the pooling and max length to embed with (the head's),
-    and the labels of its rows: its method and options; a head's also what it was fit on."""
-    if isinstance(method, FlowHead):
+    """A maker of fresh `Method`s of a `MethodSpec` or of a fitted head (labelled `name`: it
+    needs no fit), the pooling and max length to embed with (the head's), and the labels of its
+    rows: its method and options; a head's also what it was fit on."""
+    if isinstance(method, Head):
         pooling, max_length = method.settings(encoder, pooling, max_length)
         corpus = method.training_info.get("corpus") or {}
         labels = {"method": method.method, "head": name,
                   "fit_on": str(corpus.get("file") or corpus.get("name") or "head")}
         return functools.partial(Method, "flow", head=method), pooling, max_length, labels
-    (pooling, max_length), method = encoder.defaults(pooling, max_length), \
-        linear_method(method, k, d, shrinkage)
-    make = functools.partial(flow_by_recipe, pooling, recipe, progress=progress is not False) \
-        if method == "flow" else functools.partial(
-            make_method, method, **linear_options(method, encoder.width(pooling), k, d, shrinkage))
-    return make, pooling, max_length, {"method": method, **make().describe()}
+    spec = MethodSpec.of(method)
+    pooling, max_length = encoder.defaults(pooling, max_length)
+    make = functools.partial(flow_by_recipe, pooling, spec.recipe, progress=progress is not False) \
+        if spec.name == "flow" else functools.partial(
+            make_method, spec.name, **spec.linear_options(encoder.width(pooling)))
+    return make, pooling, max_length, {"method": spec.name, **make().describe()}
 
 
 def check_rows_destination(path: Path) -> Path:

@@ -9,7 +9,7 @@ from ..training.trainer import nll_text
 
 if TYPE_CHECKING:
     from ..encoders.encoder import Encoder
-    from ..heads.head import FlowHead
+    from ..heads.head import Head
 
 __all__ = ["details", "model_card", "summary", "tagline"]
 
@@ -25,7 +25,7 @@ _BEFORE_TEXT = {"standardisation": "a standardisation per dimension, then ",
                 "whitening": "a full whitening, then ", "nothing": ""}
 
 
-def summary(head: FlowHead) -> str:
+def summary(head: Head) -> str:
     """What the head computes, in one line."""
     if head.glow is None:
         options = ", ".join(f"{key} {head.training_info[key]}" for key in ("k", "d", "shrinkage")
@@ -38,13 +38,13 @@ def summary(head: FlowHead) -> str:
             f"{c.linear} mixing")
 
 
-def tagline(head: FlowHead) -> str:
+def tagline(head: Head) -> str:
     """Its encoder, pooling, width and training corpus size, in one line."""
     return (f"{head.encoder.name if head.encoder else '?'}, {head.pooling} pooling, "
             f"{head.dim}-d, fit on {head.training_info['corpus'].get('size')} sentences")
 
 
-def details(head: FlowHead) -> list[tuple[str, str]]:
+def details(head: Head) -> list[tuple[str, str]]:
     """What the head is and how it was fit, as labelled rows."""
     training = head.training_info
     corpus = training.get("corpus") if isinstance(training.get("corpus"), dict) else {}
@@ -70,13 +70,13 @@ def details(head: FlowHead) -> list[tuple[str, str]]:
     return [(k, v) for k, v in rows if v is not None]
 
 
-def _before(head: FlowHead) -> str:
+def _before(head: Head) -> str:
     """What a flow head applies before its Glow: standardisation, whitening or nothing."""
     return "standardisation" if head.standardize is not None else \
         "whitening" if head.linear is not None else "nothing"
 
 
-def model_card(head: FlowHead, encoder: Encoder, max_length: int, normalized: bool,
+def model_card(head: Head, encoder: Encoder, max_length: int, normalized: bool,
                name: str = "PATH") -> str:
     """The README.md of a saved pipeline (`encoder` → pooling → `head` → [unit length])."""
     identity, flow = encoder.id, head.glow is not None

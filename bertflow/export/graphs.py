@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import BertflowError, first_line
-from ..heads.head import FORMAT, FlowHead
+from ..heads.format import FORMAT
+from ..heads.head import Head
 from ..storage.artifacts import PIPELINE_FOLDER, FileFormat
 from ..storage.files import Checked, atomic_file
 
@@ -27,7 +28,7 @@ MARKER = "bertflow_head"  # the ONNX metadata property, and the .pt2 extra file'
 
 
 class _Transform(nn.Module):
-    def __init__(self, head: FlowHead):
+    def __init__(self, head: Head):
         super().__init__()
         self.head = head
 
@@ -35,7 +36,7 @@ class _Transform(nn.Module):
         return self.head.latents(embeddings)
 
 
-def _program(head: FlowHead) -> torch.export.ExportedProgram:
+def _program(head: Head) -> torch.export.ExportedProgram:
     """The head's latents as a graph with a dynamic batch dimension."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
@@ -43,7 +44,7 @@ def _program(head: FlowHead) -> torch.export.ExportedProgram:
                                    dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
 
 
-def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
+def export_program(head: Head, path: str | os.PathLike) -> Path:
     """Write the head as a `torch.export` program: `torch.export.load(path).module()(x)`."""
     out = Checked(path, lambda p: check_destination(p, "torch-export"))
     program = _program(head)
@@ -54,7 +55,7 @@ def export_program(head: FlowHead, path: str | os.PathLike) -> Path:
     return out.path
 
 
-def export_onnx(head: FlowHead, path: str | os.PathLike, opset: int | None = None) -> Path:
+def export_onnx(head: Head, path: str | os.PathLike, opset: int | None = None) -> Path:
     """Write the head as one ONNX file: ``embeddings`` (batch, dim) → ``z``, both float32."""
     out = Checked(path, lambda p: check_destination(p, "onnx"))  # onnx is installed
     logger = logging.getLogger("torch.onnx")

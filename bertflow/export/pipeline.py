@@ -18,7 +18,7 @@ from ..encoders.identity import EncoderId
 from ..encoders.loading import load_encoder, resolve_encoder
 from ..encoders.pooling import check_pooling, pool
 from ..errors import BertflowError, first_line
-from ..heads.head import FlowHead
+from ..heads.head import Head
 from ..storage.artifacts import PIPELINE_FOLDER
 from ..storage.files import read_json
 from .card import model_card
@@ -51,7 +51,7 @@ class EncoderModule(InputModule):
         if encoder.unpadded:
             raise BertflowError(f"encoder {encoder.id.name}: its hidden states change with the "
                                 "padding a sentence-transformers pipeline adds to a batch; embed "
-                                "with bertflow instead (bertflow encode, FlowHead.encode)")
+                                "with bertflow instead (bertflow encode, Head.encode)")
         self.encoder = encoder
         self.name = encoder.id.name  # saved in its config
         self.model = encoder.model  # registered, so .to(device) moves it
@@ -128,9 +128,9 @@ class PoolingModule(Module):
 
 
 class HeadModule(Module):
-    """A `FlowHead` as a pipeline module; it refuses an encoder or pooling other than its own."""
+    """A `Head` as a pipeline module; it refuses an encoder or pooling other than its own."""
 
-    def __init__(self, head: FlowHead):
+    def __init__(self, head: Head):
         super().__init__()
         self.head = head.eval()
 
@@ -157,14 +157,14 @@ class HeadModule(Module):
 
     @classmethod
     def load(cls, model_name_or_path: str, subfolder: str = "", **kwargs: Any) -> HeadModule:
-        return cls(FlowHead.load(Path(model_name_or_path) / subfolder))
+        return cls(Head.load(Path(model_name_or_path) / subfolder))
 
 
-def build_pipeline(head: FlowHead | str | os.PathLike, encoder: Encoder | str | os.PathLike
+def build_pipeline(head: Head | str | os.PathLike, encoder: Encoder | str | os.PathLike
                    | None = None, normalize: bool = False) -> SentenceTransformer:
     """A SentenceTransformer: `encoder` (default: the head's) → pooling → head → [Normalize]."""
-    if not isinstance(head, FlowHead):
-        head = FlowHead.load(head)
+    if not isinstance(head, Head):
+        head = Head.load(head)
     if head.pooling is None:
         raise BertflowError("this head does not record its pooling; cannot build a pipeline")
     encoder = resolve_encoder(encoder, head.encoder)

@@ -7,12 +7,12 @@ from scipy.stats import mannwhitneyu
 
 from ..errors import BertflowError
 from ..storage.files import check_finite
-from .head import FlowHead
+from .head import Head
 
 __all__ = ["auroc", "novelty", "typicality"]
 
 
-def novelty(head: FlowHead, x: np.ndarray) -> np.ndarray:
+def novelty(head: Head, x: np.ndarray) -> np.ndarray:
     """−log p(x) per row under the head's density (nats): higher is less like its corpus."""
     scores = -np.asarray(head.log_prob(np.asarray(x)), dtype=np.float64)
     check_finite(scores, "the log-densities (the head overflows on these embeddings)")

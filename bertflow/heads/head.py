@@ -1,4 +1,5 @@
-"""FlowHead: the exported, self-describing transform applied to embeddings before scoring."""
+"""Head: the exported, self-describing transform applied to embeddings before scoring (a flow,
+a linear map, or whitening then a flow), and its name of the first releases, FlowHead."""
 
 from __future__ import annotations
 
@@ -9,34 +10,24 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
-from safetensors.torch import save as save_tensors
 from torch import Tensor, nn
 
-from .. import __version__
 from ..constants import DEFAULT_BATCH_SIZE, POOLINGS
 from ..encoders import st_api
-from ..encoders.batches import check_max_length
 from ..encoders.encoder import Encoder
 from ..encoders.identity import EncoderId
 from ..encoders.loading import resolve_encoder
-from ..encoders.pooling import check_pooling
-from ..errors import BertflowError, first_line
-from ..storage.artifacts import HEAD_FOLDER, write_manifest
-from ..storage.files import check_finite, sha256_file, write_json
+from ..errors import BertflowError
+from ..storage.files import check_finite
 from ..storage.rows import Moments, Rows, as_rows, moments
-from .catalog import head_folder
-from .flow import FlowConfig, Glow, StandardScaler, log_likelihood
-from .linear import LINEAR_METHODS, LinearMap, fit_map, linear_options
+from .flow import Glow, StandardScaler, log_likelihood
+from .linear import LinearMap, fit_map, linear_options
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "FlowHead", "training_rows"]
-
-FORMAT, FORMAT_VERSION = HEAD_FOLDER.kind, HEAD_FOLDER.version
-CONFIG, WEIGHTS = "config.json", "model.safetensors"
-_DTYPES = {"torch.float32", "torch.int64", "torch.bool"}
+__all__ = ["FlowHead", "Head", "training_rows"]
 
 
-class FlowHead(nn.Module):
+
+class Head(nn.Module):
     r"""A Glow after an optional scaler or whitening, $z = f(\mathrm{before}(x))$, or a linear
     map $z = (x - \mu) W$ (`fit_linear`), with what made its training embeddings (`encoder`,
     `pooling`, `max_length`) and how it was fit (`training_info`)."""
@@ -209,7 +200,7 @@ class FlowHead(nn.Module):
     @classmethod
     def fit_linear(cls, x: np.ndarray | Tensor | Rows, method: str = "whitening", *,
                    k: int | None = None, d: int | None = None, shrinkage: float | None = None,
-                   corpus: dict[str, Any] | None = None, **origin: Any) -> FlowHead:
+                   corpus: dict[str, Any] | None = None, **origin: Any) -> Head:
         """A baseline as a head: ``whitening``, ``whitening-k`` (`k`) or ``abtt`` (`d`); either
         whitening of the covariance shrunk by `shrinkage` (`bertflow.heads.linear.shrunk`), which
         its `training_info` records when given."""
@@ -227,44 +218,29 @@ class FlowHead(nn.Module):
                 "max_length": self.max_length, "corpus": self.training_info.get("corpus")}
 
     def config(self) -> dict[str, Any]:
-        """The JSON description saved beside the weights."""
-        linear = {"tensors": ["linear.mean", "linear.weight"], "out_dim": self.out_dim}
-        scaler = {"tensors": ["standardize.mean", "standardize.std"]}
-        return {"format": FORMAT, "format_version": FORMAT_VERSION,
-                "bertflow_version": __version__, "dim": self.dim,
-                "encoder": self.encoder.to_dict() if self.encoder else None,
-                "pooling": self.pooling, "max_length": self.max_length, "method": self.method,
-                "flow": self.glow.config.to_dict() if self.glow is not None else None,
-                "linear": linear if self.linear is not None else None,
-                "standardize": scaler if self.standardize is not None else None,
-                "training": self.training_info}
+        """The JSON description saved beside the weights (`bertflow.heads.format`)."""
+        from .format import head_config
+
+        return head_config(self)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the head to folder `path` atomically, replacing only a head there."""
-        return HEAD_FOLDER.write(path, lambda tmp: self.write(tmp, manifest=False))
+        from .format import save_head
+
+        return save_head(self, path)
 
     def write(self, folder: Path, manifest: bool = True) -> None:
         """Write the head's files and manifest into an existing folder (`save`: atomically)."""
-        self.check_finite()
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        (folder / WEIGHTS).write_bytes(save_tensors(tensors, metadata={"format": FORMAT}))
-        weights = {"file": WEIGHTS, "sha256": sha256_file(folder / WEIGHTS)}
-        write_json(folder / CONFIG, {**self.config(), "weights": weights})
-        if manifest:
-            write_manifest(folder, FORMAT)
+        from .format import write_head
+
+        write_head(self, folder, manifest)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> FlowHead:
+    def load(cls, path: str | os.PathLike) -> Head:
         """Rebuild a head from its folder, or a ready head by name; nothing is unpickled."""
-        head, tensors = _read(head_folder(path))
-        try:
-            head.load_state_dict(tensors, strict=True)
-        except RuntimeError as e:
-            detail = str(e).strip().splitlines()[1:2] or [first_line(e)]
-            raise BertflowError(f"head {path} does not fit its config: {detail[0].strip()}") \
-                from None
-        head.check_finite(f"{path}")
-        return head.eval()
+        from .format import load_head
+
+        return load_head(path)
 
     def check_finite(self, what: str = "the head") -> None:
         """Refuse weights that are not finite, or a scaler that divides by zero."""
@@ -298,56 +274,4 @@ def training_rows(x: np.ndarray | Tensor | Rows,
     return data, stats, {**corpus, "size": int(data.shape[0])}
 
 
-def _read(path: Path) -> tuple[FlowHead, dict[str, Tensor]]:
-    """A head of the shape the config at `path` describes (checked field by field), with
-    placeholder weights, and the tensors of its weights file."""
-    config = HEAD_FOLDER.read(path)
-    try:
-        weights = config["weights"]
-        if not isinstance(weights, dict) or weights.get("file") != WEIGHTS:
-            raise ValueError(f"weights are not {WEIGHTS}")
-        method, dim = config["method"], int(config["dim"])
-        if method == "flow":  # every field of the flow, factor_out included, is recorded
-            flow, out_dim = FlowConfig.from_dict(config["flow"]), dim
-            if set(config["flow"]) != set(flow.to_dict()):
-                raise ValueError("the flow config is incomplete")
-        elif method in LINEAR_METHODS:
-            flow, out_dim = None, int(config["linear"]["out_dim"])
-        else:
-            raise ValueError(f"unknown method {method!r}")
-        encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
-        pooling = None if config["pooling"] is None else check_pooling(config["pooling"])
-        max_length = config["max_length"]
-        max_length = None if max_length is None else check_max_length(max_length)
-        training = config["training"]
-        if not isinstance(training, dict) or not 1 <= out_dim <= dim:
-            raise ValueError("bad training record, dim or out_dim")
-        standardized = bool(config["standardize"])
-        # the linear map's method: a linear head's, or the full whitening before a Glow
-        mapped = method if flow is None else "whitening" if config["linear"] else None
-    except (KeyError, TypeError, ValueError) as e:
-        problem = f"{type(e).__name__}: {first_line(e)}"
-        raise BertflowError(f"{path / CONFIG} is malformed ({problem})") from None
-    file = path / WEIGHTS
-    if not file.is_file():
-        raise BertflowError(f"{path} is missing {WEIGHTS}")
-    # refuse a config asking for far more weights than the file holds
-    count = (flow.parameters(dim) if flow is not None else 0) + 2 * dim * standardized
-    count += dim * (out_dim + 1) * (mapped is not None)
-    size = file.stat().st_size
-    if 4 * count > 2 * size + (1 << 20):
-        raise BertflowError(f"{file} does not fit its config: it holds {size:,} bytes, the "
-                            f"config asks for {count:,} weights")
-    try:
-        tensors = load_file(str(file))
-    except Exception as e:
-        raise BertflowError(f"{file} is not a valid safetensors file ({first_line(e)})") from None
-    kinds = sorted({str(t.dtype) for t in tensors.values()} - _DTYPES)
-    if kinds:
-        raise BertflowError(f"{file} does not fit its config: it holds tensors of type "
-                            f"{', '.join(kinds)}")
-    scaler = StandardScaler(torch.zeros(dim), torch.ones(dim)) if standardized else None
-    linear = LinearMap(torch.zeros(dim), torch.eye(dim, out_dim), mapped) if mapped else None
-    return FlowHead(Glow(dim, flow) if flow is not None else None, scaler, linear=linear,
-                    encoder=encoder, pooling=pooling, max_length=max_length,
-                    training_info=training), tensors
+FlowHead = Head  # the name of the first releases, kept

@@ -19,7 +19,7 @@ from ..encoders.identity import EncoderId
 from ..encoders.loading import resolve_encoder
 from ..encoders.pooling import check_pooling
 from ..errors import BertflowError, first_line
-from ..heads.head import FlowHead
+from ..heads.head import Head
 from ..runtime import distributed
 from ..storage.artifacts import INDEX_FOLDER
 from ..storage.corpus import Corpus
@@ -60,7 +60,7 @@ class Index:
     `index_factory` string (`IVF1024,PQ32`, ...; see `bertflow.search.kinds`)."""
 
     def __init__(self, faiss_index: Any, items: list[str], config: dict[str, Any],
-                 head: FlowHead | None = None, ids: list[str] | None = None):
+                 head: Head | None = None, ids: list[str] | None = None):
         self.faiss_index = faiss_index
         self.items = items
         self.ids = _check_ids(ids, len(items))
@@ -101,7 +101,7 @@ class Index:
 
     @classmethod
     def from_embeddings(cls, x: np.ndarray, items: Sequence[str], *,
-                        ids: Sequence[str] | None = None, head: FlowHead | None = None,
+                        ids: Sequence[str] | None = None, head: Head | None = None,
                         encoder: EncoderId | None = None,
                         pooling: str = DEFAULT_POOLING, max_length: int = DEFAULT_MAX_LENGTH,
                         kind: str = "flat", dims: int | None = None,
@@ -143,7 +143,7 @@ class Index:
     @classmethod
     def build(cls, sentences: Sequence[str] | Corpus,
               encoder: Encoder | str | os.PathLike | None = None, *,
-              ids: Sequence[str] | None = None, head: FlowHead | None = None,
+              ids: Sequence[str] | None = None, head: Head | None = None,
               pooling: str | None = None,
               max_length: int | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
               cache: EmbeddingCache | None = None, progress: bool | None = None,
@@ -268,7 +268,7 @@ class Index:
                                 "inner product) that its config describes")
         if bool(config["head"]) != (path / _HEAD).is_dir():
             raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
-        head = FlowHead.load(path / _HEAD) if config["head"] else None
+        head = Head.load(path / _HEAD) if config["head"] else None
         if head is not None:
             head.check(encoder=encoder, pooling=config["pooling"],
                        max_length=config["max_length"])

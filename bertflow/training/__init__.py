@@ -6,6 +6,7 @@ __all__, __getattr__, __dir__ = exports(__name__, {
     "checkpoint": ("CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointFile",
                    "open_checkpoint"),
     "job": ("FitJob", "FittedHead", "run_fit"),
+    "spec": ("MethodSpec",),
     "recipes": ("BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "NEAR", "RECIPES", "Recipe",
                 "choose", "close_call", "corpus_note", "recommended", "rule_note"),
     "tensorboard": ("RunLogs", "TensorBoard"),

@@ -22,13 +22,14 @@ from ..embeddings.file import EmbeddingFile, open_embeddings
 from ..encoders.batches import check_max_length
 from ..encoders.loading import load_encoder
 from ..errors import BertflowError
-from ..heads.head import FlowHead
+from ..heads.head import Head
 from ..runtime import distributed
 from ..storage.artifacts import HEAD_FOLDER
 from ..storage.corpus import Corpus
 from ..storage.files import check_outputs
 from .checkpoint import CheckpointFile
 from .recipes import Recipe, choose, close_call, rule_note
+from .spec import MethodSpec
 from .tensorboard import RunLogs
 from .trainer import TrainState, fit_head, nll_text
 
@@ -39,16 +40,18 @@ Say = Callable[[str], None]
 
 @dataclass(frozen=True)
 class FitJob:
-    """The arguments of `bertflow fit` (`source`: a text file or an encoded `.npy`); `recipe` is a
-    `Recipe` or the changes to the pooling's recommended one (`Recipe.updated`)."""
+    """The arguments of `bertflow fit` (`source`: a text file or an encoded `.npy`): what it fits
+    (`method`) and from what."""
+
+    @property
+    def recipe(self) -> Recipe | dict[str, Any]:
+        """The flow's recipe: whole once chosen, before that the changes to the pooling's."""
+        return self.method.recipe if self.method.recipe is not None else {}
+
 
     source: Path
     out: Path
-    method: str = "flow"
-    k: int | None = None
-    d: int | None = None
-    shrinkage: float | None = None
-    recipe: Recipe | dict[str, Any] = field(default_factory=dict)
+    method: MethodSpec = field(default_factory=MethodSpec)
     encoder: str | None = None
     pooling: str | None = None
     max_length: int | None = None
@@ -65,7 +68,7 @@ class FitJob:
 class FittedHead(NamedTuple):
     """The head saved in `FitJob.out`, and its TensorBoard folder."""
 
-    head: FlowHead
+    head: Head
     logs: Path | None
 
 
@@ -82,14 +85,15 @@ def run_fit(job: FitJob, *, say: Say | None = None,
                    "--encoder": Path(job.encoder) if job.encoder is not None else None,
                    "--dev-sts": job.dev_sts},
                   grows={"--logdir": ["--out"]})  # logs: a new subfolder
-    flow = job.method == "flow"
+    flow = job.method.name == "flow"
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
     job, x, origin = _source(job, progress, say)
     if not flow:
         if not distributed.is_main():
             return None
-        head = FlowHead.fit_linear(x, job.method, k=job.k, d=job.d, shrinkage=job.shrinkage,
+        spec = job.method
+        head = Head.fit_linear(x, spec.name, k=spec.k, d=spec.d, shrinkage=spec.shrinkage,
                                    encoder=origin["encoder"], pooling=origin["pooling"],
                                    max_length=origin["max_length"], corpus=origin["corpus"])
         head.save(job.out)
@@ -102,7 +106,7 @@ def _source(job: FitJob, progress: bool | None,
     """The job with its recipe resolved, the embeddings and their origin (`open_embeddings`'s,
     and the `Encoder` as ``loaded``); a flow too wide for them, or a --max-length other than a
     `.npy`'s, is refused before anything is encoded (a text file's through the cache)."""
-    flow, max_length = job.method == "flow", job.max_length or DEFAULT_MAX_LENGTH
+    flow, max_length = job.method.name == "flow", job.max_length or DEFAULT_MAX_LENGTH
     if job.source.suffix != ".npy":
         if job.max_length is not None:
             check_max_length(max_length)  # and against the encoder when one encodes the text
@@ -137,13 +141,13 @@ def _source(job: FitJob, progress: bool | None,
 def _settle(job: FitJob, pooling: str, x: Any, width: int, say: Say | None) -> FitJob:
     """The job with a flow's recipe resolved for embeddings `x` (`bertflow.training.recipes`' rule,
     said, and warned of where it was a close call) and checked against their `width`."""
-    if job.method != "flow":
+    if job.method.name != "flow":
         return job
     recipe, cosine = choose(job.recipe, pooling, x, stacklevel=3)
     if say is not None and cosine is not None and not close_call(cosine):
         say(f"note: {rule_note(pooling, cosine)}")
     recipe.flow.check(width)
-    return replace(job, recipe=recipe)
+    return replace(job, method=replace(job.method, recipe=recipe))
 
 
 def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFile | None,

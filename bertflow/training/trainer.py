@@ -21,7 +21,7 @@ from ..embeddings.isotropy import mean_pair_cosine
 from ..encoders.identity import EncoderId
 from ..errors import BertflowError, first_line
 from ..heads.flow import FlowConfig, Glow, StandardScaler, bits_per_dim, log_likelihood
-from ..heads.head import FlowHead, training_rows
+from ..heads.head import Head, training_rows
 from ..heads.linear import fit_map
 from ..runtime import distributed
 from ..storage.rows import Rows, as_rows, moments
@@ -363,7 +363,7 @@ def fit_head(x: np.ndarray | Tensor | Rows, *, encoder: EncoderId | None = None,
              pooling: str | None = None, max_length: int | None = None,
              before: str = "standardize", flow: FlowConfig = FlowConfig(),
              train: TrainConfig = TrainConfig(), corpus: dict[str, Any] | None = None,
-             **training: Any) -> FlowHead:
+             **training: Any) -> Head:
     """A flow head fit to embeddings `x` (an array, or `Rows` read a block at a time), with
     ``"standardize"``, ``"whiten"`` or ``"none"`` `before` the Glow; `encoder`, `pooling`,
     `max_length` and `corpus` are recorded. `training` goes to `fit`; `head.history` holds
@@ -377,7 +377,7 @@ def fit_head(x: np.ndarray | Tensor | Rows, *, encoder: EncoderId | None = None,
     scaler = StandardScaler.from_moments(stats) if before == "standardize" else None
     white = fit_map(data, "whitening", what="the training embeddings") \
         if before == "whiten" else None
-    head = FlowHead(glow, scaler, linear=white, encoder=encoder, pooling=pooling,
+    head = Head(glow, scaler, linear=white, encoder=encoder, pooling=pooling,
                     max_length=max_length)
     history = head.history = fit(head, data, train, **training)
     head.training_info = {"corpus": record, "seed": train.seed,

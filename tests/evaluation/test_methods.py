@@ -67,3 +67,22 @@ def test_every_method_by_name_and_bad_parameters(x):
         make_method("abtt", d=16).fit(x)
     with pytest.raises(BertflowError, match="fit the whitening before transforming"):
         make_method("whitening").transform(x)
+
+
+def test_a_method_specification_is_checked_once_when_made():
+    """`MethodSpec` states a method and its options; whitening with k is whitening-k, an option
+    of another method or a shrinkage outside [0, 1] is refused where it is made."""
+    from bertflow import MethodSpec
+
+    assert MethodSpec("whitening", k=4).name == "whitening-k"
+    assert MethodSpec("whitening-k", k=4).linear_options(16) == {"k": 4}
+    assert MethodSpec("abtt").linear_options(300) == {"d": 3}
+    assert MethodSpec.of("raw") == MethodSpec("raw") and not MethodSpec("flow").is_linear
+    spec = MethodSpec("whitening", shrinkage=0.5)
+    assert MethodSpec.of(spec) is spec and spec.is_linear
+    for options, message in (({"name": "pca"}, "unknown method 'pca'"),
+                             ({"name": "abtt", "k": 3}, "applies to whitening and whitening-k"),
+                             ({"name": "flow", "d": 1}, "applies to abtt"),
+                             ({"name": "whitening", "shrinkage": 1.5}, "must be in \\[0, 1\\]")):
+        with pytest.raises(BertflowError, match=message):
+            MethodSpec(**options)

@@ -24,6 +24,7 @@ from bertflow.evaluation.retrieval import (
     top_hits,
     without_identical_ids,
 )
+from bertflow.training.spec import MethodSpec
 
 from ..conftest import WORDS, fit_tiny_head
 
@@ -250,8 +251,9 @@ def test_methods_fit_on_the_documents_the_queries_or_a_file_never_the_qrels(
     cache = EmbeddingCache(tmp_path / "cache")
     rows = {}
     for fit_on in ("corpus", "queries", text, ["corpus", "queries", text]):
-        [rows[str(fit_on)]] = evaluate_retrieval(task, "whitening", tiny_encoder, cache, k=3,
-                                                 pooling="mean", max_length=32, fit_on=fit_on)
+        [rows[str(fit_on)]] = evaluate_retrieval(task, MethodSpec("whitening", k=3), tiny_encoder,
+                                                 cache, pooling="mean", max_length=32,
+                                                 fit_on=fit_on)
     assert fitted == [24, 4, 30, 58]
     assert rows[str(text)]["fit_on"] == "more.txt"
     assert rows["corpus"]["ndcg_at_10"] != rows["queries"]["ndcg_at_10"]
@@ -265,14 +267,13 @@ def test_each_method_scores(task, tiny_encoder, tmp_path, method):
     options = {"whitening": {"shrinkage": 0.9}, "whitening-k": {"k": 4, "shrinkage": 0.5},
                "abtt": {"d": 1}}.get(method, {})
     recipe = {"flow": {"levels": 2, "depth": 2}, "train": {"epochs": 1}}
-    [row] = evaluate_retrieval(task, method, tiny_encoder, EmbeddingCache(tmp_path / "c"),
-                               pooling="mean", max_length=32, recipe=recipe, progress=False,
-                               **options)
+    spec = MethodSpec(method, **options, recipe=recipe if method == "flow" else None)
+    [row] = evaluate_retrieval(task, spec, tiny_encoder, EmbeddingCache(tmp_path / "c"),
+                               pooling="mean", max_length=32, progress=False)
     assert row["method"] == method and all(0 <= row[m] <= 1 for m in MEASURES)
     assert all(row.get(o) == options.get(o) for o in ("k", "d", "shrinkage"))
-    again = evaluate_retrieval(task, method, tiny_encoder, EmbeddingCache(tmp_path / "c"),
-                               pooling="mean", max_length=32, recipe=recipe, progress=False,
-                               **options)
+    again = evaluate_retrieval(task, spec, tiny_encoder, EmbeddingCache(tmp_path / "c"),
+                               pooling="mean", max_length=32, progress=False)
     assert again == [row]  # seeded
 
 

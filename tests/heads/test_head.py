@@ -191,7 +191,7 @@ def test_failed_save_leaves_the_previous_head_intact(head, tmp_path, monkeypatch
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("bertflow.heads.head.write_json", boom)
+    monkeypatch.setattr("bertflow.heads.format.write_json", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         head.save(folder)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
@@ -438,3 +438,16 @@ def test_weights_of_another_dtype_are_refused(head, tmp_path):
     with pytest.raises(BertflowError, match="does not fit its config: it holds tensors of type "
                                             "torch.float64"):
         FlowHead.load(folder)
+
+
+def test_the_head_class_keeps_its_first_name_and_its_format_lives_apart():
+    """`Head` is the class of every head; `FlowHead` names the same class; the folder format
+    is `bertflow.heads.format`, which the class's save and load go through."""
+    import bertflow
+    from bertflow.heads import format as head_format
+    from bertflow.heads.head import FlowHead, Head
+
+    assert bertflow.Head is bertflow.FlowHead is Head is FlowHead
+    assert {"save_head", "load_head", "head_config"} <= set(head_format.__all__)
+    head = head_format.load_head("minilm-first_last-wiki")
+    assert isinstance(head, Head) and head.config() == head_format.head_config(head)

@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> None:
     )
     from ...storage.files import Checked, write_json
     from ...training.recipes import close_call, corpus_note, rule_note
+    from ...training.spec import MethodSpec
 
     check_paths(args)
     out = Checked(args.out, check_rows_destination) if args.out is not None else None
@@ -106,19 +107,19 @@ def run(args: argparse.Namespace) -> None:
         tasks, missing = load_tasks(args.data, wanted)
         if not tasks:
             raise BertflowError(f"none of {', '.join(wanted)} is in {args.data}")
-    method = args.method or "flow"
     fit_on = args.fit_on or ["target" if args.retrieval is None else "corpus"]
-    head, encoder = head_and_encoder(args, flow=method == "flow")
+    head, encoder = head_and_encoder(args, flow=args.method in (None, "flow"))
+    method = head if head is not None else MethodSpec(
+        args.method or "flow", args.k, args.d, args.shrinkage, flow_options(args))
     options = {"pooling": args.pooling, "max_length": args.max_length, "fit_on": fit_on,
-               "k": args.k, "d": args.d, "shrinkage": args.shrinkage,
-               "recipe": flow_options(args), "name": str(args.head),
-               "batch_size": args.encode_batch_size, "progress": args.progress}
+               "name": str(args.head), "batch_size": args.encode_batch_size,
+               "progress": args.progress}
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
     if args.retrieval is not None:
         from ...evaluation.retrieval import evaluate_retrieval, format_retrieval_table, write_mteb
 
         started = time.perf_counter()
-        rows = evaluate_retrieval(task, method if head is None else head, encoder,
+        rows = evaluate_retrieval(task, method, encoder,
                                   EmbeddingCache(args.cache), **options,
                                   ignore_identical_ids=args.ignore_identical_ids,
                                   every_k=args.mteb is not None)
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> None:
             if not close_call(rows[0]["mean_cosine"]):
                 say(f"note: {rule_note(rows[0]['pooling'], rows[0]['mean_cosine'])}")
         return
-    rows = evaluate_method(tasks, missing, method if head is None else head, encoder,
+    rows = evaluate_method(tasks, missing, method, encoder,
                            EmbeddingCache(args.cache), **options)
     if args.out is not None:
         write_json(args.out, rows, recheck=out)
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> None:
     notes = undefined_notes(rows)
     if missing:
         notes.append(f"missing from {args.data}: {', '.join(missing)}")
-    if head is None and method == "flow":  # of the recipes the rule chose for the tasks
+    if head is None and method.name == "flow":  # of the recipes the rule chose for the tasks
         kinds = dict.fromkeys(r["recipe_corpus"] for r in rows if r.get("recipe_corpus"))
         pooling = rows[0]["pooling"]
         notes += [corpus_note(pooling, fit_on, kind) for kind in kinds]

@@ -39,11 +39,11 @@ def check(args: argparse.Namespace, launched: bool) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from ...export.graphs import check_destination, export_onnx, export_program
-    from ...heads.head import FlowHead
+    from ...heads.head import Head
 
     check_paths(args)
     check_destination(args.out, args.format)
-    head = FlowHead.load(args.head)
+    head = Head.load(args.head)
     if args.format == "sentence-transformers":
         from ...export.pipeline import build_pipeline, save_pipeline
 

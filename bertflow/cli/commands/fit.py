@@ -78,10 +78,11 @@ def check(args: argparse.Namespace, launched: bool) -> None:
 def run(args: argparse.Namespace) -> None:
     from ...export.card import summary
     from ...training.job import FitJob, run_fit
+    from ...training.spec import MethodSpec
     from ...training.trainer import nll_text
 
-    job = FitJob(args.input, args.out, args.method, args.k, args.d, args.shrinkage,
-                 recipe=flow_options(args), encoder=args.encoder, pooling=args.pooling,
+    method = MethodSpec(args.method, args.k, args.d, args.shrinkage, flow_options(args))
+    job = FitJob(args.input, args.out, method, encoder=args.encoder, pooling=args.pooling,
                  max_length=args.max_length, batch_size=args.encode_batch_size,
                  device=args.device, dtype=args.dtype, cache=args.cache,
                  checkpoint=args.checkpoint, resume=args.resume, logdir=args.logdir,

@@ -22,16 +22,16 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from ...export.card import details, tagline
     from ...heads.catalog import ready_heads
-    from ...heads.head import FlowHead
+    from ...heads.head import Head
 
     if args.head is None:
         heads = ready_heads()
-        print("ready heads (load with FlowHead.load(NAME) or --head NAME):" if heads else
+        print("ready heads (load with Head.load(NAME) or --head NAME):" if heads else
               "no ready heads are installed")
         for name in heads:
-            print(f"  {name}: {tagline(FlowHead.load(name))}")
+            print(f"  {name}: {tagline(Head.load(name))}")
         return
-    head = FlowHead.load(args.head)
+    head = Head.load(args.head)
     if args.json:
         print(json.dumps(head.config(), indent=2))
         return

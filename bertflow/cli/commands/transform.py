@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> None:
     from ...embeddings.cache import EmbeddingCache
     from ...embeddings.file import open_embeddings
     from ...embeddings.outputs import check_destination, write_transformed
-    from ...heads.head import FlowHead
+    from ...heads.head import Head
     from ...storage.corpus import Corpus
     from ...storage.files import Checked, meta_path, read_sentences, sha256_file
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> None:
         z = head.transform(x.load())
         source = {"sentences_sha256": sha256_file(args.sentences)}
     else:  # --pooling: how the embeddings were (`head.check`)
-        head = FlowHead.load(args.head)
+        head = Head.load(args.head)
         given = load_encoder_of(args) if args.encoder else None
         x, origin = open_embeddings(args.embeddings, pooling=args.pooling, encoder=given)
         head.check(x.dim, origin["encoder"], origin["pooling"], origin["max_length"])
