@@ -45,13 +45,14 @@ def upgrade(argv: Sequence[str]) -> tuple[list[str], list[str]]:
                          "index's --dims)")
     if argv[at] == "fit":
         return head + rest, notes
-    if not rest or rest[0] not in ("sts", "retrieval", "-h", "--help"):
-        for old, kind in (("--data", "sts"), ("--retrieval", "retrieval")):
-            found = _take(rest, old)
-            if found is not None:
-                rest = [kind, found, *rest]
-                notes.append(f"`eval {old} {found}` is now `eval {kind} {found}`")
-                break
+    if rest and rest[0] in ("sts", "retrieval", "-h", "--help"):
+        return head + rest, notes  # today's form: its --json is a flag
+    for old, kind in (("--data", "sts"), ("--retrieval", "retrieval")):
+        found = _take(rest, old)
+        if found is not None:
+            rest = [kind, found, *rest]
+            notes.append(f"`eval {old} {found}` is now `eval {kind} {found}`")
+            break
     for i, arg in enumerate(rest[:-1]):
         if arg == "--json" and not rest[i + 1].startswith("-"):
             rest[i] = "--out"

@@ -147,7 +147,7 @@ class Encoder:
         sentence_bert_config.json's max_seq_length, within `max_tokens`), else first_last and
         128. The first time a setting of the folder applies, or one it has cannot, a note says
         so."""
-        own, used = self.settings, []
+        own, used, unused = self.settings, [], self.settings.unused if pooling is None else None
         if pooling is None:
             pooling = own.pooling or DEFAULT_POOLING
             used += [f"{pooling} pooling"] * (own.pooling is not None)
@@ -155,11 +155,11 @@ class Encoder:
             max_length = min(own.max_length, self.max_tokens or own.max_length) \
                 if own.max_length else DEFAULT_MAX_LENGTH
             used += [f"max length {max_length}"] * (own.max_length is not None)
-        if not self._said and (used or own.unused):
+        if not self._said and (used or unused):
             self._said = True
             said = [f"{' and '.join(used)}: the encoder folder's own sentence-transformers "
                     "settings (--pooling and --max-length choose others)"] if used else []
-            said += [f"{own.unused}: {DEFAULT_POOLING} pooling"] if own.unused else []
+            said += [f"{unused}: {DEFAULT_POOLING} pooling"] if unused else []
             warnings.warn(f"{self.id.name}: {'; '.join(said)}", BertflowWarning, stacklevel=2)
         return pooling, max_length
 

@@ -11,10 +11,12 @@ from typing import Any
 
 __all__ = ["FolderSettings", "read_settings"]
 
-# sentence-transformers' Pooling modes (its 1_Pooling/config.json) that are bertflow poolings
-_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
-_OTHER_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
+# sentence-transformers' Pooling modes (its 1_Pooling/config.json: `pooling_mode` since its
+# version 6, a flag per mode before) that are bertflow poolings
+_MODES = {"cls": "cls", "mean": "mean"}
+_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+          "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+          "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 _LARGEST = 1 << 20  # bytes: a settings file is a few hundred; a larger one is not read
 
 
@@ -45,19 +47,34 @@ def read_settings(folder: str | os.PathLike) -> FolderSettings:
         if Path(path).is_absolute() or ".." in Path(path).parts:
             unused.append(f"its Pooling module lies outside it ({path})")
             break
-        config = _read(folder / path / "config.json", dict)
-        modes = [k for k in (*_MODES, *_OTHER_MODES) if (config or {}).get(k) is True]
+        modes = _modes(_read(folder / path / "config.json", dict) or {})
         if len(modes) == 1 and modes[0] in _MODES:
             pooling = _MODES[modes[0]]
         else:
-            unused.append(f"its Pooling module's {' and '.join(m[13:] for m in modes)} mode is "
-                          "not one of bertflow's poolings" if modes else
+            unused.append(f"its Pooling module's {' and '.join(modes)} mode is not one of "
+                          "bertflow's poolings" if modes else
                           f"its Pooling module's {path or '.'}/config.json names no mode")
         break
+    # sentence-transformers 6 keeps the length in the tokenizer's config, older ones beside it
     length = (_read(folder / "sentence_bert_config.json", dict) or {}).get("max_seq_length")
-    if not isinstance(length, int) or isinstance(length, bool) or length < 2:
+    if length is None and modules:
+        length = (_read(folder / "tokenizer_config.json", dict) or {}).get("model_max_length")
+    if not isinstance(length, int) or isinstance(length, bool) or not 2 <= length < 1_000_000:
         length = None
     return FolderSettings(pooling, length, "; ".join(unused) or None)
+
+
+def _modes(config: dict[str, Any]) -> list[str]:
+    """The pooling modes a Pooling module's config sets: its `pooling_mode` (a name or a list
+    of names), else its flags, where none is set the mean, as sentence-transformers reads it."""
+    mode = config.get("pooling_mode")
+    if isinstance(mode, str):
+        return [mode]
+    if isinstance(mode, list) and all(isinstance(m, str) for m in mode):
+        return list(mode)
+    if any(flag in config for flag in _FLAGS):
+        return [name for flag, name in _FLAGS.items() if config.get(flag) is True] or ["mean"]
+    return []
 
 
 def _read(path: Path, kind: type) -> Any:

@@ -43,6 +43,12 @@ class FitJob:
     """The arguments of `bertflow fit` (`source`: a text file or an encoded `.npy`): what it fits
     (`method`) and from what."""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, str | MethodSpec):
+            raise BertflowError(f"a fit job's method is a MethodSpec or a method's name, not "
+                                f"{self.method!r}")
+        object.__setattr__(self, "method", MethodSpec.of(self.method))
+
     @property
     def recipe(self) -> Recipe | dict[str, Any]:
         """The flow's recipe: whole once chosen, before that the changes to the pooling's."""

@@ -34,6 +34,8 @@ class MethodSpec:
                                 f"{', '.join(METHODS)}")
         object.__setattr__(self, "name", linear_method(self.name, self.k, self.d,
                                                        self.shrinkage))
+        if self.recipe is not None and self.name != "flow":
+            raise BertflowError(f"a recipe applies to the flow, not to {self.name}")
 
     @classmethod
     def of(cls, method: str | MethodSpec) -> MethodSpec:

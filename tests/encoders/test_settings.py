@@ -50,10 +50,24 @@ def test_the_folders_settings_are_read_from_json_alone(tmp_path, st_folder):
         assert read_settings(folder) == expected
     other = as_sentence_transformers(tmp_path / "max", ["max_tokens"], 64)
     assert read_settings(other) == FolderSettings(
-        None, 64, "its Pooling module's max_tokens mode is not one of bertflow's poolings")
+        None, 64, "its Pooling module's max mode is not one of bertflow's poolings")
     both = as_sentence_transformers(tmp_path / "both", ["cls_token", "mean_tokens"])
-    assert read_settings(both).pooling is None and "cls_token and mean_tokens" in \
-        read_settings(both).unused
+    assert read_settings(both).pooling is None and "cls and mean" in read_settings(both).unused
+    none = as_sentence_transformers(tmp_path / "none", [])
+    (none / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": false}')
+    assert read_settings(none).pooling == "mean"  # no flag set: the mean, as ST reads it
+    # sentence-transformers 6: one pooling_mode, the length in the tokenizer's config
+    st6 = as_sentence_transformers(tmp_path / "st6", [])
+    (st6 / "1_Pooling" / "config.json").write_text('{"pooling_mode": "cls"}')
+    (st6 / "tokenizer_config.json").write_text('{"model_max_length": 384}')
+    assert read_settings(st6) == FolderSettings("cls", 384)
+    (st6 / "1_Pooling" / "config.json").write_text('{"pooling_mode": ["mean", "max"]}')
+    assert read_settings(st6).unused == \
+        "its Pooling module's mean and max mode is not one of bertflow's poolings"
+    plain = tmp_path / "plain-tokenizer"  # no modules.json: the tokenizer's limit is no setting
+    plain.mkdir()
+    (plain / "tokenizer_config.json").write_text('{"model_max_length": 512}')
+    assert read_settings(plain) == FolderSettings()
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "modules.json").write_text("{not json")
@@ -86,6 +100,9 @@ def test_an_encoder_takes_its_folders_settings_where_none_is_given(tmp_path, st_
     with pytest.warns(BertflowWarning, match="cls pooling and max length 128"):
         assert load_encoder(long, "cpu").defaults() == ("cls", 128)  # within its positions
     odd = as_sentence_transformers(make_tiny_encoder(tmp_path / "odd"), ["lasttoken"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # --pooling given: the folder's mode is not wanted
+        assert load_encoder(odd, "cpu").defaults("cls", 32) == ("cls", 32)
     with pytest.warns(BertflowWarning, match="lasttoken mode is not one of bertflow's "
                       "poolings: first_last pooling"):
         assert load_encoder(odd, "cpu").defaults() == ("first_last", 128)

@@ -83,6 +83,20 @@ def test_a_method_specification_is_checked_once_when_made():
     for options, message in (({"name": "pca"}, "unknown method 'pca'"),
                              ({"name": "abtt", "k": 3}, "applies to whitening and whitening-k"),
                              ({"name": "flow", "d": 1}, "applies to abtt"),
-                             ({"name": "whitening", "shrinkage": 1.5}, "must be in \\[0, 1\\]")):
+                             ({"name": "whitening", "shrinkage": 1.5}, "must be in \\[0, 1\\]"),
+                             ({"name": "abtt", "recipe": {}}, "a recipe applies to the flow")):
         with pytest.raises(BertflowError, match=message):
             MethodSpec(**options)
+
+
+def test_a_fit_job_takes_a_method_specification_or_a_name():
+    from pathlib import Path
+
+    from bertflow import MethodSpec
+    from bertflow.training.job import FitJob
+
+    assert FitJob(Path("c.txt"), Path("h"), "whitening").method == MethodSpec("whitening")
+    spec = MethodSpec("abtt", d=2)
+    assert FitJob(Path("c.txt"), Path("h"), spec).method is spec
+    with pytest.raises(BertflowError, match="a fit job's method is a MethodSpec"):
+        FitJob(Path("c.txt"), Path("h"), 3)

@@ -388,6 +388,8 @@ def test_the_last_releases_eval_forms_still_run_and_say_what_to_use(beir, tiny_e
         ["--debug", "eval", "sts", "d", "--tasks", "STS-B"],
         ["`eval --data d` is now `eval sts d`"])
     assert upgrade(["eval", "sts", "d", "--json"]) == (["eval", "sts", "d", "--json"], [])
+    for today in (["eval", "sts", "--json", "d"], ["eval", "retrieval", "--json", "d"]):
+        assert upgrade(today) == (today, [])  # --json before the folder stays a flag
     assert upgrade(["fit", "--json", "x"]) == (["fit", "--json", "x"], [])
     note = "`--k` is now `--dims` (the components whitening-k keeps, as an index's --dims)"
     assert upgrade(["fit", "c.txt", "--k=3"]) == (["fit", "c.txt", "--dims=3"], [note])

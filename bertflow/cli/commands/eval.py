@@ -109,8 +109,9 @@ def run(args: argparse.Namespace) -> None:
             raise BertflowError(f"none of {', '.join(wanted)} is in {args.data}")
     fit_on = args.fit_on or ["target" if args.retrieval is None else "corpus"]
     head, encoder = head_and_encoder(args, flow=args.method in (None, "flow"))
+    name = args.method or "flow"
     method = head if head is not None else MethodSpec(
-        args.method or "flow", args.k, args.d, args.shrinkage, flow_options(args))
+        name, args.k, args.d, args.shrinkage, flow_options(args) if name == "flow" else None)
     options = {"pooling": args.pooling, "max_length": args.max_length, "fit_on": fit_on,
                "name": str(args.head), "batch_size": args.encode_batch_size,
                "progress": args.progress}

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> None:
     from ...training.spec import MethodSpec
     from ...training.trainer import nll_text
 
-    method = MethodSpec(args.method, args.k, args.d, args.shrinkage, flow_options(args))
+    method = MethodSpec(args.method, args.k, args.d, args.shrinkage,
+                        flow_options(args) if args.method == "flow" else None)
     job = FitJob(args.input, args.out, method, encoder=args.encoder, pooling=args.pooling,
                  max_length=args.max_length, batch_size=args.encode_batch_size,
                  device=args.device, dtype=args.dtype, cache=args.cache,
