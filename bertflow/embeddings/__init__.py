@@ -5,8 +5,8 @@ from ..lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
     "cache": ("EmbeddingCache", "encode_to"),
-    "file": ("FORMAT", "FORMAT_VERSION", "TRANSFORMED", "EmbeddingFile", "embeddings_meta",
-             "finished", "open_embeddings", "other_request", "read_header", "read_meta"),
+    "file": ("EmbeddingFile", "embeddings_meta", "finished", "open_embeddings", "other_request",
+             "read_header", "read_meta"),
     "isotropy": ("alignment", "condition_number", "effective_rank", "isotropy_measures",
                  "mean_cosine", "mean_pair_cosine", "pair_cosines", "partition_isotropy",
                  "singular_values", "uniformity"),

@@ -18,15 +18,13 @@ from ..encoders.encoder import Encoder
 from ..encoders.identity import EncoderId
 from ..encoders.pooling import check_pooling
 from ..errors import BertflowError, first_line
+from ..storage.artifacts import EMBEDDINGS, TRANSFORMED
 from ..storage.corpus import Corpus
 from ..storage.files import check_finite, meta_path, read_json, sha256_file
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "TRANSFORMED", "EmbeddingFile", "embeddings_meta",
-           "finished", "open_embeddings", "other_request", "read_header", "read_meta"]
+__all__ = ["EmbeddingFile", "embeddings_meta", "finished", "open_embeddings", "other_request",
+           "read_header", "read_meta"]
 
-FORMAT = "bertflow-embeddings"
-FORMAT_VERSION = 2
-TRANSFORMED = "bertflow-transformed"  # vectors a head transformed (`outputs.write_transformed`)
 _READ_ROWS = 16384
 
 
@@ -35,7 +33,7 @@ def embeddings_meta(corpus: Corpus, encoder: Encoder, pooling: str,
     """The record that identifies the embeddings of `corpus` by `encoder` with `pooling`: who
     made them, how, and from what (a max length beyond the encoder's is refused)."""
     max_length = encoder.check_max_length(max_length)
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "encoder": encoder.id.to_dict(),
+    return {**EMBEDDINGS.stamp(), "encoder": encoder.id.to_dict(),
             "pooling": pooling, "max_length": max_length, "precision": encoder.precision,
             "corpus_sha256": corpus.sha256, "count": len(corpus), "dim": encoder.width(pooling),
             "dtype": "float32"}
@@ -67,15 +65,10 @@ def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
     if not path.exists():
         return None
     meta = read_json(path)
-    if meta.get("format") == TRANSFORMED:
+    if meta.get("format") == TRANSFORMED.kind:
         raise BertflowError(f"{npy} holds vectors transformed by a flow head, not embeddings "
                             "from an encoder; give the embeddings they were made from")
-    if meta.get("format") != FORMAT:
-        raise BertflowError(f"{path} is not a bertflow embeddings record")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise BertflowError(f"{path} is an embeddings record of version "
-                            f"{meta.get('format_version')}; this bertflow reads version "
-                            f"{FORMAT_VERSION} only: encode again")
+    EMBEDDINGS.check(meta, path, advice=": encode again")
     missing = {"encoder", "pooling", "max_length", "precision", "count", "dim"} - meta.keys()
     if missing:
         raise BertflowError(f"{path} lacks {', '.join(sorted(missing))}")

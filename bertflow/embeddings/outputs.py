@@ -20,17 +20,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import BertflowError
+from ..storage.artifacts import EMBEDDINGS, TRANSFORMED
 from ..storage.files import (
     Checked,
     atomic_file,
     fsync,
     identity,
     meta_path,
-    read_json,
-    refuse_link,
     write_json,
 )
-from .file import FORMAT, TRANSFORMED, EmbeddingFile
+from .file import EmbeddingFile
 
 __all__ = ["check_destination", "lock", "partial_path", "place", "record_paths",
            "write_transformed"]
@@ -46,32 +45,16 @@ def record_paths(path: Path) -> list[Path]:
 
 
 def check_destination(path: str | os.PathLike) -> Path:
-    """`path` if a `.npy` output may be written there: free, or a bertflow output (its sidecar an
-    embeddings or transformed-vectors record, whether or not the data agrees: a write killed
-    between the two is rerun), no file a write makes a symbolic link, the lock path free or a
-    lock. Anything else, a sidecar alone included, is the user's and is left alone."""
-    path = Path(path)
-    if path.suffix != ".npy":
-        raise BertflowError(f"--out {path} must end in .npy")
-    if path.is_dir():
-        raise BertflowError(f"--out {path} is a folder")
-    refuse_link(path)
-    sidecar = meta_path(path)
-    for companion in (sidecar, partial_path(path), *record_paths(path)):
+    """`path` if a `.npy` output may be written there (`EMBEDDINGS.check_destination`: free, or
+    a bertflow output, whether or not its data agrees: a write killed between the two is rerun),
+    no file a write makes a symbolic link, the lock path free or a lock."""
+    path = EMBEDDINGS.check_destination(path)
+    for companion in (partial_path(path), *record_paths(path)):
         if companion.is_symlink():
             raise BertflowError(f"{companion} is a symbolic link; writing {path} would replace "
                                 "it: remove it or write elsewhere")
     _check_lock(path)
-    if not path.exists() and not sidecar.exists():
-        return path
-    if not sidecar.exists():
-        raise BertflowError(f"{path} exists and is not a bertflow output (no {sidecar.name}); "
-                            "not replacing it")
-    with contextlib.suppress(BertflowError):
-        if read_json(sidecar).get("format") in (FORMAT, TRANSFORMED):
-            return path
-    beside = f" nor {path.name}" if path.exists() else ""
-    raise BertflowError(f"{sidecar} exists and is not a bertflow sidecar; not replacing it{beside}")
+    return path
 
 
 @contextlib.contextmanager
@@ -155,7 +138,7 @@ def write_transformed(path: str | os.PathLike, z: np.ndarray, head: dict[str, An
             f.write(header.getvalue())
             f.write(data)
         fsync(tmp)  # before the sidecar: nothing slow is left between the two renames
-        meta = {"format": TRANSFORMED, "format_version": 1, "head": head, "source": source,
+        meta = {**TRANSFORMED.stamp(), "head": head, "source": source,
                 "count": int(z.shape[0]), "dim": int(z.shape[1]), "dtype": "float32",
                 "sha256": digest.hexdigest()}
         write_json(sidecar, meta, recheck=checked)

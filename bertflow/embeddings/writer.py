@@ -23,6 +23,7 @@ from ..encoders.batches import check_batch_size
 from ..encoders.encoder import CHUNK_SIZE, Encoder
 from ..errors import BertflowError, PeerError
 from ..runtime import distributed
+from ..storage.artifacts import PROGRESS
 from ..storage.corpus import Corpus
 from ..storage.files import (
     disk_errors,
@@ -37,8 +38,6 @@ from .file import EmbeddingFile, embeddings_meta, finished, other_request, read_
 from .outputs import check_destination, lock, partial_path, place, record_paths
 
 __all__ = ["write_embeddings"]
-
-PROGRESS = "bertflow-embeddings-progress"
 
 
 def write_embeddings(targets: Mapping[str, str | os.PathLike], corpus: Corpus, encoder: Encoder,
@@ -220,7 +219,7 @@ class _Output:
 
     def record(self, rank: int, done: int, checksum: str) -> None:
         write_json(self.record_path(rank), {
-            "format": PROGRESS, "request": self.meta, "layout": self.layout,
+            **PROGRESS.stamp(), "request": self.meta, "layout": self.layout,
             "rows": list(self.share(rank)), "done": done, "rows_sha256": checksum})
 
     def finish(self) -> None:
@@ -241,9 +240,9 @@ class _Output:
             record.unlink()
 
     def _read_record(self, record: Path) -> dict[str, Any]:
-        with contextlib.suppress(BertflowError):
-            if (value := read_json(record)).get("format") == PROGRESS:
-                return value
+        value = PROGRESS.record(record)
+        if value is not None:
+            return value
         raise BertflowError(f"{record} is not a bertflow progress record; not touching it")
 
     def _check_records(self, records: dict[Path, dict[str, Any]], resume: bool) -> None:

@@ -15,7 +15,7 @@ from ..embeddings.cache import EmbeddingCache
 from ..encoders.encoder import Encoder
 from ..errors import BertflowError
 from ..heads.head import Head
-from ..storage.artifacts import FileFormat
+from ..storage.artifacts import mteb_file
 from ..storage.corpus import Corpus
 from ..storage.files import read_json, write_json
 from ..training.spec import MethodSpec
@@ -237,9 +237,7 @@ def check_mteb_destination(folder: str | os.PathLike, task: str) -> Path:
     result file of that task (its other splits are kept); anything else is refused."""
     if Path(folder).exists() and not Path(folder).is_dir():
         raise BertflowError(f"--mteb {folder} is not a folder")
-    return FileFormat(f"MTEB's result file of {mteb_name(task)}",
-                      lambda path: _is_mteb(read_json(path), task), option="--mteb"
-                      ).check_destination(Path(folder) / f"{mteb_name(task)}.json")
+    return mteb_file(mteb_name(task)).check_destination(Path(folder) / f"{mteb_name(task)}.json")
 
 
 def write_mteb(folder: str | os.PathLike, row: dict[str, Any],
@@ -253,11 +251,6 @@ def write_mteb(folder: str | os.PathLike, row: dict[str, Any],
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, result, recheck=lambda p, _: check_mteb_destination(p.parent, row["task"]))
     return path
-
-
-def _is_mteb(result: Any, task: str) -> bool:
-    return isinstance(result, dict) and result.get("task_name") == mteb_name(task) \
-        and isinstance(result.get("scores"), dict)
 
 
 def format_retrieval_table(rows: list[dict[str, Any]]) -> str:

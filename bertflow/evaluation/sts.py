@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -19,7 +18,7 @@ from ..embeddings.isotropy import alignment, isotropy_measures, uniformity
 from ..encoders.encoder import Encoder
 from ..errors import BertflowError
 from ..heads.head import Head
-from ..storage.artifacts import FileFormat
+from ..storage.artifacts import ROWS
 from ..storage.files import read_sentences
 from ..training.spec import MethodSpec
 from .methods import Method, flow_by_recipe, make_method
@@ -194,17 +193,4 @@ def method_maker(method: str | MethodSpec | Head, encoder: Encoder, *,
 def check_rows_destination(path: Path) -> Path:
     """`eval --out` may replace the rows of an earlier `eval` (STS or retrieval), and nothing
     else."""
-    return _ROWS.check_destination(path)
-
-
-def _are_rows(path: Path) -> bool:
-    rows = json.loads(path.read_bytes())
-    return isinstance(rows, list) and bool(rows) and all(
-        isinstance(row, dict) and ({"task", "aggregation", "spearman"} <= row.keys()
-                                   or {"task", "split", "ndcg_at_10"} <= row.keys())
-        for row in rows)
-
-
-_ROWS = FileFormat("rows written by bertflow eval", _are_rows)
-
-
+    return ROWS.check_destination(path)

@@ -3,28 +3,24 @@ an ONNX file for onnxruntime, or a `torch.export` program (.pt2)."""
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import logging
 import os
 import warnings
-import zipfile
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import BertflowError, first_line
-from ..heads.format import FORMAT
 from ..heads.head import Head
-from ..storage.artifacts import PIPELINE_FOLDER, FileFormat
+from ..storage.artifacts import EXPORT_MARKER, ONNX_EXPORT, PIPELINE_FOLDER, PT2_EXPORT
 from ..storage.files import Checked, atomic_file
 
 __all__ = ["INPUT_NAME", "OUTPUT_NAME", "check_destination", "export_onnx", "export_program"]
 
 INPUT_NAME, OUTPUT_NAME = "embeddings", "z"
-MARKER = "bertflow_head"  # the ONNX metadata property, and the .pt2 extra file's stem
 
 
 class _Transform(nn.Module):
@@ -49,7 +45,8 @@ def export_program(head: Head, path: str | os.PathLike) -> Path:
     out = Checked(path, lambda p: check_destination(p, "torch-export"))
     program = _program(head)
     buffer = io.BytesIO()  # torch's writer aborts the process on a failed write: none to file
-    torch.export.save(program, buffer, extra_files={f"{MARKER}.json": json.dumps(head.config())})
+    torch.export.save(program, buffer,
+                      extra_files={f"{EXPORT_MARKER}.json": json.dumps(head.config())})
     with atomic_file(out.path, suffix=".tmp.pt2", recheck=out) as tmp:
         tmp.write_bytes(buffer.getbuffer())
     return out.path
@@ -72,7 +69,7 @@ def export_onnx(head: Head, path: str | os.PathLike, opset: int | None = None) -
         raise BertflowError(f"ONNX export needs onnxscript: {first_line(e)}") from None
     finally:
         logger.setLevel(level)
-    program.model.metadata_props[MARKER] = json.dumps(head.config())
+    program.model.metadata_props[EXPORT_MARKER] = json.dumps(head.config())
     with atomic_file(out.path, recheck=out) as tmp:
         program.save(str(tmp), external_data=False)
     return out.path
@@ -91,25 +88,4 @@ def check_destination(path: str | os.PathLike, fmt: str) -> Path:
     return _FILES[fmt].check_destination(path)
 
 
-def _is_export(path: Path, fmt: str) -> bool:
-    """Whether `path` holds a head's config in `fmt`; any failure to read it says no. A .pt2 is
-    read as a zip: `torch.export.load` would unpickle it."""
-    try:
-        if fmt == "onnx":
-            import onnx
-
-            model = onnx.load(str(path), load_external_data=False)
-            text = {p.key: p.value for p in model.metadata_props}[MARKER]
-        else:
-            with zipfile.ZipFile(path) as archive:
-                name, = (n for n in archive.namelist()
-                         if n.split("/", 1)[-1] == f"extra/{MARKER}.json")
-                text = archive.read(name).decode("utf-8")
-        config = json.loads(text)
-    except Exception:  # noqa: BLE001 - a file of any kind: a corrupt archive or protobuf
-        return False
-    return isinstance(config, dict) and config.get("format") == FORMAT
-
-
-_FILES = {fmt: FileFormat("a bertflow export", functools.partial(_is_export, fmt=fmt), suffix)
-          for fmt, suffix in (("onnx", ".onnx"), ("torch-export", ".pt2"))}
+_FILES = {"onnx": ONNX_EXPORT, "torch-export": PT2_EXPORT}

@@ -37,8 +37,7 @@ def head_config(head: Head) -> dict[str, Any]:
     """The JSON description of `head` saved beside its weights."""
     linear = {"tensors": ["linear.mean", "linear.weight"], "out_dim": head.out_dim}
     scaler = {"tensors": ["standardize.mean", "standardize.std"]}
-    return {"format": FORMAT, "format_version": FORMAT_VERSION,
-            "bertflow_version": __version__, "dim": head.dim,
+    return {**HEAD_FOLDER.stamp(), "bertflow_version": __version__, "dim": head.dim,
             "encoder": head.encoder.to_dict() if head.encoder else None,
             "pooling": head.pooling, "max_length": head.max_length, "method": head.method,
             "flow": head.glow.config.to_dict() if head.glow is not None else None,

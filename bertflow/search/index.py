@@ -132,7 +132,7 @@ class Index:
                 from None
         if index.ntotal != len(items):
             raise BertflowError(f"index kind {kind!r} does not hold vectors added to it")
-        config = {"format": INDEX_FOLDER.kind, "format_version": INDEX_FOLDER.version,
+        config = {**INDEX_FOLDER.stamp(),
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
                   "max_length": max_length, "kind": kind, "dim": dim, "dims": dims or dim,
                   "count": len(items), "trained_on": rows, "head": head is not None}

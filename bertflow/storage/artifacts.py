@@ -1,24 +1,59 @@
-"""Where an artifact may be written: a folder (`FolderFormat`) is written atomically with a
-`manifest.json` of its kind and every file's sha256, and a non-empty folder without one listing
-everything in it is the user's, never replaced; a file (`FileFormat`) replaces only a file of
-its kind."""
+"""Every kind of file and folder bertflow writes, described once: its kind (the stamp a record
+carries), its format version, its files and how one is recognised. A description says where one
+may be written (`check_destination`: nothing there, or one of its kind, replaced; never a user's
+file or folder), checks a record's stamp (`check`), and `identify` tells what any path holds.
+
+A folder (`FolderFormat`) is written atomically with a `manifest.json` of its kind and every
+file's sha256; a non-empty folder without one listing everything in it is the user's. A file
+(`FileFormat`) is recognised by its record: its own contents, or its `.meta.json` sidecar."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import BertflowError
-from .files import atomic_directory, read_json, refuse_link, sha256_file, write_json
+from .files import atomic_directory, meta_path, read_json, refuse_link, sha256_file, write_json
 
-__all__ = ["HEAD_FOLDER", "INDEX_FOLDER", "MANIFEST", "PIPELINE_FOLDER", "PLOTS_FOLDER",
-           "FileFormat", "FolderFormat", "write_manifest"]
+__all__ = ["CHECKPOINT", "EMBEDDINGS", "EXPORT_MARKER", "HEAD_FOLDER", "INDEX_FOLDER",
+           "MANIFEST", "MTEB_RESULT", "ONNX_EXPORT", "PIPELINE_FOLDER", "PLOTS_FOLDER",
+           "PROGRESS", "PT2_EXPORT", "ROWS", "TRANSFORMED", "FileFormat", "FolderFormat",
+           "identify", "mteb_file", "write_manifest"]
 
 MANIFEST = "manifest.json"
 _FORMAT = "bertflow-manifest"
+EXPORT_MARKER = "bertflow_head"  # a graph's ONNX metadata property, and its .pt2 extra file
+
+
+@dataclass(frozen=True)
+class _Format:
+    """What every kind shares: `kind` (its records' "format"), `name` and `noun` in messages
+    ("a flow head", "head"), `version` (its records' "format_version"; None: unversioned)."""
+
+    kind: str
+    name: str
+    noun: str
+    version: int | None = None
+
+    def stamp(self) -> dict[str, Any]:
+        """The fields that mark a record as one of this kind."""
+        return {"format": self.kind, "format_version": self.version}
+
+    def check(self, record: Any, where: str | os.PathLike, advice: str = "") -> dict[str, Any]:
+        """`record` if it carries this kind's stamp and version; else a one-line refusal."""
+        if not isinstance(record, dict) or record.get("format") != self.kind:
+            raise BertflowError(f"{where} is not {self.name}")
+        if record.get("format_version") != self.version:
+            raise BertflowError(f"{where} has {self.noun} format version "
+                                f"{record.get('format_version')}; this bertflow reads version "
+                                f"{self.version}{advice}")
+        return record
 
 
 def write_manifest(folder: Path, kind: str) -> None:
@@ -29,14 +64,10 @@ def write_manifest(folder: Path, kind: str) -> None:
 
 
 @dataclass(frozen=True)
-class FolderFormat:
-    """One kind of artifact folder: `kind` names it in its manifest and its `config` file;
-    `name` and `noun` in messages; `files` are those it may hold, where they are fixed."""
+class FolderFormat(_Format):
+    """One kind of artifact folder: its manifest names `kind`; `config` is its record's file
+    (None: the manifest is its record); `files` are those it may hold, where they are fixed."""
 
-    kind: str
-    name: str
-    noun: str
-    version: int | None = None
     config: str | None = None
     files: tuple[str, ...] = ()
 
@@ -96,54 +127,95 @@ class FolderFormat:
         return {str(k): str(v) for k, v in manifest["files"].items()}
 
     def read(self, path: str | os.PathLike) -> dict[str, Any]:
-        """The config of the folder at `path`, after checking the manifest, format and version."""
+        """The record of the folder at `path` (its config, else its manifest), after checking
+        the manifest and the config's stamp."""
         path = Path(path)
         if self.verify(path) is None:
             raise BertflowError(f"{path} has no {MANIFEST}: the {self.noun} is incomplete or "
                                 "altered")
-        config = read_json(path / str(self.config))
-        if config.get("format") != self.kind:
-            raise BertflowError(f"{path / str(self.config)} is not a bertflow {self.noun} config")
-        version = config.get("format_version")
-        if version != self.version:
-            raise BertflowError(f"{path} has {self.noun} format version {version}; this "
-                                f"bertflow reads version {self.version}")
-        return config
+        if self.config is None:
+            return _manifest(path)
+        return self.check(read_json(path / self.config), path)
 
 
 @dataclass(frozen=True)
-class FileFormat:
-    """One kind of artifact file: `name` says it in messages, `recognise(path)` whether a file
-    is one (a failure to read it says no), `suffix` how its name ends (None: any), `option`
-    the option that names it."""
+class FileFormat(_Format):
+    """One kind of artifact file: `suffix` is how its name ends (None: any), `option` the option
+    that names it. `read(path)` gives its record (of its sidecar, with `sidecar`), and
+    `recognise(record)` whether that is one of this kind (the stamp's kind, by default, or one
+    in `replaces`, the kinds a file of this kind may replace); a failure to read says no."""
 
-    name: str
-    recognise: Callable[[Path], bool]
     suffix: str | None = None
+    read: Callable[[Path], Any] = read_json
+    recognise: Callable[[Any], bool] | None = None
+    sidecar: bool = False
+    replaces: tuple[str, ...] = ()
     option: str = "--out"
 
+    def record(self, path: str | os.PathLike) -> Any:
+        """The record of the file at `path` if it is one of this kind; else None."""
+        path = Path(path)
+        try:
+            record = self.read(meta_path(path) if self.sidecar else path)
+            if self.recognise is not None:
+                return record if self.recognise(record) else None
+            kinds = (self.kind, *self.replaces)
+            return record if isinstance(record, dict) and record.get("format") in kinds else None
+        except Exception:  # noqa: BLE001 - a file of any kind, read as this one
+            return None
+
     def check_destination(self, path: str | os.PathLike) -> Path:
-        """`path` if absent or a file of this kind; a folder, a link or another file is
-        refused."""
+        """`path` if nothing is there (nor its sidecar) or a file of this kind; a folder, a link
+        or another file is refused."""
         path = Path(path)
         if self.suffix is not None and path.suffix != self.suffix:
             raise BertflowError(f"{self.option} {path} must end in {self.suffix}")
         if path.is_dir():
             raise BertflowError(f"{self.option} {path} is a folder")
         refuse_link(path)
-        if path.exists() and not self._recognised(path):
-            raise BertflowError(f"{path} exists and is not {self.name}; not replacing it")
+        if not self.sidecar:
+            if path.exists() and self.record(path) is None:
+                raise BertflowError(f"{path} exists and is not {self.name}; not replacing it")
+            return path
+        sidecar = meta_path(path)
+        if sidecar.is_symlink():
+            raise BertflowError(f"{sidecar} is a symbolic link; writing {path} would replace "
+                                "it: remove it or write elsewhere")
+        if sidecar.exists() and self.record(path) is None:
+            beside = f" nor {path.name}" if path.exists() else ""
+            raise BertflowError(f"{sidecar} exists and is not a bertflow sidecar; not replacing "
+                                f"it{beside}")
+        if path.exists() and not sidecar.exists():
+            raise BertflowError(f"{path} exists and is not a bertflow output (no "
+                                f"{sidecar.name}); not replacing it")
         return path
 
-    def _recognised(self, path: Path) -> bool:
+
+def identify(path: str | os.PathLike) -> tuple[FolderFormat | FileFormat, Any]:
+    """What bertflow wrote at `path`: the kind's description and its record (a folder's config
+    or manifest, a file's sidecar or contents). Anything else is refused in one line."""
+    path = Path(path)
+    if path.is_dir():
         try:
-            return bool(self.recognise(path))
-        except Exception:  # noqa: BLE001 - a file of any kind, read as this one
-            return False
+            kind = _manifest(path).get("kind")
+        except BertflowError:
+            kind = None
+        if kind not in _FOLDERS:
+            raise BertflowError(f"{path} is not a folder bertflow wrote (no bertflow manifest)")
+        return _FOLDERS[kind], _FOLDERS[kind].read(path)
+    if not path.is_file():
+        raise BertflowError(f"no such file or folder: {path}")
+    for kind in _FILES:
+        record = kind.record(path) if kind.suffix in (None, path.suffix) else None
+        if kind.recognise is None and record is not None and record["format"] == kind.kind:
+            return kind, kind.check(record, meta_path(path) if kind.sidecar else path)
+        if kind.recognise is not None and record is not None:
+            return kind, record
+    raise BertflowError(f"{path} is not a file bertflow wrote")
 
 
 def _name(kind: str) -> str:
-    return _FORMATS[kind].name if kind in _FORMATS else f"a {kind} folder"
+    return _FOLDERS[kind].name if kind in _FOLDERS else f"a {kind} folder"
 
 
 def _manifest(path: Path) -> dict[str, Any]:
@@ -172,6 +244,63 @@ def _holds_working_folder(path: Path) -> bool:
     return here == there or there in here.parents
 
 
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    rows = json.loads(path.read_bytes())
+    return rows if isinstance(rows, list) else []
+
+
+def _are_rows(rows: list[Any]) -> bool:
+    """Rows of `bertflow eval`: STS (task, aggregation, spearman) or retrieval (task, split,
+    ndcg_at_10)."""
+    return bool(rows) and all(
+        isinstance(row, dict) and ({"task", "aggregation", "spearman"} <= row.keys()
+                                   or {"task", "split", "ndcg_at_10"} <= row.keys())
+        for row in rows)
+
+
+def _is_mteb(result: Any, task: str | None = None) -> bool:
+    """An MTEB result file (of `task`, MTEB's name for it, where given)."""
+    return isinstance(result, dict) and isinstance(result.get("scores"), dict) \
+        and isinstance(result.get("task_name"), str) and task in (None, result["task_name"])
+
+
+def mteb_file(task: str) -> FileFormat:
+    """MTEB's result file of `task` (MTEB's name for it)."""
+    return replace(MTEB_RESULT, name=f"{MTEB_RESULT.name} of {task}",
+                   recognise=functools.partial(_is_mteb, task=task))
+
+
+def _onnx_head(path: Path) -> Any:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return json.loads({p.key: p.value for p in model.metadata_props}[EXPORT_MARKER])
+
+
+def _pt2_head(path: Path) -> Any:
+    """A .pt2's head config, read as a zip: `torch.export.load` would unpickle it."""
+    with zipfile.ZipFile(path) as archive:
+        name, = (n for n in archive.namelist()
+                 if n.split("/", 1)[-1] == f"extra/{EXPORT_MARKER}.json")
+        return json.loads(archive.read(name).decode("utf-8"))
+
+
+def _checkpoint(path: Path) -> dict[str, Any] | None:
+    """A training checkpoint's saved dict, read with `weights_only=True` where its one pickle
+    names the kind; None for another file (an unreadable one is an OSError)."""
+    with open(path, "rb") as f:
+        if not zipfile.is_zipfile(f):
+            return None
+    with zipfile.ZipFile(path) as archive:
+        pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+        if len(pickles) != 1 or CHECKPOINT.kind.encode() not in archive.read(pickles[0]):
+            return None  # someone else's torch file: not worth loading
+    import torch
+
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    return saved if isinstance(saved, dict) and isinstance(saved.get("run"), dict) else None
+
+
 HEAD_FOLDER = FolderFormat("bertflow-head", "a flow head", "head", 2, "config.json")
 INDEX_FOLDER = FolderFormat("bertflow-index", "an index", "index", 3, "config.json")
 PIPELINE_FOLDER = FolderFormat("bertflow-pipeline", "a bertflow sentence-transformers export",
@@ -179,4 +308,22 @@ PIPELINE_FOLDER = FolderFormat("bertflow-pipeline", "a bertflow sentence-transfo
 PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plots", files=(
     "spectrum.png", "cosines.png", "token_norms.png", "projection.png", "alignment_uniformity.png",
     "token_projection.png", "token_spectrum.png"))
-_FORMATS = {f.kind: f for f in (HEAD_FOLDER, INDEX_FOLDER, PIPELINE_FOLDER, PLOTS_FOLDER)}
+EMBEDDINGS = FileFormat("bertflow-embeddings", "a bertflow embeddings record", "embeddings", 2,
+                        ".npy", sidecar=True, replaces=("bertflow-transformed",))
+TRANSFORMED = FileFormat("bertflow-transformed", "a record of vectors a head transformed",
+                         "transformed vectors", 1, ".npy", sidecar=True,
+                         replaces=("bertflow-embeddings",))
+PROGRESS = FileFormat("bertflow-embeddings-progress", "a bertflow progress record",
+                      "progress record", suffix=".json")
+CHECKPOINT = FileFormat("bertflow-train-state", "a bertflow training checkpoint",
+                        "training checkpoint", 2, read=_checkpoint, option="--checkpoint")
+ROWS = FileFormat("bertflow-rows", "rows written by bertflow eval", "eval rows",
+                  read=_read_rows, recognise=_are_rows)
+MTEB_RESULT = FileFormat("mteb-result", "MTEB's result file", "MTEB result", None, ".json",
+                         recognise=_is_mteb, option="--mteb")
+ONNX_EXPORT = FileFormat("bertflow-onnx", "a bertflow export", "ONNX export", None, ".onnx",
+                         read=_onnx_head, recognise=lambda c: HEAD_FOLDER.kind == c.get("format"))
+PT2_EXPORT = FileFormat("bertflow-pt2", "a bertflow export", "torch.export program", None,
+                        ".pt2", read=_pt2_head, recognise=ONNX_EXPORT.recognise)
+_FOLDERS = {f.kind: f for f in (HEAD_FOLDER, INDEX_FOLDER, PIPELINE_FOLDER, PLOTS_FOLDER)}
+_FILES = (EMBEDDINGS, TRANSFORMED, CHECKPOINT, PROGRESS, ROWS, MTEB_RESULT, ONNX_EXPORT, PT2_EXPORT)

@@ -3,8 +3,7 @@
 from ..lazy import exports
 
 __all__, __getattr__, __dir__ = exports(__name__, {
-    "checkpoint": ("CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointFile",
-                   "open_checkpoint"),
+    "checkpoint": ("Checkpoint", "CheckpointFile", "open_checkpoint"),
     "job": ("FitJob", "FittedHead", "run_fit"),
     "spec": ("MethodSpec",),
     "recipes": ("BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "NEAR", "RECIPES", "Recipe",

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,14 +12,11 @@ from typing import Any
 import torch
 
 from ..errors import BertflowError
+from ..storage.artifacts import CHECKPOINT
 from ..storage.files import Checked, Recheck, atomic_file, refuse_link
 from .trainer import TrainState
 
-__all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointFile",
-           "open_checkpoint"]
-
-CHECKPOINT_FORMAT = "bertflow-train-state"
-CHECKPOINT_VERSION = 2
+__all__ = ["Checkpoint", "CheckpointFile", "open_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -35,8 +30,8 @@ class Checkpoint:
     def save(self, path: str | os.PathLike, recheck: Recheck | None = None) -> None:
         """Write to `path` atomically (`atomic_file`, with its `recheck`)."""
         buffer = io.BytesIO()
-        torch.save({"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,
-                    "run": self.run, "logs": self.logs, "state": self.state.to_dict()}, buffer)
+        torch.save({**CHECKPOINT.stamp(), "run": self.run, "logs": self.logs,
+                    "state": self.state.to_dict()}, buffer)
         with atomic_file(Path(path), recheck=recheck) as tmp, open(tmp, "wb") as f:
             f.write(buffer.getbuffer())
 
@@ -101,33 +96,16 @@ class CheckpointFile:
 def open_checkpoint(path: str | os.PathLike, keep: bool = False) -> Checkpoint | None:
     """The training checkpoint at `path`, or None where there is none; other files are refused."""
     path = Path(path)
-    checkpoint = _read(path) if path.is_file() else None
-    if checkpoint is None and path.exists():
-        raise BertflowError(f"{path} is not a bertflow training checkpoint"
+    saved = CHECKPOINT.record(path) if path.is_file() else None
+    if saved is None and path.exists():
+        raise BertflowError(f"{path} is not {CHECKPOINT.name}"
                             + ("; not overwriting it" if keep else ""))
-    return checkpoint
-
-
-def _read(path: Path) -> Checkpoint | None:
-    with open(path, "rb") as f:  # an unreadable file is an OSError, not "not a checkpoint"
-        if not zipfile.is_zipfile(f):
-            return None
-    try:
-        with zipfile.ZipFile(path) as archive:
-            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
-            if len(pickles) != 1 or CHECKPOINT_FORMAT.encode() not in archive.read(pickles[0]):
-                return None  # someone else's torch file: not worth loading
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(saved, dict) or saved.get("format") != CHECKPOINT_FORMAT \
-                or not isinstance(saved.get("run"), dict):
-            return None
-        if saved.get("format_version") == CHECKPOINT_VERSION:
-            logs = saved.get("logs")
-            return Checkpoint(TrainState.from_dict(saved["state"]), saved["run"],
-                              logs if isinstance(logs, str) else None)
-    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError,
-            KeyError, IndexError, TypeError, AttributeError):
+    if saved is None:
         return None
-    raise BertflowError(f"{path} is a bertflow training checkpoint of format version "
-                        f"{saved.get('format_version')}; this bertflow reads version "
-                        f"{CHECKPOINT_VERSION}")
+    CHECKPOINT.check(saved, path)
+    logs = saved.get("logs")
+    try:
+        return Checkpoint(TrainState.from_dict(saved["state"]), saved["run"],
+                          logs if isinstance(logs, str) else None)
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        raise BertflowError(f"{path} is a malformed training checkpoint") from None

@@ -207,8 +207,8 @@ def test_module_and_console_script_entry_points(tmp_path, fitted):
     done = subprocess.run([sys.executable, "-m", "bertflow", "info", str(tmp_path / "nope")],
                           capture_output=True, text=True, env=env)
     assert done.returncode == 1
-    assert done.stderr.strip() == (f"bertflow: error: no flow head folder at {tmp_path / 'nope'}, "
-                                   "nor a ready head of that name (minilm-first_last-wiki)")
+    assert done.stderr.strip() == (f"bertflow: error: nothing at {tmp_path / 'nope'}, nor a "
+                                   "ready head of that name (minilm-first_last-wiki)")
 
 
 def test_bad_checkpoints_and_resume_with_other_pooling(

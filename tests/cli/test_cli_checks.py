@@ -62,7 +62,7 @@ def test_missing_inputs_and_bad_options_are_refused_before_torch_is_imported(tmp
         (["index", missing, "--out", out], f"no such file: {missing}"),
         (["search", "--index", missing, "--query", "a"], f"no index folder at {missing}"),
         (["search", "--index", tmp_path, "--queries", missing], f"no such file: {missing}"),
-        (["info", missing], f"no flow head folder at {missing}"),
+        (["info", missing], f"nothing at {missing}, nor a ready head of that name"),
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = json.dumps([[str(a) for a in args] for args, _ in cases])

@@ -367,7 +367,7 @@ def test_a_folder_format_writes_checks_and_reads_its_folders(tmp_path):
             kind.read(made)
     (made / "config.json").write_text(json.dumps({"format": "y-thing", "format_version": 2}))
     write_manifest(made, "x-thing")
-    with pytest.raises(BertflowError, match="is not a bertflow thing config"):
+    with pytest.raises(BertflowError, match="is not a thing"):
         kind.read(made)
     (made / "manifest.json").unlink()
     with pytest.raises(BertflowError, match="no manifest.json: the thing is incomplete"):
@@ -419,3 +419,62 @@ def test_every_output_has_the_same_bytes_whatever_the_hash_seed(tmp_path, tiny_e
             "st/manifest.json", "rows.json", "z.meta.json"} <= made["1"].keys()
     assert made["1"].keys() == made["2"].keys()
     assert [name for name in made["1"] if made["1"][name] != made["2"][name]] == []
+    # the one reader tells each of them by its own description
+    from bertflow.storage import artifacts
+
+    for name, kind in [("e.npy", artifacts.EMBEDDINGS), ("head", artifacts.HEAD_FOLDER),
+                       ("abtt", artifacts.HEAD_FOLDER), ("index", artifacts.INDEX_FOLDER),
+                       ("st", artifacts.PIPELINE_FOLDER), ("z.npy", artifacts.TRANSFORMED),
+                       ("rows.json", artifacts.ROWS)]:
+        assert artifacts.identify(tmp_path / "1" / name)[0] is kind, name
+
+
+def test_one_reader_tells_every_output_and_refuses_the_users_files(tmp_path, capsys, head):
+    """`identify` (and `bertflow info`) knows a checkpoint, a .pt2 export and an MTEB result
+    file as well as the outputs above, checks a record's version, and refuses anything else."""
+    import torch
+
+    from bertflow.evaluation.retrieval import write_mteb
+    from bertflow.export.graphs import export_program
+    from bertflow.storage import artifacts
+    from bertflow.training.checkpoint import Checkpoint
+    from bertflow.training.trainer import History, TrainState
+
+    Checkpoint(TrainState(1, 3, {"w": torch.ones(2)}, {}, {}, History(), 0),
+               {"train": {"epochs": 2}}).save(tmp_path / "ck.pt")
+    export_program(head, tmp_path / "h.pt2")
+    row = {"task": "scifact", "split": "test", "mteb": {"ndcg_at_10": 0.5}}
+    write_mteb(tmp_path / "mteb", row)
+    for name, kind in [("ck.pt", artifacts.CHECKPOINT), ("h.pt2", artifacts.PT2_EXPORT),
+                       ("mteb/SciFact.json", artifacts.MTEB_RESULT)]:
+        assert artifacts.identify(tmp_path / name)[0] is kind, name
+    code, out, err = run(capsys, "info", tmp_path / "ck.pt")
+    fields = dict(line.split(None, 1) for line in out.strip().splitlines())
+    assert code == 0 and fields["kind"] == "training checkpoint", err
+    assert fields["run.train.epochs"] == "2" and fields["state.step"] == "3"
+    assert not any(name.startswith("state.model") for name in fields)  # tensors left out
+    code, out, _ = run(capsys, "info", tmp_path / "mteb/SciFact.json", "--json")
+    assert code == 0 and json.loads(out)["task_name"] == "SciFact"
+
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "a").write_text("a")
+    old = tmp_path / "old.npy"
+    np.save(old, np.ones((2, 2), np.float32))
+    (tmp_path / "old.meta.json").write_text(json.dumps({"format": "bertflow-embeddings",
+                                                        "format_version": 1}))
+    for path, message in [("notes.txt", "is not a file bertflow wrote"),
+                          ("mine", "is not a folder bertflow wrote (no bertflow manifest)"),
+                          ("old.npy", "has embeddings format version 1; this bertflow reads "
+                                      "version 2")]:
+        assert one_line_error(capsys, "info", tmp_path / path).endswith(message), path
+
+
+def test_the_formats_page_names_every_kind_of_output():
+    """docs/formats.md's table has a row for each kind `identify` tells, by its noun."""
+    from bertflow.storage import artifacts
+
+    rows = {line.split("|")[1].strip() for line in (REPO / "docs" / "formats.md").read_text()
+            .splitlines() if line.startswith("| ")}
+    kinds = [*artifacts._FOLDERS.values(), *artifacts._FILES]
+    assert {kind.noun for kind in kinds} <= rows and len(kinds) == 12

@@ -148,9 +148,9 @@ def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, ca
     base = ["fit", npy, "--pooling", "cls", "--checkpoint", ckpt, *SMALL]
     assert run(capsys, *base, "--out", tmp_path / "a")[0] == 0
     before = ckpt.read_bytes()
-    reads, read = [], bertflow.training.checkpoint._read
-    monkeypatch.setattr(bertflow.training.checkpoint, "_read",
-                        lambda path: reads.append(path) or read(path))
+    reads, read = [], bertflow.training.checkpoint.open_checkpoint
+    monkeypatch.setattr(bertflow.training.checkpoint, "open_checkpoint",
+                        lambda path, **kw: reads.append(path) or read(path, **kw))
     refused(capsys, [*base, "--out", tmp_path / "b", "--seed", "3"], "other settings or data")
     assert len(reads) == 1  # read once, before any work
     refused(capsys, [*base, "--out", tmp_path / "b", "--seed", "3", "--resume"],
@@ -163,9 +163,9 @@ def test_checkpoint_of_another_run_is_refused_unless_it_is_this_run(tmp_path, ca
 def test_a_run_does_not_read_back_the_checkpoints_it_wrote(tmp_path, capsys, npy, monkeypatch):
     import bertflow.training.checkpoint
 
-    reads, read = [], bertflow.training.checkpoint._read
-    monkeypatch.setattr(bertflow.training.checkpoint, "_read",
-                        lambda path: reads.append(path) or read(path))
+    reads, read = [], bertflow.training.checkpoint.open_checkpoint
+    monkeypatch.setattr(bertflow.training.checkpoint, "open_checkpoint",  # a file there, read
+                        lambda path, **kw: reads.extend([path] * path.exists()) or read(path, **kw))
     code, _, err = run(capsys, "fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
                        "--checkpoint", tmp_path / "state.pt", *SMALL, "--epochs", "3")
     assert code == 0, err
@@ -211,13 +211,13 @@ def test_checkpoint_save_and_read(tmp_path):
 
 def test_a_checkpoint_of_another_version_or_without_the_format_is_refused(tmp_path, capsys,
                                                                           npy, no_training):
-    from bertflow.training.checkpoint import CHECKPOINT_FORMAT
+    from bertflow.storage.artifacts import CHECKPOINT
 
     saved = {"run": {}, "logs": None, "state": {"epoch": 1}}
-    torch.save({"format": CHECKPOINT_FORMAT, "format_version": 1, **saved}, tmp_path / "v1.pt")
+    torch.save({"format": CHECKPOINT.kind, "format_version": 1, **saved}, tmp_path / "v1.pt")
     torch.save(saved, tmp_path / "unmarked.pt")
-    for name, message in [("v1.pt", "v1.pt is a bertflow training checkpoint of format "
-                           "version 1; this bertflow reads version 2"),
+    for name, message in [("v1.pt", "v1.pt has training checkpoint format version 1; "
+                           "this bertflow reads version 2"),
                           ("unmarked.pt", "unmarked.pt is not a bertflow training checkpoint")]:
         refused(capsys, ["fit", npy, "--pooling", "cls", "--out", tmp_path / "h",
                          "--checkpoint", tmp_path / name, "--resume", *SMALL], message)
