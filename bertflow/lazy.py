@@ -1,23 +1,33 @@
 """A package's public names, each imported from its module on first use: importing a package
-(the command line's checks import several) loads nothing heavy until a name is used."""
+(the command line's checks import several) loads nothing heavy until a name is used. A module's
+`__all__` says its public names once; the package reads it from the module's source."""
 
 from __future__ import annotations
 
+import ast
+import collections
 import importlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-__all__ = ["exports"]
+__all__ = ["exports", "public_names"]
 
 
-def exports(package: str, where: Mapping[str, tuple[str, ...]],
+def exports(package: str, where: Mapping[str, tuple[str, ...]] | Iterable[str],
             modules: Mapping[str, str] | None = None,
             ) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
     """`__all__`, `__getattr__` and `__dir__` for `package`: `where` maps each of its modules
-    to the public names it defines, `modules` public names to modules served whole; any other
-    module of the package is its attribute too, as after an import."""
-    module_of = {name: module for module, names in where.items() for name in names}
+    to the public names it serves, or names the modules whose whole `__all__` it serves;
+    `modules` maps public names to modules served whole. A name two modules define is served by
+    neither (import it from its module); any other module of the package is its attribute too,
+    as after an import."""
+    if not isinstance(where, Mapping):
+        where = {module: public_names(package, module) for module in where}
+    served = [(name, module) for module, names in where.items() for name in names]
+    count = collections.Counter(name for name, _ in served)
+    module_of = {name: module for name, module in served if count[name] == 1}  # else ambiguous
     whole = dict(modules or {})
     names = sorted([*module_of, *whole])
 
@@ -39,3 +49,13 @@ def exports(package: str, where: Mapping[str, tuple[str, ...]],
         return names
 
     return names, __getattr__, __dir__
+
+
+def public_names(package: str, module: str) -> tuple[str, ...]:
+    """The `__all__` of `package.module`, read from its source without running it."""
+    source = Path(sys.modules[package].__file__).parent / f"{module.replace('.', '/')}.py"
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] \
+                == ["__all__"]:
+            return tuple(ast.literal_eval(node.value))
+    raise ImportError(f"{source} has no __all__")

@@ -2,8 +2,4 @@
 
 from ..lazy import exports
 
-__all__, __getattr__, __dir__ = exports(__name__, {
-    "checks": ("FLOW_FIELDS", "TRAIN_FIELDS", "check_inputs", "check_options", "check_paths"),
-    "commands.export": ("EXPORT_FORMATS",),
-    "main": ("build_parser", "main"),
-})
+__all__, __getattr__, __dir__ = exports(__name__, ("checks", "main"))

@@ -92,27 +92,21 @@ def check_inputs(args: argparse.Namespace) -> None:
             head_folder(path)
         elif kind is not None and kind != "file" and not path.is_dir():
             raise BertflowError(f"no {kind} at {path}")
-    if getattr(args, "nprobe", None) is not None:
-        _check_nprobe(args.index)
+    if getattr(args, "nprobe", None) is not None:  # a named kind (flat, hnsw) has no lists;
+        from ..search.kinds import KINDS, no_lists  # a FAISS string's are known once read
+        from ..storage.files import read_json
+
+        kind = None
+        with contextlib.suppress(BertflowError, AttributeError):  # else Index.load says what
+            kind = read_json(args.index / "config.json").get("kind")
+        if kind in KINDS:
+            raise no_lists(kind)
     if getattr(args, "retrieval", None) is not None:
         for name in ("corpus.jsonl", "queries.jsonl", f"qrels/{args.split or 'test'}.tsv"):
             if not (args.retrieval / name).is_file():
                 splits = sorted(p.stem for p in (args.retrieval / "qrels").glob("*.tsv"))
                 raise BertflowError(f"no {name} in the BEIR folder {args.retrieval} (splits: "
                                     f"{', '.join(splits) or 'none'})")
-
-
-def _check_nprobe(index: Path) -> None:
-    """Refuse --nprobe for an index of a named kind (flat, hnsw: no inverted lists); those of
-    a FAISS index_factory string are known once FAISS reads it (`Index.nprobe`)."""
-    from ..search.kinds import KINDS, no_lists
-    from ..storage.files import read_json
-
-    kind = None
-    with contextlib.suppress(BertflowError, AttributeError):  # else Index.load says what
-        kind = read_json(index / "config.json").get("kind")
-    if kind in KINDS:
-        raise no_lists(kind)
 
 
 def check_paths(args: argparse.Namespace, output: str = "out") -> None:

@@ -13,15 +13,9 @@ from typing import Any
 
 from ..errors import BertflowWarning, PeerError, one_line
 from .checks import check_inputs, check_options
-from .parser import build_parser as _parser
-from .parser import upgrade
+from .parser import build_parser, upgrade
 
 __all__ = ["build_parser", "main"]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of every command, each carrying the function that runs it."""
-    return _parser()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,11 +19,11 @@ from ..constants import (
     POOLINGS,
 )
 
-__all__ = ["CACHE_HELP", "CORPUS_HELP", "ENCODER_OF_HEAD", "FOLDERS_MAX_LENGTH", "FOLDERS_POOLING",
-           "HEADS_MAX_LENGTH", "HEADS_POOLING", "HEAD_HELP", "Formatter", "Parser", "Refused",
-           "baseline_options", "ceiling", "device_options", "encoder_options", "flow_arguments",
-           "fraction", "head_or_flow_options", "integer", "max_length_type", "natural",
-           "positive", "positive_float", "quiet", "seed_type", "typed", "unit"]
+__all__ = ["CACHE_HELP", "CORPUS_HELP", "FOLDERS_MAX_LENGTH", "FOLDERS_POOLING", "HEAD_HELP",
+           "Formatter", "Parser", "Refused", "baseline_options", "ceiling", "device_options",
+           "encoder_options", "flow_arguments", "fraction", "head_or_flow_options", "integer",
+           "max_length_type", "natural", "positive", "positive_float", "quiet", "seed_type",
+           "typed", "unit"]
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -50,31 +50,13 @@ class Parser(argparse.ArgumentParser):
 
 
 HEAD_HELP = "a head folder, or the name of a ready head (`bertflow info` lists them)"
-
-
-ENCODER_OF_HEAD = ("encoder folder (default: the one the head records, checked against its "
-                    "fingerprint)")
-
-
+CORPUS_HELP = "text file of one sentence a line, or a BEIR corpus.jsonl (a file named *.jsonl)"
+CACHE_HELP = ("embedding cache folder (default: $BERTFLOW_CACHE/embeddings, else "
+              "~/.cache/bertflow/embeddings)")
 # an encoder folder's own sentence-transformers settings, where it has them, are the defaults
 FOLDERS_POOLING = f"the encoder folder's own (modules.json), else {DEFAULT_POOLING}"
-
-
 FOLDERS_MAX_LENGTH = (f"the encoder folder's own (sentence_bert_config.json), else "
-                       f"{DEFAULT_MAX_LENGTH}")
-
-
-HEADS_POOLING = f"the head's, else {FOLDERS_POOLING}"
-
-
-HEADS_MAX_LENGTH = f"the head's, else {FOLDERS_MAX_LENGTH}"
-
-
-CORPUS_HELP = "text file of one sentence a line, or a BEIR corpus.jsonl (a file named *.jsonl)"
-
-
-CACHE_HELP = ("embedding cache folder (default: $BERTFLOW_CACHE/embeddings, else "
-               "~/.cache/bertflow/embeddings)")
+                      f"{DEFAULT_MAX_LENGTH}")
 
 
 def quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -96,22 +78,22 @@ def baseline_options(p: argparse.ArgumentParser) -> None:
 
 def head_or_flow_options(p: argparse.ArgumentParser) -> None:
     """The encoder (the head's by default), the cache, and the flow fit without a head."""
-    encoder_options(p, HEADS_POOLING, HEADS_MAX_LENGTH)
+    encoder_options(p, "the head's, else ")
     p.add_argument("--cache", type=Path, default=None, help=CACHE_HELP)
     quiet(flow_arguments(p))
 
 
-def encoder_options(p: argparse.ArgumentParser, pooling_help: str = FOLDERS_POOLING,
-                     max_length_help: str = FOLDERS_MAX_LENGTH) -> None:
-    """The encoder's options; pooling and max length are None where not given."""
+def encoder_options(p: argparse.ArgumentParser, first: str = "") -> None:
+    """The encoder's options; pooling and max length are None where not given, and default to
+    `first` (the head's, the sidecar's), else the encoder folder's own, else bertflow's."""
     p.add_argument("--encoder", default=None,
                    help=f"Hugging Face encoder folder (default: {DEFAULT_ENCODER_NAME}, which "
                         "comes with bertflow)")
     p.add_argument("--pooling", choices=POOLINGS, default=None,
-                   help=f"how token states become one vector (default: {pooling_help})")
+                   help=f"how token states become one vector (default: {first}{FOLDERS_POOLING})")
     p.add_argument("--max-length", type=max_length_type, default=None,
                    help=f"tokens per sentence; longer sentences are truncated (default: "
-                   f"{max_length_help})")
+                   f"{first}{FOLDERS_MAX_LENGTH})")
     p.add_argument("--encode-batch-size", dest="encode_batch_size", type=positive,
                    default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
     device_options(p)
@@ -188,22 +170,8 @@ def ceiling(name: str) -> Callable[[str], int]:
     return integer(1, FLOW_CEILINGS[name] + 1)
 
 
-positive = integer(1)
-
-
-natural = integer(0)
-
-
-max_length_type = integer(2)
-
-
+positive, natural, max_length_type = integer(1), integer(0), integer(2)
 seed_type = integer(0, 2**32)
-
-
 positive_float = typed(float, "positive", lambda v: v > 0)
-
-
 fraction = typed(float, "in [0, 1)", lambda v: 0 <= v < 1)
-
-
 unit = typed(float, "in [0, 1]", lambda v: 0 <= v <= 1)

@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["FIT_SOURCES", "IDENTICAL_IDS_IGNORED", "MEASURES", "MTEB_K", "MTEB_NAMES", "TOP",
            "check_mteb_destination", "evaluate_retrieval", "format_retrieval_table",
            "ignores_identical_ids", "mteb_name", "mteb_result", "mteb_scores", "ranking",
-           "score_run",
-           "top_hits", "without_identical_ids", "write_mteb"]
+           "score_run", "top_hits", "without_identical_ids", "write_mteb"]
 
 # the measures of a row (MTEB's names) and the pytrec_eval measure each is the query mean of;
 # MRR@10 is `recip_rank` on each query's top 10, as MTEB's own loop computes it

@@ -18,14 +18,12 @@ from ..embeddings.isotropy import alignment, isotropy_measures, uniformity
 from ..encoders.encoder import Encoder
 from ..errors import BertflowError
 from ..heads.head import Head
-from ..storage.artifacts import ROWS
 from ..storage.files import read_sentences
 from ..training.spec import MethodSpec
 from .methods import Method, flow_by_recipe, make_method
 
-__all__ = ["AGGREGATIONS", "MEASURES", "check_rows_destination", "evaluate", "evaluate_method",
-           "format_table", "method_maker", "pair_measures", "row_key", "summarise",
-           "undefined_notes"]
+__all__ = ["AGGREGATIONS", "MEASURES", "evaluate", "evaluate_method", "format_table",
+           "method_maker", "pair_measures", "row_key", "summarise", "undefined_notes"]
 
 AGGREGATIONS = ("all", "wmean")
 MEASURES = ("mean_cosine", "effective_rank", "condition_number", "isotropy", "alignment",
@@ -188,9 +186,3 @@ def method_maker(method: str | MethodSpec | Head, encoder: Encoder, *,
         if spec.name == "flow" else functools.partial(
             make_method, spec.name, **spec.linear_options(encoder.width(pooling)))
     return make, pooling, max_length, {"method": spec.name, **make().describe()}
-
-
-def check_rows_destination(path: Path) -> Path:
-    """`eval --out` may replace the rows of an earlier `eval` (STS or retrieval), and nothing
-    else."""
-    return ROWS.check_destination(path)

@@ -25,10 +25,10 @@ from .flow import FlowConfig, Glow, StandardScaler
 from .head import Head
 from .linear import LINEAR_METHODS, LinearMap
 
-__all__ = ["CONFIG", "FORMAT", "FORMAT_VERSION", "WEIGHTS", "head_config", "load_head",
+__all__ = ["CONFIG", "FORMAT", "WEIGHTS", "head_config", "load_head",
            "save_head", "write_head"]
 
-FORMAT, FORMAT_VERSION = HEAD_FOLDER.kind, HEAD_FOLDER.version
+FORMAT = HEAD_FOLDER.kind
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 _DTYPES = {"torch.float32", "torch.int64", "torch.bool"}
 

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING
+from ..constants import DEFAULT_BATCH_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_POOLING, HNSW_DEFAULTS
 from ..embeddings.cache import EmbeddingCache
 from ..encoders.batches import check_max_length
 from ..encoders.encoder import Encoder
@@ -24,22 +24,9 @@ from ..runtime import distributed
 from ..storage.artifacts import INDEX_FOLDER
 from ..storage.corpus import Corpus
 from ..storage.files import check_finite, read_json, sha256_file, write_json
-from .kinds import (
-    HNSW_DEFAULTS,
-    KINDS,
-    faiss_reason,
-    make,
-    sample,
-    set_ef_search,
-    set_nprobe,
-    structure,
-    training_rows,
-)
-from .kinds import faiss_module as _faiss
-from .kinds import graph as _graph
-from .kinds import inverted_lists as _lists
+from . import kinds
 
-__all__ = ["KINDS", "Hit", "Index"]
+__all__ = ["Hit", "Index"]
 
 _INDEX, _ITEMS, _CONFIG, _HEAD = "index.faiss", "items.json", "config.json", "head"
 
@@ -79,23 +66,23 @@ class Index:
     @property
     def nprobe(self) -> int | None:
         """Inverted lists visited per query (IVF kinds; FAISS's default is 1); None without."""
-        ivf = _lists(self.faiss_index)
+        ivf = kinds.inverted_lists(self.faiss_index)
         return None if ivf is None else int(ivf.nprobe)
 
     @nprobe.setter
     def nprobe(self, value: int) -> None:
-        set_nprobe(self.faiss_index, self.config["kind"], value)
+        kinds.set_nprobe(self.faiss_index, self.config["kind"], value)
 
     @property
     def ef_search(self) -> int | None:
         """Candidates kept while searching an HNSW graph (more: better recall, slower); None
         for kinds without one. Saved with the index."""
-        found = _graph(self.faiss_index)
+        found = kinds.graph(self.faiss_index)
         return None if found is None else int(found.efSearch)
 
     @ef_search.setter
     def ef_search(self, value: int) -> None:
-        set_ef_search(self.faiss_index, self.config["kind"], value)
+        kinds.set_ef_search(self.faiss_index, self.config["kind"], value)
         if "hnsw" in self.config:
             self.config["hnsw"] = {**self.config["hnsw"], "ef_search": int(value)}
 
@@ -125,11 +112,11 @@ class Index:
         z, rows = np.ascontiguousarray(x, dtype=np.float32), 0 if index.is_trained else rows
         try:
             if rows:
-                index.train(z[sample(len(z), rows)])
+                index.train(z[kinds.sample(len(z), rows)])
             index.add(z)
         except RuntimeError as e:
-            raise BertflowError(f"FAISS could not build a {kind!r} index ({faiss_reason(e)})") \
-                from None
+            raise BertflowError(f"FAISS could not build a {kind!r} index "
+                                f"({kinds.faiss_reason(e)})") from None
         if index.ntotal != len(items):
             raise BertflowError(f"index kind {kind!r} does not hold vectors added to it")
         config = {**INDEX_FOLDER.stamp(),
@@ -211,7 +198,7 @@ class Index:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the index folder atomically (see `folders.FolderFormat.write`)."""
-        faiss = _faiss()
+        faiss = kinds.faiss_module()
 
         def fill(tmp: Path) -> None:
             faiss.write_index(self.faiss_index, str(tmp / _INDEX))
@@ -227,7 +214,7 @@ class Index:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Index:
         """Rebuild an index folder, checking its manifest, config, FAISS index and head."""
-        faiss = _faiss()
+        faiss = kinds.faiss_module()
         path = Path(path)
         if not (path / _INDEX).is_file():
             raise BertflowError(f"no index at {path} (no {_INDEX})")
@@ -242,7 +229,8 @@ class Index:
             hnsw = config.get("hnsw")  # absent: written before M was settable, which was 32
             if hnsw is not None and (not isinstance(hnsw, dict) or set(hnsw) != set(HNSW_DEFAULTS)):
                 raise ValueError("bad hnsw settings")
-            expected = structure(make(config["kind"], dim, dims, hnsw and {"M": hnsw["M"]}))
+            expected = kinds.structure(kinds.make(config["kind"], dim, dims,
+                                                  hnsw and {"M": hnsw["M"]}))
         except (KeyError, TypeError, ValueError, BertflowError) as e:
             raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
         stored = read_json(path / _ITEMS)
@@ -262,7 +250,7 @@ class Index:
         if not len(items) == index.ntotal == count:
             raise BertflowError(f"{path} is inconsistent: {len(items)} items, {index.ntotal} "
                                 f"vectors; its config says {count}")
-        if structure(index) != expected or not index.is_trained:
+        if kinds.structure(index) != expected or not index.is_trained:
             raise BertflowError(f"{path} is inconsistent: {_INDEX} is not the trained "
                                 f"{config['kind']!r} index of {dim}-d vectors (PCA to {dims}, "
                                 "inner product) that its config describes")
@@ -287,8 +275,8 @@ def _plan(kind: str, dim: int, dims: int | None, count: int,
     if dims is not None and not 1 <= dims <= min(dim, count):
         raise BertflowError(f"dims must be {dim} (all) or between 1 and {min(dim, count)} "
                             f"(the dimension and the number of items), got {dims}")
-    index = make(kind, dim, dims or dim, hnsw)
-    return index, training_rows(index, kind, count)
+    index = kinds.make(kind, dim, dims or dim, hnsw)
+    return index, kinds.training_rows(index, kind, count)
 
 
 def _check_ids(ids: Sequence[str] | None, count: int) -> list[str]:

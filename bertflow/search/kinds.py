@@ -16,8 +16,8 @@ from ..constants import HNSW_DEFAULTS
 from ..errors import BertflowError, first_line
 
 __all__ = ["HNSW_DEFAULTS", "KINDS", "MAX_PER_CENTROID", "MIN_PER_CENTROID", "TRAIN_SEED",
-           "faiss_module", "faiss_reason", "graph", "inverted_lists", "make", "no_graph",
-           "no_lists", "sample", "set_ef_search", "set_nprobe", "structure", "training_rows"]
+           "faiss_module", "faiss_reason", "graph", "inverted_lists", "make", "no_lists",
+           "sample", "set_ef_search", "set_nprobe", "structure", "training_rows"]
 
 KINDS = ("flat", "hnsw")  # by name; any other kind is an index_factory string
 # FAISS's k-means asks for at least 39 training vectors per centroid (fewer: a warning, and
@@ -151,16 +151,11 @@ def set_ef_search(index: Any, kind: str, ef: int) -> None:
     slower)."""
     found = graph(index)
     if found is None:
-        raise no_graph(kind)
+        raise BertflowError(f"efSearch applies to kinds with an HNSW graph (hnsw, HNSW...); "
+                            f"this index is {kind!r}")
     if isinstance(ef, bool) or not isinstance(ef, int | np.integer) or ef < 1:
         raise BertflowError(f"efSearch must be an integer of at least 1, got {ef!r}")
     found.efSearch = int(ef)
-
-
-def no_graph(kind: str) -> BertflowError:
-    """The refusal of efSearch for an index of `kind`, which has no HNSW graph."""
-    return BertflowError(f"efSearch applies to kinds with an HNSW graph (hnsw, HNSW...); this "
-                         f"index is {kind!r}")
 
 
 def no_lists(kind: str) -> BertflowError:

@@ -62,7 +62,6 @@ def arguments(p: argparse.ArgumentParser) -> None:
     retrieval.set_defaults(data=None, tasks=None)
 
 
-
 def check(args: argparse.Namespace, launched: bool) -> None:
     """Refuse --fit-on where nothing is fit (--method raw, --head) or where it names an STS
     task's own sentences for retrieval, and a baseline's options with --head."""
@@ -83,18 +82,14 @@ def check(args: argparse.Namespace, launched: bool) -> None:
 def run(args: argparse.Namespace) -> None:
     from ...data.sts import load_tasks
     from ...embeddings.cache import EmbeddingCache
-    from ...evaluation.sts import (
-        check_rows_destination,
-        evaluate_method,
-        format_table,
-        undefined_notes,
-    )
+    from ...evaluation.sts import evaluate_method, format_table, undefined_notes
+    from ...storage.artifacts import ROWS
     from ...storage.files import Checked, write_json
     from ...training.recipes import close_call, corpus_note, rule_note
     from ...training.spec import MethodSpec
 
     check_paths(args)
-    out = Checked(args.out, check_rows_destination) if args.out is not None else None
+    out = Checked(args.out, ROWS.check_destination) if args.out is not None else None
     if args.retrieval is not None:
         from ...data.beir import load_task
         from ...evaluation.retrieval import check_mteb_destination
@@ -120,48 +115,38 @@ def run(args: argparse.Namespace) -> None:
         from ...evaluation.retrieval import evaluate_retrieval, format_retrieval_table, write_mteb
 
         started = time.perf_counter()
-        rows = evaluate_retrieval(task, method, encoder,
-                                  EmbeddingCache(args.cache), **options,
+        rows = evaluate_retrieval(task, method, encoder, EmbeddingCache(args.cache), **options,
                                   ignore_identical_ids=args.ignore_identical_ids,
                                   every_k=args.mteb is not None)
         if args.mteb is not None:
-            written = write_mteb(args.mteb, rows[0], time.perf_counter() - started)
-            say(f"wrote {written}")
+            say(f"wrote {write_mteb(args.mteb, rows[0], time.perf_counter() - started)}")
             rows[0].pop("mteb")
-        if args.out is not None:
-            write_json(args.out, rows, recheck=out)
         left_out = ", a document whose id is the query's left out" * rows[0][
             "ignore_identical_ids"]
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print(f"{task.name} ({task.split}: {len(task.queries)} queries, "
-                  f"{len(task.corpus)} documents{left_out}), × 100:")
-            print(format_retrieval_table(rows))
-        if rows[0].get("mean_cosine") is not None:  # a close call is warned of already
-            if not close_call(rows[0]["mean_cosine"]):
-                say(f"note: {rule_note(rows[0]['pooling'], rows[0]['mean_cosine'])}")
-        return
-    rows = evaluate_method(tasks, missing, method, encoder,
-                           EmbeddingCache(args.cache), **options)
+        tables = {f"{task.name} ({task.split}: {len(task.queries)} queries, {len(task.corpus)} "
+                  f"documents{left_out}), × 100:": format_retrieval_table(rows)}
+        cosine = rows[0].get("mean_cosine")  # a close call is warned of already
+        notes = [f"note: {rule_note(rows[0]['pooling'], cosine)}"] \
+            if cosine is not None and not close_call(cosine) else []
+    else:
+        rows = evaluate_method(tasks, missing, method, encoder, EmbeddingCache(args.cache),
+                               **options)
+        tables = {f"Spearman × 100 ({a}):": format_table(rows, a) for a in ("all", "wmean")}
+        notes = undefined_notes(rows)
+        if missing:
+            notes.append(f"missing from {args.data}: {', '.join(missing)}")
+        if head is None and method.name == "flow":  # of the recipes the rule chose for the tasks
+            kinds = dict.fromkeys(r["recipe_corpus"] for r in rows if r.get("recipe_corpus"))
+            pooling = rows[0]["pooling"]
+            notes += [corpus_note(pooling, fit_on, kind) for kind in kinds]
+            cosines = {r["task"]: r["mean_cosine"] for r in rows
+                       if r.get("mean_cosine") is not None}
+            notes += [f"note: {task}: {rule_note(pooling, cosine)}"
+                      for task, cosine in cosines.items() if not close_call(cosine)]
     if args.out is not None:
         write_json(args.out, rows, recheck=out)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        for aggregation in ("all", "wmean"):
-            print(f"Spearman × 100 ({aggregation}):")
-            print(format_table(rows, aggregation))
-    notes = undefined_notes(rows)
-    if missing:
-        notes.append(f"missing from {args.data}: {', '.join(missing)}")
-    if head is None and method.name == "flow":  # of the recipes the rule chose for the tasks
-        kinds = dict.fromkeys(r["recipe_corpus"] for r in rows if r.get("recipe_corpus"))
-        pooling = rows[0]["pooling"]
-        notes += [corpus_note(pooling, fit_on, kind) for kind in kinds]
-        cosines = {r["task"]: r["mean_cosine"] for r in rows if r.get("mean_cosine") is not None}
-        notes += [f"note: {task}: {rule_note(pooling, cosine)}"
-                  for task, cosine in cosines.items() if not close_call(cosine)]
+    print(json.dumps(rows, indent=2) if args.json else
+          "\n".join(f"{title}\n{table}" for title, table in tables.items()))
     for note in filter(None, notes):
         say(note)
 

@@ -10,15 +10,7 @@ from pathlib import Path
 from ...constants import LINEAR_METHODS
 from ...errors import BertflowError
 from ..checks import check_no_encoding
-from ..options import (
-    CACHE_HELP,
-    FOLDERS_MAX_LENGTH,
-    FOLDERS_POOLING,
-    baseline_options,
-    encoder_options,
-    flow_arguments,
-    quiet,
-)
+from ..options import CACHE_HELP, baseline_options, encoder_options, flow_arguments, quiet
 from ..shared import flow_options
 
 SUMMARY = "fit a flow head on a corpus or on embeddings"
@@ -36,8 +28,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="the flow, or a closed-form baseline: BERT-whitening, whitening to "
                         "--dims components, all-but-the-top (--d directions)")
     baseline_options(p)
-    encoder_options(p, f"the embeddings' sidecar's, else {FOLDERS_POOLING}",
-                     f"{FOLDERS_MAX_LENGTH}; for a .npy, its sidecar's")
+    encoder_options(p, "the embeddings' sidecar's, else ")
     p.add_argument("--cache", type=Path, default=None, help=CACHE_HELP)
     g = flow_arguments(p)
     g.add_argument("--logdir", type=Path, default=None,
@@ -57,7 +48,6 @@ def arguments(p: argparse.ArgumentParser) -> None:
                         "DATA/STSBenchmark/sts-dev.csv), embedded like the training "
                         "embeddings, and print and log its Spearman")
     quiet(g)
-
 
 
 def check(args: argparse.Namespace, launched: bool) -> None:

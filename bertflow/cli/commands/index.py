@@ -7,16 +7,7 @@ from pathlib import Path
 
 from ...constants import HNSW_DEFAULTS
 from ..checks import check_paths
-from ..options import (
-    CACHE_HELP,
-    CORPUS_HELP,
-    HEADS_MAX_LENGTH,
-    HEADS_POOLING,
-    encoder_options,
-    integer,
-    positive,
-    quiet,
-)
+from ..options import CACHE_HELP, CORPUS_HELP, encoder_options, integer, positive, quiet
 from ..shared import head_and_encoder
 
 SUMMARY = "build a FAISS index of a corpus for search"
@@ -31,7 +22,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="index folder")
     p.add_argument("--head", type=Path, default=None, help="transform with this head, its "
                    "encoder and pooling (default: raw pooled vectors)")
-    encoder_options(p, HEADS_POOLING, HEADS_MAX_LENGTH)
+    encoder_options(p, "the head's, else ")
     p.add_argument("--kind", default="flat", help="flat (exact), hnsw, or a FAISS index_factory "
                    "string (IVF1024,PQ32; trained on a seeded sample of the corpus)")
     p.add_argument("--dims", type=positive, default=None,
@@ -59,9 +50,11 @@ def run(args: argparse.Namespace) -> None:
     check_paths(args)
     corpus = Corpus.from_file(args.corpus)
     head, encoder = head_and_encoder(args)
+    hnsw = {k: v for k, v in (("M", args.hnsw_m), ("ef_construction", args.ef_construction),
+                              ("ef_search", args.ef_search)) if v is not None}
     index = Index.build(corpus, encoder, head=head, pooling=args.pooling,
                         max_length=args.max_length, cache=EmbeddingCache(args.cache),
-                        kind=args.kind, dims=args.dims, hnsw=_hnsw(args),
+                        kind=args.kind, dims=args.dims, hnsw=hnsw or None,
                         batch_size=args.encode_batch_size, progress=args.progress)
     if index is None:  # another process of a torchrun job builds it
         return
@@ -72,10 +65,3 @@ def run(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}: {c['count']} items, {c['kind']}{trained}"
           f"{f' ({graph})' if graph else ''}, {c['dims']}-d, {c['pooling']} pooling, "
           f"{'with' if head is not None else 'without'} a head")
-
-
-def _hnsw(args: argparse.Namespace) -> dict[str, int] | None:
-    """The HNSW settings given (--hnsw-m, --ef-construction, --ef-search), or None."""
-    given = {"M": args.hnsw_m, "ef_construction": args.ef_construction,
-             "ef_search": args.ef_search}
-    return {k: v for k, v in given.items() if v is not None} or None

@@ -8,7 +8,7 @@ from pathlib import Path
 from ...constants import DEFAULT_BATCH_SIZE, POOLINGS
 from ...errors import BertflowError
 from ..checks import check_no_encoding, check_paths
-from ..options import CACHE_HELP, ENCODER_OF_HEAD, HEAD_HELP, device_options, positive, quiet
+from ..options import CACHE_HELP, HEAD_HELP, device_options, positive, quiet
 from ..shared import head_and_encoder, load_encoder_of
 
 SUMMARY = "apply a head to sentences or embeddings"
@@ -23,7 +23,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--sentences", type=Path, help="text file, one sentence per line")
     source.add_argument("--embeddings", type=Path, help="EMB.npy made by `bertflow encode`")
     p.add_argument("--out", type=Path, required=True, help="OUT.npy (+ OUT.meta.json)")
-    p.add_argument("--encoder", default=None, help=ENCODER_OF_HEAD)
+    p.add_argument("--encoder", default=None, help="encoder folder (default: the one the head "
+                   "records, checked against its fingerprint)")
     p.add_argument("--pooling", choices=POOLINGS, default=None,
                    help="how --embeddings without a sidecar were pooled (checked against the "
                    "head)")
@@ -32,7 +33,6 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", type=Path, default=None, help=CACHE_HELP + " (--sentences)")
     device_options(p)
     quiet(p)
-
 
 
 def check(args: argparse.Namespace, launched: bool) -> None:
