@@ -7,7 +7,7 @@ import argparse
 import contextlib
 from pathlib import Path
 
-from ..constants import DEFAULT_BATCH_SIZE
+from ..constants import DEFAULT_BATCH_SIZE, LINEAR_OPTIONS
 from ..errors import BertflowError
 
 __all__ = ["FLOW_FIELDS", "TRAIN_FIELDS", "check_inputs", "check_no_encoding", "check_options",
@@ -37,13 +37,10 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         raise BertflowError(f"{', '.join(given)} apply to --method flow only")
     if getattr(args, "check", None) is not None:  # the command's own
         args.check(args, launched)
-    if (getattr(args, "k", None) is not None and method not in ("whitening", "whitening-k")) or (
-            getattr(args, "d", None) is not None and method != "abtt"):
-        raise BertflowError("--dims applies to --method whitening and whitening-k, --d to "
-                            "--method abtt")
-    if getattr(args, "shrinkage", None) is not None and method not in ("whitening",
-                                                                       "whitening-k"):
-        raise BertflowError("--shrinkage applies to --method whitening and whitening-k")
+    for dest, flag in (("k", "--dims"), ("d", "--d"), ("shrinkage", "--shrinkage"),
+                       ("gamma", "--gamma")):
+        if getattr(args, dest, None) is not None and method not in LINEAR_OPTIONS[dest]:
+            raise BertflowError(f"{flag} applies to --method {', '.join(LINEAR_OPTIONS[dest])}")
 
 
 def fit_on_files(args: argparse.Namespace) -> list[str]:

@@ -17,13 +17,14 @@ from ..constants import (
     DEFAULT_POOLING,
     DTYPES,
     POOLINGS,
+    SHRINKAGE_ESTIMATORS,
 )
 
 __all__ = ["CACHE_HELP", "CORPUS_HELP", "FOLDERS_MAX_LENGTH", "FOLDERS_POOLING", "HEAD_HELP",
            "Formatter", "Parser", "Refused", "baseline_options", "ceiling", "device_options",
            "encoder_options", "flow_arguments", "fraction", "head_or_flow_options", "integer",
-           "max_length_type", "natural", "positive", "positive_float", "quiet", "seed_type",
-           "typed", "unit"]
+           "max_length_type", "natural", "positive", "positive_float", "power", "quiet",
+           "seed_type", "shrinkage_type", "typed", "unit"]
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -65,15 +66,21 @@ def quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
 
 
 def baseline_options(p: argparse.ArgumentParser) -> None:
-    # the defaults are bertflow.heads.linear.default_k and default_d
+    # the defaults are bertflow.heads.linear.default_k, default_d and linear_options'
     p.add_argument("--dims", dest="k", type=positive, default=None, metavar="K",
-                   help="components kept by whitening-k (default: a third of the dimension); "
-                        "--method whitening --dims K is whitening-k keeping K")
+                   help="components kept by whitening-k and pca (default: a third of the "
+                        "dimension), and by fractional (default: all); --method whitening "
+                        "--dims K is whitening-k keeping K")
     p.add_argument("--d", type=natural, default=None,
                    help="directions removed by abtt (default: a hundredth of the dimension)")
-    p.add_argument("--shrinkage", type=unit, default=None, metavar="ALPHA",
-                   help="shrink whitening's covariance towards a multiple of the identity: "
-                        "(1−α)Σ + α·tr Σ/n·I (default: 0)")
+    p.add_argument("--shrinkage", type=shrinkage_type, default=None, metavar="ALPHA",
+                   help="shrink the covariance of whitening, whitening-k and fractional towards "
+                        "a multiple of the identity, (1−α)Σ + α·tr Σ/n·I: α in [0, 1], or "
+                        f"{', '.join(SHRINKAGE_ESTIMATORS)} to let that estimator choose α "
+                        "from the embeddings (default: 0)")
+    p.add_argument("--gamma", type=power, default=None,
+                   help="fractional's power: the covariance to −γ/2, γ in [0, 2], 1 being "
+                        "whitening (default: 0.5)")
 
 
 def head_or_flow_options(p: argparse.ArgumentParser) -> None:
@@ -175,3 +182,17 @@ seed_type = integer(0, 2**32)
 positive_float = typed(float, "positive", lambda v: v > 0)
 fraction = typed(float, "in [0, 1)", lambda v: 0 <= v < 1)
 unit = typed(float, "in [0, 1]", lambda v: 0 <= v <= 1)
+power = typed(float, "in [0, 2]", lambda v: 0 <= v <= 2)
+
+
+def shrinkage_type(text: str) -> float | str:
+    """α in [0, 1], or the name of an estimator that chooses it."""
+    if text in SHRINKAGE_ESTIMATORS:
+        return text
+    try:
+        float(text)
+    except ValueError:
+        names = ", ".join(SHRINKAGE_ESTIMATORS)
+        raise argparse.ArgumentTypeError(f"expected α in [0, 1] or one of {names}, got "
+                                         f"{text!r}") from None
+    return unit(text)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import DEFAULT_BATCH_SIZE, METHODS
+from ..constants import DEFAULT_BATCH_SIZE
 from ..data.sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
 from ..embeddings.cache import EmbeddingCache
 from ..embeddings.isotropy import (
@@ -31,13 +31,14 @@ from ..training.trainer import fit_head
 from .methods import Method, make_method
 from .sts import pair_measures
 
-__all__ = ["PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all", "token_frequencies"]
+__all__ = ["COMPARED", "PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all",
+           "token_frequencies"]
 
 PLOTS = PLOTS_FOLDER.files  # alignment_uniformity.png only where STS-B was given
 STSB_SPLITS = ("dev", "test")  # the STS-B pairs of the alignment and uniformity plot
 Points = Mapping[str, Mapping[str, "float | None"]]
 _BEFORE, _AFTER = "#c0392b", "#2471a3"
-
+COMPARED = ("raw", "standardize", "whitening", "whitening-k", "abtt", "flow")  # the plots' methods
 
 def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
              encoder: Encoder, corpus: Sequence[str], title: str,
@@ -133,13 +134,14 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
 
 def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: Head,
                   flow_label: str = "flow") -> dict[str, dict[str, float | None]]:
-    """The `pair_measures` of `pairs` (embedded by `y`) after each method of `METHODS` fit on
-    `x` (the flow being `head`), by label: whitening-K, abtt-D, the flow as `flow_label`."""
+    """The `pair_measures` of `pairs` (embedded by `y`) after each method the paper compares
+    (`COMPARED`) fit on `x` (the flow being `head`), by label: whitening-K, abtt-D, the flow as
+    `flow_label`."""
     k, d = linear_options("whitening-k", x.shape[1])["k"], linear_options("abtt", x.shape[1])["d"]
     labels = {"whitening-k": f"whitening-{k}", "abtt": f"abtt-{d}", "flow": flow_label}
     sentences = sentences_of(pairs)
     points = {}
-    for name in METHODS:
+    for name in COMPARED:
         method = Method("flow", head=head) if name == "flow" else make_method(name).fit(x)
         points[labels.get(name, name)] = pair_measures(pairs, sentences, method.transform(y))
     return points

@@ -78,18 +78,17 @@ class Method:
 
 
 def make_method(name: str, *, k: int | None = None, d: int | None = None,
-                shrinkage: float | None = None, flow: FlowConfig | None = None,
-                train: TrainConfig | None = None, before: str = "standardize",
-                progress: bool = False) -> Method:
-    """A fresh method of `METHODS` by name: `k`, `d`, `shrinkage` (whitening's, where given)
-    for the baselines, the rest for the flow."""
-    name = MethodSpec(name, k, d, shrinkage).name  # checked: whitening with k is whitening-k
+                shrinkage: float | str | None = None, gamma: float | None = None,
+                flow: FlowConfig | None = None, train: TrainConfig | None = None,
+                before: str = "standardize", progress: bool = False) -> Method:
+    """A fresh method of `METHODS` by name: `k`, `d`, `shrinkage` and `gamma` (where given)
+    for the linear maps, the rest for the flow."""
+    name = MethodSpec(name, k, d, shrinkage, gamma=gamma).name  # whitening with k is whitening-k
     if name == "flow":
         return Method(name, {"flow": flow or FlowConfig(), "train": train or TrainConfig(),
                              "before": before, "progress": progress})
-    shrink = {} if shrinkage is None else {"shrinkage": shrinkage}
-    return Method(name, {"whitening": shrink, "whitening-k": {"k": k, **shrink},
-                         "abtt": {"d": d}}.get(name, {}))
+    given = {"k": k, "d": d, "shrinkage": shrinkage, "gamma": gamma}
+    return Method(name, {key: value for key, value in given.items() if value is not None})
 
 
 def flow_by_recipe(pooling: str, recipe: Recipe | dict[str, Any] | None = None, *,

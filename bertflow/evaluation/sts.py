@@ -134,7 +134,7 @@ def undefined_notes(rows: Results) -> list[str]:
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
     """A row's encoder, pooling, method (``whitening-k (k=128, shrinkage=0.5)``) and fit data."""
-    options = ", ".join(f"{o}={row[o]}" for o in ("k", "d", "shrinkage")
+    options = ", ".join(f"{o}={row[o]}" for o in ("k", "d", "shrinkage", "gamma")
                         if row.get(o) is not None)
     method = f"{row['method']} ({options})" if options else row["method"]
     return row["encoder"], row["pooling"], method, row["fit_on"]

@@ -28,8 +28,8 @@ _BEFORE_TEXT = {"standardisation": "a standardisation per dimension, then ",
 def summary(head: Head) -> str:
     """What the head computes, in one line."""
     if head.glow is None:
-        options = ", ".join(f"{key} {head.training_info[key]}" for key in ("k", "d", "shrinkage")
-                            if key in head.training_info)
+        options = ", ".join(f"{key} {head.training_info[key]}" for key in (
+            "k", "d", "shrinkage", "shrinkage_estimator", "gamma") if key in head.training_info)
         return (f"{head.method}{f' ({options})' if options else ''}, a linear map {head.dim} → "
                 f"{head.out_dim}")
     c = head.glow.config

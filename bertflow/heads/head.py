@@ -21,7 +21,7 @@ from ..errors import BertflowError
 from ..storage.files import check_finite
 from ..storage.rows import Moments, Rows, as_rows, moments
 from .flow import Glow, StandardScaler, log_likelihood
-from .linear import LinearMap, fit_map, linear_options
+from .linear import LinearMap, estimate_shrinkage, fit_map, linear_options
 
 __all__ = ["FlowHead", "Head", "training_rows"]
 
@@ -199,16 +199,22 @@ class Head(nn.Module):
 
     @classmethod
     def fit_linear(cls, x: np.ndarray | Tensor | Rows, method: str = "whitening", *,
-                   k: int | None = None, d: int | None = None, shrinkage: float | None = None,
+                   k: int | None = None, d: int | None = None,
+                   shrinkage: float | str | None = None, gamma: float | None = None,
                    corpus: dict[str, Any] | None = None, **origin: Any) -> Head:
-        """A baseline as a head: ``whitening``, ``whitening-k`` (`k`) or ``abtt`` (`d`); either
-        whitening of the covariance shrunk by `shrinkage` (`bertflow.heads.linear.shrunk`), which
-        its `training_info` records when given."""
+        """A closed-form linear map as a head (`bertflow.heads.linear.fit_map`: its `method`,
+        `k`, `d`, `shrinkage` and `gamma`), which its `training_info` records: the α an
+        estimator chose beside the estimator's name."""
         data, _, record = training_rows(x, corpus)
-        linear = fit_map(data, method, k=k, d=d, shrinkage=shrinkage,
+        options = linear_options(method, data.shape[1], k, d, shrinkage, gamma)
+        if isinstance(options.get("shrinkage"), str):
+            options["shrinkage_estimator"] = options["shrinkage"]
+            options["shrinkage"] = estimate_shrinkage(data, options["shrinkage"])
+        linear = fit_map(data, method, **{key: value for key, value in options.items()
+                                          if key != "shrinkage_estimator"},
                          what="the training embeddings")
         training = {"corpus": record, "method": linear.method, "out_dim": linear.out_features,
-                    **linear_options(method, linear.features, k, d, shrinkage)}
+                    **options}
         return cls(None, linear=linear, training_info=training, **origin)
 
     def describe(self) -> dict[str, Any]:

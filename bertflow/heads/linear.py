@@ -1,5 +1,7 @@
-"""Closed-form linear maps: BERT-whitening (Su et al., 2021), whitening-k and all-but-the-top;
-whitening's covariance optionally shrunk towards a multiple of the identity."""
+"""Closed-form linear maps: the identity, centring, the mean direction projected out, BERT-whitening
+(Su et al., 2021), whitening-k, fractional whitening, PCA and all-but-the-top; whitening's
+covariance optionally shrunk towards a multiple of the identity, by a given α or one chosen from
+the embeddings alone (Ledoit-Wolf, OAS or the held-out likelihood: scikit-learn's estimators)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,19 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..constants import LINEAR_METHODS
+from ..constants import LINEAR_METHODS, LINEAR_OPTIONS, SHRINKAGE_ESTIMATORS
 from ..errors import BertflowError
 from ..storage.files import check_finite
 from ..storage.rows import Rows, as_rows
 
-__all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "covariance", "default_d", "default_k",
-           "fit_map", "linear_method", "linear_options", "principal_directions", "shrunk",
-           "whitening_weight"]
+__all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "covariance",
+           "default_d", "default_k", "estimate_shrinkage", "fit_map", "linear_method",
+           "linear_options", "principal_directions", "shrunk", "whitening_weight"]
 
 _BLOCK = 8192
 NO_VARIANCE = 1e-7  # a principal direction whose variance is below this share of the largest's
+_NAMES = {"k": "k (components kept)", "d": "d (directions removed)", "shrinkage": "shrinkage",
+          "gamma": "gamma (the whitening's power)"}
 
 
 class LinearMap(nn.Module):
@@ -127,14 +131,17 @@ def shrunk(cov: np.ndarray, shrinkage: float) -> np.ndarray:
 
 
 def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = None,
-                     what: str = "the embeddings", shrinkage: float = 0.0) -> np.ndarray:
-    r"""$W = U_k \Lambda_k^{-1/2}$ from $\Sigma = U \Lambda U^\top$, keeping the top `k`
-    components (default: all). With `shrinkage` α above 0 the eigenvalues are those of $\Sigma$
-    `shrunk`, $(1 - \alpha)\lambda_i + \alpha \operatorname{tr}\Sigma / n$, and the
-    directions stay $\Sigma$'s, ranked by its own variances (at α = 1 the shrunk covariance is
-    a multiple of I, whose eigenvectors say nothing); the shrunk covariance is full rank from 2
-    rows on. A direction without variance is scaled as the largest, so that full whitening
-    stays invertible; whitening-k refuses to keep one."""
+                     what: str = "the embeddings", shrinkage: float = 0.0,
+                     gamma: float = 1.0) -> np.ndarray:
+    r"""$W = U_k \Lambda_k^{-\gamma/2}$ from $\Sigma = U \Lambda U^\top$, keeping the top `k`
+    components (default: all): whitening at $\gamma = 1$, else fractional whitening
+    $\Sigma^{-\gamma/2}$ (up to a rotation, which no cosine sees). With `shrinkage` α above 0
+    the eigenvalues are those of $\Sigma$ `shrunk`,
+    $(1 - \alpha)\lambda_i + \alpha \operatorname{tr}\Sigma / n$, and the directions stay
+    $\Sigma$'s, ranked by its own variances (at α = 1 the shrunk covariance is a multiple of I,
+    whose eigenvectors say nothing); the shrunk covariance is full rank from 2 rows on. A
+    direction without variance is scaled as the largest, so that full whitening stays
+    invertible; whitening-k refuses to keep one."""
     dim = cov.shape[0]
     kept = dim if k is None else k
     if not 1 <= kept <= dim:
@@ -155,7 +162,8 @@ def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = N
             f"{what}: {dim - alive} of {dim} components have no variance (below "
             f"{NO_VARIANCE:g} of the largest's: constant or linearly dependent features); "
             f"whitening-k needs k ≤ {alive}, not {k}")
-    return vectors / np.sqrt(np.where(live, values, values[0]))
+    scale = np.sqrt(np.where(live, values, values[0]))
+    return vectors / (scale if gamma == 1 else scale**gamma)
 
 
 def default_k(dim: int) -> int:
@@ -169,51 +177,96 @@ def default_d(dim: int) -> int:
 
 
 def linear_method(method: str, k: int | None = None, d: int | None = None,
-                  shrinkage: float | None = None) -> str:
-    """`method` given `k`, `d` and `shrinkage` (whitening with `k` is whitening-k); misplaced
-    ones, and a `shrinkage` outside [0, 1], refused."""
-    if k is not None and method not in ("whitening", "whitening-k"):
-        raise BertflowError(f"k (components kept) applies to whitening and whitening-k, "
-                            f"not to {method}")
-    if shrinkage is not None and method not in ("whitening", "whitening-k"):
-        raise BertflowError(f"shrinkage applies to whitening and whitening-k, not to {method}")
-    if shrinkage is not None and not 0 <= shrinkage <= 1:
+                  shrinkage: float | str | None = None, gamma: float | None = None) -> str:
+    """`method` given its options (whitening with `k` is whitening-k); an option of another
+    method, a `shrinkage` neither in [0, 1] nor an estimator's name, and a `gamma` outside
+    [0, 2] are refused."""
+    for option, value in (("k", k), ("d", d), ("shrinkage", shrinkage), ("gamma", gamma)):
+        if value is not None and method not in LINEAR_OPTIONS[option]:
+            raise BertflowError(f"{_NAMES[option]} applies to {_listed(LINEAR_OPTIONS[option])}, "
+                                f"not to {method}")
+    if isinstance(shrinkage, str) and shrinkage not in SHRINKAGE_ESTIMATORS:
+        raise BertflowError(f"shrinkage must be in [0, 1] or one of "
+                            f"{', '.join(SHRINKAGE_ESTIMATORS)}, got {shrinkage!r}")
+    if shrinkage is not None and not isinstance(shrinkage, str) and not 0 <= shrinkage <= 1:
         raise BertflowError(f"shrinkage must be in [0, 1], got {shrinkage}")
-    if d is not None and method != "abtt":
-        raise BertflowError(f"d (directions removed) applies to abtt, not to {method}")
+    if gamma is not None and not 0 <= gamma <= 2:
+        raise BertflowError(f"gamma must be in [0, 2], got {gamma}")
     return "whitening-k" if method == "whitening" and k is not None else method
 
 
+def _listed(names: tuple[str, ...]) -> str:
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
 def linear_options(method: str, dim: int, k: int | None = None, d: int | None = None,
-                   shrinkage: float | None = None) -> dict[str, Any]:
-    """The `k` of whitening-k or the `d` of abtt on `dim`-d embeddings, defaults filled in, and
-    the `shrinkage` of either whitening where given."""
-    method = linear_method(method, k, d, shrinkage)
-    given = {} if shrinkage is None else {"shrinkage": shrinkage}
-    if method == "whitening-k":
-        return {"k": default_k(dim) if k is None else k, **given}
-    return {"d": default_d(dim) if d is None else d} if method == "abtt" else given
+                   shrinkage: float | str | None = None,
+                   gamma: float | None = None) -> dict[str, Any]:
+    """The options of `method` on `dim`-d embeddings, defaults filled in: the `k` of
+    whitening-k and PCA (a third), the `d` of abtt, fractional whitening's `gamma` (0.5), and
+    those given (`shrinkage`, a fractional whitening's `k`)."""
+    method = linear_method(method, k, d, shrinkage, gamma)
+    defaults = {"whitening-k": {"k": default_k(dim)}, "pca": {"k": default_k(dim)},
+                "abtt": {"d": default_d(dim)}, "fractional": {"gamma": 0.5}}.get(method, {})
+    given = {key: value for key, value in (("k", k), ("d", d), ("shrinkage", shrinkage),
+                                           ("gamma", gamma)) if value is not None}
+    return {**defaults, **given}
+
+
+def estimate_shrinkage(x: np.ndarray | Rows, estimator: str) -> float:
+    """The shrinkage α that `estimator` chooses for the covariance of `x`, towards the same
+    target as `shrunk`'s, with scikit-learn: Ledoit-Wolf, Chen et al.'s OAS, or ``likelihood``,
+    the α of a grid (10⁻⁴ to 1) whose shrunk covariance gives held-out rows the highest Gaussian
+    likelihood (3 folds, shuffled by a fixed seed)."""
+    from sklearn.covariance import OAS, ShrunkCovariance, ledoit_wolf_shrinkage
+    from sklearn.model_selection import GridSearchCV, KFold
+
+    rows = as_rows(x)
+    data = np.asarray(rows.read(0, rows.shape[0]), dtype=np.float64)
+    if estimator == "ledoit-wolf":
+        return float(ledoit_wolf_shrinkage(data))
+    if estimator == "oas":
+        return float(OAS().fit(data).shrinkage_)
+    search = GridSearchCV(ShrunkCovariance(), {"shrinkage": np.logspace(-4, 0, 25)},
+                          cv=KFold(3, shuffle=True, random_state=0))
+    return float(search.fit(data).best_params_["shrinkage"])
 
 
 def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
-            d: int | None = None, shrinkage: float | None = None,
-            what: str = "the embeddings") -> LinearMap:
-    """A `LinearMap` fit on embeddings `x`: whitening, whitening-k or abtt (`linear_options`);
-    whitening's covariance `shrunk` by `shrinkage` (default 0: none)."""
-    method = linear_method(method, k, d, shrinkage)
+            d: int | None = None, shrinkage: float | str | None = None,
+            gamma: float | None = None, what: str = "the embeddings") -> LinearMap:
+    """A `LinearMap` of `method` fit on embeddings `x` (`linear_options`): the identity, the
+    mean removed (``center``), the mean's direction projected out (``no-mean-direction``),
+    whitening, whitening-k and fractional whitening of the covariance `shrunk` by `shrinkage`
+    (default 0: none; an estimator's name: the α it chooses), PCA to `k`, or abtt."""
+    method = linear_method(method, k, d, shrinkage, gamma)
     if method not in LINEAR_METHODS:
         raise BertflowError(f"unknown linear method {method!r}; choose one of "
                             f"{', '.join(LINEAR_METHODS)}")
     rows, dim = as_rows(x).shape
-    options = linear_options(method, dim, k, d, shrinkage)
+    options = linear_options(method, dim, k, d, shrinkage, gamma)
+    if method == "identity":
+        return LinearMap(torch.zeros(dim, dtype=torch.float64), torch.eye(dim), method)
     mean, cov = covariance(x, what)
-    if method == "abtt":
+    weight = np.eye(dim)
+    if method == "no-mean-direction":
+        norm = np.linalg.norm(mean)
+        if norm**2 <= NO_VARIANCE * np.trace(cov):  # a direction of rounding errors
+            raise BertflowError(f"{what} have a zero mean: it has no direction to project out")
+        weight, mean = weight - np.outer(mean / norm, mean / norm), np.zeros(dim)
+    elif method == "abtt":
         d = options["d"]
         if not 0 <= d < dim:
             raise BertflowError(f"all-but-the-top d={d} must be in [0, dimension {dim})")
         top = principal_directions(cov, d)[1]
-        weight = np.eye(dim) - top @ top.T  # I - U_d U_dᵀ: the top d directions removed
-    else:
-        weight = whitening_weight(cov, options.get("k"), rows, what, shrinkage or 0.0)
+        weight = weight - top @ top.T  # I - U_d U_dᵀ: the top d directions removed
+    elif method == "pca":
+        if not 1 <= options["k"] <= dim:
+            raise BertflowError(f"PCA k={options['k']} must be between 1 and the dimension {dim}")
+        weight = principal_directions(cov, options["k"])[1]
+    elif method != "center":
+        alpha = options.get("shrinkage", 0.0)
+        alpha = estimate_shrinkage(x, alpha) if isinstance(alpha, str) else alpha
+        weight = whitening_weight(cov, options.get("k"), rows, what, alpha,
+                                  options.get("gamma", 1.0))
     return LinearMap(torch.from_numpy(mean), torch.from_numpy(weight), method)
-

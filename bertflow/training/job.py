@@ -100,8 +100,9 @@ def run_fit(job: FitJob, *, say: Say | None = None,
             return None
         spec = job.method
         head = Head.fit_linear(x, spec.name, k=spec.k, d=spec.d, shrinkage=spec.shrinkage,
-                                   encoder=origin["encoder"], pooling=origin["pooling"],
-                                   max_length=origin["max_length"], corpus=origin["corpus"])
+                               gamma=spec.gamma, encoder=origin["encoder"],
+                               pooling=origin["pooling"], max_length=origin["max_length"],
+                               corpus=origin["corpus"])
         head.save(job.out)
         return FittedHead(head, None)
     return _train(job, x, origin, checkpoint, dev, say, progress)

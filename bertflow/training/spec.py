@@ -16,24 +16,26 @@ __all__ = ["MethodSpec"]
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method of `METHODS` (`raw`, `standardize`, the baselines, `flow`) with its options:
-    `k` components kept by whitening-k, `d` directions removed by all-but-the-top, whitening's
-    covariance `shrinkage`, and the flow's `recipe` (a whole `Recipe`, or its changes to the
-    pooling's recommended one, `bertflow.training.recipes.choose`). Whitening with `k` is
-    whitening-k; an option of another method is refused."""
+    """A method of `METHODS` (`raw`, `standardize`, the linear maps, `flow`) with its options:
+    `k` components kept (whitening-k, PCA, fractional whitening), `d` directions removed by
+    all-but-the-top, whitening's covariance `shrinkage` (α, or the estimator choosing it), the
+    flow's `recipe` (a whole `Recipe`, or its changes to the pooling's recommended one,
+    `bertflow.training.recipes.choose`) and fractional whitening's power `gamma`. Whitening with
+    `k` is whitening-k; an option of another method is refused."""
 
     name: str = "flow"
     k: int | None = None
     d: int | None = None
-    shrinkage: float | None = None
+    shrinkage: float | str | None = None
     recipe: Recipe | dict[str, Any] | None = None
+    gamma: float | None = None
 
     def __post_init__(self) -> None:
         if self.name not in METHODS:
             raise BertflowError(f"unknown method {self.name!r}; choose one of "
                                 f"{', '.join(METHODS)}")
         object.__setattr__(self, "name", linear_method(self.name, self.k, self.d,
-                                                       self.shrinkage))
+                                                       self.shrinkage, self.gamma))
         if self.recipe is not None and self.name != "flow":
             raise BertflowError(f"a recipe applies to the flow, not to {self.name}")
 
@@ -49,4 +51,4 @@ class MethodSpec:
 
     def linear_options(self, dim: int) -> dict[str, Any]:
         """The options of the linear map on `dim`-d embeddings, defaults filled in."""
-        return linear_options(self.name, dim, self.k, self.d, self.shrinkage)
+        return linear_options(self.name, dim, self.k, self.d, self.shrinkage, self.gamma)

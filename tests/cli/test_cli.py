@@ -663,7 +663,7 @@ def test_eval_refuses_k_d_and_shrinkage_with_a_head(tmp_path, capsys, inputs, no
     rows = tmp_path / "rows.json"
     assert_refused(capsys, ["eval", "sts", inputs["data"], "--head", inputs["head"], *options,
                             "--out", rows, "--quiet"],
-                   "--dims, --d and --shrinkage apply to --method whitening, whitening-k and abtt, "
+                   "--dims, --d, --shrinkage and --gamma apply to a linear method fit here, "
                    f"not to --head {inputs['head']}", rows)
 
 

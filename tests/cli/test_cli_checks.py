@@ -34,7 +34,7 @@ def test_missing_inputs_and_bad_options_are_refused_before_torch_is_imported(tmp
         (["fit", tmp_path, "--out", out], f"{tmp_path} is not a file"),
         (["fit", missing, "--out", out, "--method", "abtt", "--dims", "3"], "--dims applies to"),
         (["fit", missing, "--out", out, "--shrinkage", "0.5"],
-         "--shrinkage applies to --method whitening and whitening-k"),
+         "--shrinkage applies to --method whitening, whitening-k, fractional"),
         (["transform", "--head", missing, "--sentences", missing, "--out", out / "z.npy"],
          f"no such file: {missing}"),
         (["transform", "--head", missing, "--embeddings", tmp_path, "--out", out / "z.npy",
@@ -43,9 +43,9 @@ def test_missing_inputs_and_bad_options_are_refused_before_torch_is_imported(tmp
         (["eval", "sts", missing, "--method", "raw", "--lr", "0.1"],
          "--lr apply to --method flow only"),
         (["eval", "retrieval", missing, "--method", "abtt", "--shrinkage", "0"],
-         "--shrinkage applies to --method whitening and whitening-k"),
+         "--shrinkage applies to --method whitening, whitening-k, fractional"),
         (["eval", "sts", missing, "--head", missing, "--shrinkage", "0.9"],
-         "--dims, --d and --shrinkage apply to --method whitening, whitening-k and abtt, not to "
+         "--dims, --d, --shrinkage and --gamma apply to a linear method fit here, not to "
          f"--head {missing}"),
         (["eval", "sts", tmp_path, "--head", missing], f"no flow head folder at {missing}"),
         (["eval", "sts", tmp_path, "--fit-on", "target", missing],
@@ -87,7 +87,8 @@ def test_search_takes_top_and_refuses_k(capsys, tmp_path):
 
 @pytest.mark.parametrize("value,message", [
     ("1.5", "must be in [0, 1], got 1.5"), ("-0.1", "must be in [0, 1], got -0.1"),
-    ("nan", "must be a finite number, got nan"), ("half", "expected a number, got 'half'")])
+    ("nan", "must be a finite number, got nan"),
+    ("half", "expected α in [0, 1] or one of ledoit-wolf, oas, likelihood, got 'half'")])
 def test_shrinkage_out_of_range_is_refused(capsys, tmp_path, value, message):
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", str(tmp_path / "x.npy"), "--out", str(tmp_path / "h"), "--method",

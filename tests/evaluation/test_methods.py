@@ -60,7 +60,7 @@ def test_every_method_by_name_and_bad_parameters(x):
     assert make_method("whitening-k", k=4).describe() == {"k": 4}
     assert make_method("abtt", d=2).describe() == {"d": 2}
     with pytest.raises(BertflowError, match="unknown method"):
-        make_method("pca")
+        make_method("ica")
     with pytest.raises(BertflowError, match="must be between 1 and the dimension"):
         make_method("whitening-k", k=17).fit(x)
     with pytest.raises(BertflowError, match=r"must be in \[0, dimension"):
@@ -80,8 +80,8 @@ def test_a_method_specification_is_checked_once_when_made():
     assert MethodSpec.of("raw") == MethodSpec("raw") and not MethodSpec("flow").is_linear
     spec = MethodSpec("whitening", shrinkage=0.5)
     assert MethodSpec.of(spec) is spec and spec.is_linear
-    for options, message in (({"name": "pca"}, "unknown method 'pca'"),
-                             ({"name": "abtt", "k": 3}, "applies to whitening and whitening-k"),
+    for options, message in (({"name": "ica"}, "unknown method 'ica'"),
+                             ({"name": "abtt", "k": 3}, "fractional and pca"),
                              ({"name": "flow", "d": 1}, "applies to abtt"),
                              ({"name": "whitening", "shrinkage": 1.5}, "must be in \\[0, 1\\]"),
                              ({"name": "abtt", "recipe": {}}, "a recipe applies to the flow")):

@@ -134,6 +134,27 @@ def test_a_head_whitened_before_its_flow_exports_to_onnx(tmp_path):
     np.testing.assert_allclose(got, head.transform(x[:7]), atol=1e-4)
 
 
+@pytest.mark.parametrize("method", ["identity", "center", "no-mean-direction", "fractional",
+                                    "pca"])
+def test_every_linear_candidate_exports_like_any_head(tmp_path, method):
+    """The identity (the raw embeddings) and the other closed-form maps export to ONNX and
+    torch.export and give what `transform` gives."""
+    import onnxruntime
+    import torch
+
+    from bertflow import FlowHead
+
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(300, 8)) @ rng.normal(size=(8, 8)) + 2).astype(np.float32)
+    head = FlowHead.fit_linear(x, method)
+    session = onnxruntime.InferenceSession(str(export_onnx(head, tmp_path / "h.onnx")))
+    got = session.run(None, {session.get_inputs()[0].name: x[:7]})[0]
+    np.testing.assert_allclose(got, head.transform(x[:7]), atol=1e-4)
+    program = torch.export.load(str(export_program(head, tmp_path / "h.pt2"))).module()
+    np.testing.assert_allclose(program(torch.from_numpy(x[:7])).numpy(), head.transform(x[:7]),
+                               atol=1e-5)
+
+
 @pytest.mark.parametrize("fmt, name", [("torch-export", "h.pt2"), ("onnx", "h.onnx")])
 def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, head, fmt, name):
     from ..embeddings.test_outputs import run_limited

@@ -67,14 +67,19 @@ def test_a_map_needs_matching_shapes():
     with pytest.raises(BertflowError, match="a \\(dim,\\) mean and a \\(dim, out\\) weight"):
         LinearMap(torch.zeros(3), torch.zeros(4, 2), "whitening-k")
     with pytest.raises(BertflowError, match="unknown linear method"):
-        LinearMap(torch.zeros(3), torch.zeros(3, 3), "pca")
+        LinearMap(torch.zeros(3), torch.zeros(3, 3), "ica")
 
 
 # baselines as heads ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("method, options, width", [("whitening", {}, 12),
                                                     ("whitening-k", {"k": 4}, 4),
-                                                    ("abtt", {"d": 2}, 12)])
+                                                    ("abtt", {"d": 2}, 12),
+                                                    ("identity", {}, 12), ("center", {}, 12),
+                                                    ("no-mean-direction", {}, 12),
+                                                    ("fractional", {"gamma": 0.25}, 12),
+                                                    ("fractional", {"k": 5}, 5),
+                                                    ("pca", {"k": 3}, 3)])
 def test_linear_heads_transform_as_the_methods_and_survive_a_round_trip(x, tmp_path, method,
                                                                          options, width):
     from bertflow import FlowHead
@@ -172,7 +177,8 @@ def test_fit_method_from_the_command_line_and_every_export(tmp_path, capsys, cor
 
 # layout, dtype, defaults, and data whitening cannot take -----------------------------------
 
-@pytest.mark.parametrize("method", ["whitening", "whitening-k", "abtt"])
+@pytest.mark.parametrize("method", ["whitening", "whitening-k", "abtt", "identity", "center",
+                                    "no-mean-direction", "fractional", "pca"])
 def test_a_fitted_linear_head_holds_its_tensors_as_a_loaded_one(x, tmp_path, method):
     """The tensors of a fitted head are row-major, as those of its reload: both take the same
     BLAS path and compute the same bits on any CPU (an eigensolver gives column-major
@@ -248,7 +254,7 @@ def test_whitening_given_k_is_whitening_k_and_options_that_do_not_apply_are_refu
     np.testing.assert_array_equal(method.fit(x).transform(x),
                                   make_method("whitening-k", k=5).fit(x).transform(x))
     for name, options, message in [
-            ("abtt", {"k": 3}, "applies to whitening and whitening-k, not to abtt"),
+            ("abtt", {"k": 3}, "fractional and pca, not to abtt"),
             ("whitening", {"d": 2}, "applies to abtt, not to whitening"),
             ("raw", {"k": 3}, "not to raw"), ("flow", {"d": 1}, "not to flow")]:
         with pytest.raises(BertflowError, match=message):
@@ -377,7 +383,7 @@ def test_shrinkage_out_of_range_or_misplaced_is_refused(x):
             make_method("whitening-k", shrinkage=alpha)
     for name in ("abtt", "raw", "flow"):
         with pytest.raises(BertflowError,
-                           match=f"shrinkage applies to whitening and whitening-k, not to {name}"):
+                           match=f"shrinkage applies to .* and fractional, not to {name}"):
             make_method(name, shrinkage=0.5)
     with pytest.raises(BertflowError, match="not to abtt"):
         FlowHead.fit_linear(x, "abtt", shrinkage=0.5)
@@ -442,3 +448,102 @@ def test_info_names_a_linear_heads_options_and_no_training_loss(x, tmp_path, cap
         assert main(["info", str(tmp_path / method)]) == 0
         out = capsys.readouterr().out
         assert f"method      {says}, a linear map" in out and "val NLL" not in out, out
+
+
+# the label-free candidates ---------------------------------------------------------------
+
+def test_the_simple_maps_compute_what_they_say(x):
+    """The identity leaves the embeddings as they are; centring removes the mean; the mean's
+    direction projected out leaves each row with no component along it."""
+    from bertflow import FlowHead
+
+    mean = x.astype(np.float64).mean(0)
+    unit = mean / np.linalg.norm(mean)
+    np.testing.assert_array_equal(FlowHead.fit_linear(x, "identity").transform(x), x)
+    np.testing.assert_allclose(FlowHead.fit_linear(x, "center").transform(x), x - mean,
+                               atol=1e-4)
+    off = FlowHead.fit_linear(x, "no-mean-direction").transform(x).astype(np.float64)
+    np.testing.assert_allclose(off, x - np.outer(x @ unit, unit), atol=1e-3)
+    assert np.abs(off @ unit).max() < 1e-3 * np.abs(x).max()
+    with pytest.raises(BertflowError, match="zero mean: it has no direction"):
+        fit_map((x - mean).astype(np.float32), "no-mean-direction")
+
+
+def test_fractional_whitening_tempers_the_spectrum_and_pca_keeps_it(x):
+    """Σ^(−γ/2) leaves the mapped covariance the eigenvalues λ^(1−γ): γ = 1 is whitening to the
+    bit, γ = 0 a rotation of the centred rows; PCA to k keeps the top k eigenvalues."""
+    values = np.linalg.eigvalsh(covariance(x)[1])[::-1]
+    for gamma in (0.0, 0.25, 0.5, 1.0):
+        z = fit_map(x, "fractional", gamma=gamma).map(torch.from_numpy(x).double()).numpy()
+        np.testing.assert_allclose(np.linalg.eigvalsh(np.cov(z, rowvar=False))[::-1],
+                                   values ** (1 - gamma), rtol=1e-3)
+    assert torch.equal(fit_map(x, "fractional", gamma=1.0).weight, fit_map(x).weight)
+    assert torch.equal(fit_map(x, "fractional", k=4, gamma=1.0).weight, fit_map(x, k=4).weight)
+    z = fit_map(x, "pca", k=3).map(torch.from_numpy(x).double()).numpy()
+    np.testing.assert_allclose(np.cov(z, rowvar=False), np.diag(values[:3]), rtol=1e-3,
+                               atol=1e-4 * values[0])
+    for method, options, message in [("fractional", {"gamma": 2.5}, r"gamma must be in \[0, 2\]"),
+                                     ("whitening", {"gamma": 0.5}, "gamma .* applies to "
+                                      "fractional, not to whitening"),
+                                     ("pca", {"k": 13}, "PCA k=13 must be between 1 and"),
+                                     ("center", {"k": 2}, "not to center")]:
+        with pytest.raises(BertflowError, match=message):
+            fit_map(x, method, **options)
+
+
+@pytest.mark.parametrize("estimator", ["ledoit-wolf", "oas", "likelihood"])
+def test_an_estimator_chooses_the_shrinkage_and_the_head_records_it(x, tmp_path, estimator):
+    """`shrinkage="ledoit-wolf"` (or "oas") whitens with the α scikit-learn's estimator chooses
+    for the embeddings, which the head records with the estimator's name."""
+    from sklearn.covariance import OAS, ShrunkCovariance, ledoit_wolf_shrinkage
+    from sklearn.model_selection import KFold
+
+    from bertflow import FlowHead
+    from bertflow.export.card import summary
+
+    data = x.astype(np.float64)
+    if estimator == "likelihood":  # the best of the grid on held-out rows, as by hand
+        folds = list(KFold(3, shuffle=True, random_state=0).split(data))
+        scores = {a: sum(ShrunkCovariance(shrinkage=a).fit(data[fit]).score(data[held])
+                         for fit, held in folds) for a in np.logspace(-4, 0, 25)}
+        alpha = max(scores, key=scores.get)
+    else:
+        alpha = ledoit_wolf_shrinkage(data) if estimator == "ledoit-wolf" else \
+            OAS().fit(data).shrinkage_
+    assert 0 < alpha < 1
+    head = FlowHead.fit_linear(x, "fractional", shrinkage=estimator, gamma=0.5)
+    info = head.training_info
+    assert info["shrinkage"] == pytest.approx(alpha, rel=1e-9)
+    assert info["shrinkage_estimator"] == estimator and info["gamma"] == 0.5
+    assert torch.equal(head.linear.weight, fit_map(x, "fractional", shrinkage=info["shrinkage"],
+                                                   gamma=0.5).weight)
+    assert f"shrinkage_estimator {estimator}" in summary(FlowHead.load(head.save(tmp_path / "h")))
+    with pytest.raises(BertflowError, match="shrinkage must be in .* or one of ledoit-wolf, oas"):
+        fit_map(x, shrinkage="lw")
+
+
+def test_fit_makes_every_candidate_from_the_command_line(tmp_path, capsys, corpus_file,
+                                                         tiny_encoder_dir):
+    """`bertflow fit --method M` for the new maps, with --gamma and an estimator's --shrinkage;
+    a misplaced --gamma and an unknown estimator are refused before anything is encoded."""
+    from bertflow import FlowHead
+    from bertflow.cli.main import main
+
+    base = ["fit", str(corpus_file), "--encoder", str(tiny_encoder_dir), "--cache",
+            str(tmp_path / "cache"), "--quiet"]
+    for method, options in [("identity", []), ("no-mean-direction", []),
+                            ("fractional", ["--gamma", "0.25", "--shrinkage", "oas"]),
+                            ("pca", ["--dims", "5"])]:
+        out = tmp_path / method
+        assert main([*base, "--out", str(out), "--method", method, *options]) == 0
+        head = FlowHead.load(out)
+        assert head.method == method and head.out_dim == (5 if method == "pca" else head.dim)
+    assert FlowHead.load(tmp_path / "fractional").training_info["gamma"] == 0.25
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "x"), "--method", "pca", "--gamma", "1"]) == 1
+    assert "--gamma applies to --method fractional" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--out", str(tmp_path / "x"), "--method", "whitening", "--shrinkage", "lw"])
+    err = capsys.readouterr().err
+    assert "expected α in [0, 1] or one of ledoit-wolf, oas, likelihood, got 'lw'" in err
+    assert not (tmp_path / "x").exists()

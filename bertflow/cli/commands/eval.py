@@ -73,10 +73,9 @@ def check(args: argparse.Namespace, launched: bool) -> None:
     if args.head is not None:
         if args.fit_on is not None:
             raise BertflowError("--fit-on does not apply to --head: the head is already fit")
-        if args.k is not None or args.d is not None or args.shrinkage is not None:
-            raise BertflowError("--dims, --d and --shrinkage apply to --method whitening, "
-                                f"whitening-k and abtt, not to --head {args.head}, which is fit "
-                                "already")
+        if any(v is not None for v in (args.k, args.d, args.shrinkage, args.gamma)):
+            raise BertflowError("--dims, --d, --shrinkage and --gamma apply to a linear method "
+                                f"fit here, not to --head {args.head}, which is fit already")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -106,7 +105,8 @@ def run(args: argparse.Namespace) -> None:
     head, encoder = head_and_encoder(args, flow=args.method in (None, "flow"))
     name = args.method or "flow"
     method = head if head is not None else MethodSpec(
-        name, args.k, args.d, args.shrinkage, flow_options(args) if name == "flow" else None)
+        name, args.k, args.d, args.shrinkage, flow_options(args) if name == "flow" else None,
+        args.gamma)
     options = {"pooling": args.pooling, "max_length": args.max_length, "fit_on": fit_on,
                "name": str(args.head), "batch_size": args.encode_batch_size,
                "progress": args.progress}

@@ -17,16 +17,18 @@ SUMMARY = "fit a flow head on a corpus or on embeddings"
 DESCRIPTION = """\
 Fit a Glow by maximum likelihood on the embeddings of CORPUS (encoded and cached) or
 of EMB.npy, and save it as a head folder that records its encoder and pooling. With
---method whitening, whitening-k or abtt, fit that baseline in closed form instead, as
-a head of the same format."""
+--method identity, center, no-mean-direction, whitening, whitening-k, fractional, pca or abtt,
+fit that linear map in closed form instead, as a head of the same format."""
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", type=Path, help="CORPUS.txt, or EMB.npy made by `bertflow encode`")
     p.add_argument("--out", type=Path, required=True, help="folder to write the head to")
     p.add_argument("--method", choices=("flow", *LINEAR_METHODS), default="flow",
-                   help="the flow, or a closed-form baseline: BERT-whitening, whitening to "
-                        "--dims components, all-but-the-top (--d directions)")
+                   help="the flow, or a closed-form linear map: the identity (raw), the mean "
+                        "removed, the mean's direction projected out, BERT-whitening, whitening "
+                        "to --dims components, fractional whitening (--gamma), PCA to --dims "
+                        "components, all-but-the-top (--d directions)")
     baseline_options(p)
     encoder_options(p, "the embeddings' sidecar's, else ")
     p.add_argument("--cache", type=Path, default=None, help=CACHE_HELP)
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> None:
     from ...training.trainer import nll_text
 
     method = MethodSpec(args.method, args.k, args.d, args.shrinkage,
-                        flow_options(args) if args.method == "flow" else None)
+                        flow_options(args) if args.method == "flow" else None, args.gamma)
     job = FitJob(args.input, args.out, method, encoder=args.encoder, pooling=args.pooling,
                  max_length=args.max_length, batch_size=args.encode_batch_size,
                  device=args.device, dtype=args.dtype, cache=args.cache,
