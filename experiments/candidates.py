@@ -19,12 +19,14 @@ Writes experiments/results/candidates.{json,md}.
 
 from __future__ import annotations
 
+import shlex
+import sys
 import time
 from pathlib import Path
 
 from common import DATA, parser
 
-from bertflow import MethodSpec, load_encoder
+from bertflow import MethodSpec, default_encoder_path, load_encoder
 from bertflow.data.beir import load_task
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.evaluation.retrieval import evaluate_retrieval
@@ -83,9 +85,10 @@ def main() -> None:
             print(lines[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "candidates.json", rows)
-    command = ("python experiments/candidates.py --encoder \"$(python -c 'import bertflow; "
-               "print(bertflow.default_encoder_path())')\" --max-length 256 --encoder "
-               "~/.cache/bertflow/encoders/all-mpnet-base-v2 --max-length 384")
+    default = "\"$(python -c 'import bertflow; print(bertflow.default_encoder_path())')\""
+    shown = [default if a == str(default_encoder_path()) else
+             shlex.quote(a).replace(str(Path.home()), "~") for a in sys.argv[1:]]
+    command = " ".join(["python experiments/candidates.py", *shown])
     (args.out / "candidates.md").write_text("\n".join([*lines, "", f"`{command}`", ""]),
                                             encoding="utf-8")
 
