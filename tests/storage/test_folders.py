@@ -453,6 +453,9 @@ def test_one_reader_tells_every_output_and_refuses_the_users_files(tmp_path, cap
     assert code == 0 and fields["kind"] == "training checkpoint", err
     assert fields["run.train.epochs"] == "2" and fields["state.step"] == "3"
     assert not any(name.startswith("state.model") for name in fields)  # tensors left out
+    code, out, _ = run(capsys, "info", tmp_path / "ck.pt", "--json")  # strict JSON: no Infinity
+    assert json.loads(out, parse_constant=lambda c: 1 / 0)["state"]["history"]["best_val_nll"] \
+        == "inf"
     code, out, _ = run(capsys, "info", tmp_path / "mteb/SciFact.json", "--json")
     assert code == 0 and json.loads(out)["task_name"] == "SciFact"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,15 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _plain(value: Any) -> Any:
-    """`value` as JSON would hold it: what JSON cannot (a checkpoint's tensors) left out."""
+    """`value` as JSON holds it: what JSON cannot (a checkpoint's tensors) left out, a number
+    that is not finite (a held-out NLL not yet measured) as text."""
     if isinstance(value, dict):
         kept = {str(k): _plain(v) for k, v in value.items()}
         return {k: v for k, v in kept.items() if v is not _LEFT_OUT}
     if isinstance(value, list):
         return [v for v in map(_plain, value) if v is not _LEFT_OUT]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     return value if isinstance(value, (str, int, float, bool, type(None))) else _LEFT_OUT
 
 
