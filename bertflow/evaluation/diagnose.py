@@ -40,6 +40,7 @@ Points = Mapping[str, Mapping[str, "float | None"]]
 _BEFORE, _AFTER = "#c0392b", "#2471a3"
 COMPARED = ("raw", "standardize", "whitening", "whitening-k", "abtt", "flow")  # the plots' methods
 
+
 def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
              encoder: Encoder, corpus: Sequence[str], title: str,
              after_label: str = "after the flow", points: Points | None = None,

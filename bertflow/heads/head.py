@@ -207,14 +207,13 @@ class Head(nn.Module):
         estimator chose beside the estimator's name."""
         data, _, record = training_rows(x, corpus)
         options = linear_options(method, data.shape[1], k, d, shrinkage, gamma)
-        if isinstance(options.get("shrinkage"), str):
-            options["shrinkage_estimator"] = options["shrinkage"]
-            options["shrinkage"] = estimate_shrinkage(data, options["shrinkage"])
-        linear = fit_map(data, method, **{key: value for key, value in options.items()
-                                          if key != "shrinkage_estimator"},
-                         what="the training embeddings")
+        chosen = {}
+        if isinstance(shrinkage, str):  # the estimator's α, fit and recorded as given
+            chosen = {"shrinkage_estimator": shrinkage}
+            options["shrinkage"] = estimate_shrinkage(data, shrinkage)
+        linear = fit_map(data, method, **options, what="the training embeddings")
         training = {"corpus": record, "method": linear.method, "out_dim": linear.out_features,
-                    **options}
+                    **options, **chosen}
         return cls(None, linear=linear, training_info=training, **origin)
 
     def describe(self) -> dict[str, Any]:

@@ -152,15 +152,18 @@ class FileFormat(_Format):
     replaces: tuple[str, ...] = ()
     option: str = "--out"
 
-    def record(self, path: str | os.PathLike) -> Any:
-        """The record of the file at `path` if it is one of this kind; else None."""
+    def record(self, path: str | os.PathLike, exact: bool = False) -> Any:
+        """The record of the file at `path` if it is one of this kind (or, unless `exact`, of a
+        kind it `replaces`); else None. A file that cannot be read at all is an `OSError`."""
         path = Path(path)
         try:
             record = self.read(meta_path(path) if self.sidecar else path)
             if self.recognise is not None:
                 return record if self.recognise(record) else None
-            kinds = (self.kind, *self.replaces)
+            kinds = (self.kind,) if exact else (self.kind, *self.replaces)
             return record if isinstance(record, dict) and record.get("format") in kinds else None
+        except OSError:
+            raise
         except Exception:  # noqa: BLE001 - a file of any kind, read as this one
             return None
 
@@ -206,11 +209,10 @@ def identify(path: str | os.PathLike) -> tuple[FolderFormat | FileFormat, Any]:
     if not path.is_file():
         raise BertflowError(f"no such file or folder: {path}")
     for kind in _FILES:
-        record = kind.record(path) if kind.suffix in (None, path.suffix) else None
-        if kind.recognise is None and record is not None and record["format"] == kind.kind:
-            return kind, kind.check(record, meta_path(path) if kind.sidecar else path)
-        if kind.recognise is not None and record is not None:
-            return kind, record
+        record = kind.record(path, exact=True) if kind.suffix in (None, path.suffix) else None
+        if record is not None:  # a stamped record's version checked too
+            where = meta_path(path) if kind.sidecar else path
+            return kind, record if kind.recognise else kind.check(record, where)
     raise BertflowError(f"{path} is not a file bertflow wrote")
 
 
@@ -287,7 +289,7 @@ def _pt2_head(path: Path) -> Any:
 
 def _checkpoint(path: Path) -> dict[str, Any] | None:
     """A training checkpoint's saved dict, read with `weights_only=True` where its one pickle
-    names the kind; None for another file (an unreadable one is an OSError)."""
+    names the kind; None for another file."""
     with open(path, "rb") as f:
         if not zipfile.is_zipfile(f):
             return None
@@ -311,8 +313,7 @@ PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plo
 EMBEDDINGS = FileFormat("bertflow-embeddings", "a bertflow embeddings record", "embeddings", 2,
                         ".npy", sidecar=True, replaces=("bertflow-transformed",))
 TRANSFORMED = FileFormat("bertflow-transformed", "a record of vectors a head transformed",
-                         "transformed vectors", 1, ".npy", sidecar=True,
-                         replaces=("bertflow-embeddings",))
+                         "transformed vectors", 1, ".npy", sidecar=True)
 PROGRESS = FileFormat("bertflow-embeddings-progress", "a bertflow progress record",
                       "progress record", suffix=".json")
 CHECKPOINT = FileFormat("bertflow-train-state", "a bertflow training checkpoint",

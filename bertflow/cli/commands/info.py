@@ -28,8 +28,9 @@ def check(args: argparse.Namespace, launched: bool) -> None:
     from ...errors import BertflowError
     from ...heads.catalog import ready_heads
 
-    if args.path is not None and not args.path.exists() and str(args.path) not in ready_heads():
-        names = ", ".join(ready_heads()) or "none installed"
+    heads = ready_heads() if args.path is not None and not args.path.exists() else None
+    if heads is not None and str(args.path) not in heads:
+        names = ", ".join(heads) or "none installed"
         raise BertflowError(f"nothing at {args.path}, nor a ready head of that name ({names})")
 
 
