@@ -7,7 +7,8 @@ Ledoit-Wolf, OAS or the held-out likelihood choose), fractional whitening Σ^(�
 0.5, 0.75; and γ 0.25 after Ledoit-Wolf's shrinkage), and at a third of the dimensions PCA,
 whitening-k and fractional whitening (γ 0.25), and the pooling's recipe flow (seed 0). Every row
 is scored on the split's qrels, so this table shows what a label-free choice could reach at
-best; it chooses nothing. Mean pooling, MTEB's max length per encoder (256 for
+best; it chooses nothing. The α each shrinkage estimator chose on the documents is written
+below the table. Mean pooling, MTEB's max length per encoder (256 for
 all-MiniLM-L6-v2, 384 for all-mpnet-base-v2).
 
 Writes experiments/results/candidates.{json,md}.
@@ -27,9 +28,11 @@ from pathlib import Path
 from common import DATA, parser
 
 from bertflow import MethodSpec, default_encoder_path, load_encoder
+from bertflow.constants import SHRINKAGE_ESTIMATORS
 from bertflow.data.beir import load_task
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.evaluation.retrieval import evaluate_retrieval
+from bertflow.heads.linear import estimate_shrinkage
 from bertflow.storage.files import write_json
 
 
@@ -65,10 +68,10 @@ def main() -> None:
     encoders = args.encoder or [None]
     lengths = args.max_length or [256] * len(encoders)
     task, cache = load_task(args.beir, args.split), EmbeddingCache(args.cache)
-    rows, lines = [], [f"## {task.name} ({args.split}: {len(task.queries)} queries), nDCG@10 × 100"
-                       ", every candidate fit on the documents, scored with the qrels (oracle)",
-                       "", "| encoder | candidate | nDCG@10 | vs raw | dims |",
-                       "|---|---|---:|---:|---:|"]
+    rows, alphas = [], {}
+    lines = [f"## {task.name} ({args.split}: {len(task.queries)} queries), nDCG@10 × 100, every "
+             "candidate fit on the documents, scored with the qrels (oracle)", "",
+             "| encoder | candidate | nDCG@10 | vs raw | dims |", "|---|---|---:|---:|---:|"]
     for folder, max_length in zip(encoders, lengths, strict=True):
         encoder = load_encoder(folder)
         raw = None
@@ -83,8 +86,14 @@ def main() -> None:
             lines.append(f"| {encoder.id.name} | {label} | {100 * row['ndcg_at_10']:.2f} | "
                          f"{100 * (row['ndcg_at_10'] - raw):+.2f} | {dims} |")
             print(lines[-1], flush=True)
+        documents = cache.files(task.corpus, encoder, "mean", max_length)["mean"].load()
+        alphas[encoder.id.name] = {e: estimate_shrinkage(documents, e)
+                                   for e in SHRINKAGE_ESTIMATORS}
+    lines += ["", "The α each estimator chose on the documents: " + "; ".join(
+        f"{name}: " + ", ".join(f"{e} {a:.4g}" for e, a in chosen.items())
+        for name, chosen in alphas.items()) + "."]
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "candidates.json", rows)
+    write_json(args.out / "candidates.json", {"rows": rows, "shrinkage": alphas})
     default = "\"$(python -c 'import bertflow; print(bertflow.default_encoder_path())')\""
     shown = [default if a == str(default_encoder_path()) else
              shlex.quote(a).replace(str(Path.home()), "~") for a in sys.argv[1:]]
