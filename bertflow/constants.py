@@ -3,6 +3,7 @@ their defaults, in a module that imports nothing heavy, so that `bertflow --help
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_ENCODER_NAME", "DEFAULT_MAX_LENGTH", "DEFAULT_POOLING",
            "DTYPES", "LINEAR_METHODS", "LINEAR_OPTIONS", "METHODS", "POOLINGS", "PROGRESS_FROM",
+           "PROXY_KINDS",
            "SHRINKAGE_ESTIMATORS", "TASKS"]
 
 POOLINGS = ("cls", "mean", "first_last", "last2", "static")
@@ -17,6 +18,7 @@ BEFORE = ("standardize", "whiten", "none")  # what a flow head applies before it
 LINEAR_METHODS = ("identity", "center", "no-mean-direction", "whitening", "whitening-k",
                   "fractional", "pca", "abtt")
 METHODS = ("raw", "standardize", *LINEAR_METHODS, "flow")
+PROXY_KINDS = ("retrieval", "sts")  # the label-free tasks a head is chosen on (`fit --for`)
 # the linear methods each option applies to: components kept, directions removed (abtt), the
 # covariance's shrinkage (α, or an estimator of `SHRINKAGE_ESTIMATORS`), the whitening's power
 LINEAR_OPTIONS = {"k": ("whitening", "whitening-k", "fractional", "pca"), "d": ("abtt",),

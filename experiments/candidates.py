@@ -20,14 +20,11 @@ Writes experiments/results/candidates.{json,md}.
 
 from __future__ import annotations
 
-import shlex
-import sys
 import time
-from pathlib import Path
 
-from common import DATA, parser
+from common import beir_parser, command_line
 
-from bertflow import MethodSpec, default_encoder_path, load_encoder
+from bertflow import MethodSpec, load_encoder
 from bertflow.constants import SHRINKAGE_ESTIMATORS
 from bertflow.data.beir import load_task
 from bertflow.embeddings.cache import EmbeddingCache
@@ -59,11 +56,7 @@ def candidates(dim: int) -> list[tuple[str, MethodSpec]]:
 
 
 def main() -> None:
-    cli = parser(__doc__, "encoders", "cache", "out")
-    cli.add_argument("--max-length", type=int, action="append", default=None,
-                     help="max length of each --encoder, in order (default: 256)")
-    cli.add_argument("--beir", type=Path, default=DATA / "beir" / "scifact")
-    cli.add_argument("--split", default="test")
+    cli = beir_parser(__doc__)
     args = cli.parse_args()
     encoders = args.encoder or [None]
     lengths = args.max_length or [256] * len(encoders)
@@ -94,10 +87,7 @@ def main() -> None:
         for name, chosen in alphas.items()) + "."]
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "candidates.json", {"rows": rows, "shrinkage": alphas})
-    default = "\"$(python -c 'import bertflow; print(bertflow.default_encoder_path())')\""
-    shown = [default if a == str(default_encoder_path()) else
-             shlex.quote(a).replace(str(Path.home()), "~") for a in sys.argv[1:]]
-    command = " ".join(["python experiments/candidates.py", *shown])
+    command = command_line("candidates.py")
     (args.out / "candidates.md").write_text("\n".join([*lines, "", f"`{command}`", ""]),
                                             encoding="utf-8")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +38,25 @@ def parser(doc: str, *options: str) -> argparse.ArgumentParser:
         made.add_argument(flag, **settings)
     return made
 
+
+
+def beir_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser for a script over a BEIR task and encoders, each with its own max length
+    (``--encoder DIR --max-length N``, repeated), with the cache and results folders."""
+    made = parser(doc, "encoders", "cache", "out")
+    made.add_argument("--max-length", type=int, action="append", default=None,
+                      help="max length of each --encoder, in order (default: 256)")
+    made.add_argument("--beir", type=Path, default=DATA / "beir" / "scifact")
+    made.add_argument("--split", default="test")
+    return made
+
+
+def command_line(script: str) -> str:
+    """The command that ran `script` (experiments/NAME.py), as a reader can paste it: the
+    default encoder's folder as the Python that prints it, the home folder as ~."""
+    from bertflow import default_encoder_path
+
+    default = "\"$(python -c 'import bertflow; print(bertflow.default_encoder_path())')\""
+    shown = [default if a == str(default_encoder_path()) else
+             shlex.quote(a).replace(str(Path.home()), "~") for a in sys.argv[1:]]
+    return " ".join([f"python experiments/{script}", *shown])

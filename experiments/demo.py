@@ -20,6 +20,7 @@ scores the STS-B test pairs.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,8 @@ from common import REPO, parser
 
 from bertflow import POOLINGS, Head, fit_head, lee, load_encoder, mean_pair_cosine, sts
 from bertflow.export.graphs import export_onnx
+from bertflow.training.choice import candidates, choose_head, fit_candidate
+from bertflow.training.proxy import build_proxy
 from bertflow.training.recipes import recommended
 
 
@@ -67,6 +70,26 @@ def main() -> None:
             rows.append((pooling, _cosine(x), _cosine(z), score(x), score(z)))
         return rows
 
+    def choose(sentences: list[str], train: dict, test: dict,
+               score: Callable[[np.ndarray], float]) -> list[tuple]:
+        """Per pooling, the head chosen without labels on the sts proxy of `sentences`
+        (`bertflow fit --for sts`), and its score."""
+        proxy = build_proxy("sts", (("", s) for s in sentences), name="the corpus")
+        [(queries, items)] = proxy.groups.values()
+        crops = {id(t): encoder.encode(t, args.poolings) for t in (queries, items)}
+        rows = []
+        for pooling in args.poolings:
+            x = np.asarray(train[pooling])
+            recipe = recommended(pooling, x).updated(train={"seed": args.seed})
+            fit = functools.partial(fit_candidate, x=x, recipe=recipe, encoder=encoder.id,
+                                    pooling=pooling, max_length=128)
+            choice = choose_head(candidates(x.shape[1]), fit, proxy, functools.partial(
+                lambda texts, p: np.asarray(crops[id(texts)][p]), p=pooling))
+            rows.append((pooling, choice.label,
+                         score(choice.head.transform(np.asarray(test[pooling])))))
+            print(f"  {pooling}: {choice.label}", flush=True)
+        return rows
+
     corpus = lee.background_sentences()
     rated = lee.rated_sentences()
 
@@ -78,9 +101,14 @@ def main() -> None:
     x_corpus = encoder.encode(corpus, args.poolings, progress=True)
     rows = compare(x_corpus, encoder.encode(rated, args.poolings, progress=True), "lee",
                    "lee_background.cor", lee_score)
+    print(f"choosing a head per pooling without labels on the {len(corpus)} background "
+          "sentences (bertflow fit --for sts)", flush=True)
+    x_rated = encoder.encode(rated, args.poolings)
+    chosen = choose(corpus, x_corpus, x_rated, lee_score)
     print(f"\nLee: heads fit on {len(corpus)} background sentences; cosine over the {len(rated)} "
-          "sentences of the 50 rated documents, Spearman over their 1,225 rated pairs")
-    _table(rows)
+          "sentences of the 50 rated documents, Spearman over their 1,225 rated pairs; the "
+          "flow by the pooling's recipe, and the head chosen without labels")
+    _table(rows, chosen)
 
     stsb = args.data / "STSBenchmark"
     if stsb.is_dir():
@@ -88,11 +116,13 @@ def main() -> None:
         sentences = sts.sentences_of(splits.values())
         print(f"\nencoding the {len(sentences)} STS-B sentences", flush=True)
         x = encoder.encode(sentences, args.poolings, progress=True)
-        rows = compare(x, x, "stsb", "STS-B train+dev+test sentences",
-                       lambda v: sts.pair_spearman(splits["test"], sentences, v))
+        stsb_score = functools.partial(sts.pair_spearman, splits["test"], sentences)
+        rows = compare(x, x, "stsb", "STS-B train+dev+test sentences", stsb_score)
+        print("choosing a head per pooling without labels on them", flush=True)
+        chosen = choose(sentences, x, x, stsb_score)
         print(f"\nSTS-B: heads fit on its {len(sentences)} sentences (no scores); cosine over "
               f"them, Spearman over the {len(splits['test'])} test pairs")
-        _table(rows)
+        _table(rows, chosen)
     else:
         print(f"\n(no STSBenchmark/ in {args.data}: STS-B rows skipped)")
     print(f"\nheads and their ONNX exports in {args.out}; {time.perf_counter() - began:.0f} s")
@@ -121,11 +151,14 @@ def _cosine(x: np.ndarray) -> float:
     return mean_pair_cosine(torch.from_numpy(np.ascontiguousarray(x)))
 
 
-def _table(rows: list[tuple]) -> None:
-    print("| pooling | cosine before | cosine after | Spearman before | Spearman after |")
-    print("|---|---:|---:|---:|---:|")
-    for pooling, cos_x, cos_z, rho_x, rho_z in rows:
-        print(f"| {pooling} | {cos_x:.3f} | {cos_z:.3f} | {rho_x:.1f} | {rho_z:.1f} |")
+def _table(rows: list[tuple], chosen: list[tuple] | None = None) -> None:
+    extra = (" chosen without labels | its Spearman |", "---|---:|") if chosen else ("", "")
+    print("| pooling | cosine before | cosine after | Spearman before | Spearman after |"
+          + extra[0])
+    print("|---|---:|---:|---:|---:|" + extra[1])
+    for i, (pooling, cos_x, cos_z, rho_x, rho_z) in enumerate(rows):
+        more = f" {chosen[i][1]} | {chosen[i][2]:.1f} |" if chosen else ""
+        print(f"| {pooling} | {cos_x:.3f} | {cos_z:.3f} | {rho_x:.1f} | {rho_z:.1f} |{more}")
 
 
 if __name__ == "__main__":

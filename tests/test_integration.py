@@ -89,3 +89,31 @@ def test_shipped_head_in_a_pipeline_and_an_index(tmp_path, sentences, encoder):
     index = Index.build(sentences, encoder, head=head)
     hits = index.search(batch[:10], encoder, k=1)
     assert [h[0][1] for h in hits] == batch[:10]
+
+
+def test_a_head_chosen_without_labels_on_real_documents(tmp_path, capsys, encoder):
+    """300 SciFact abstracts: the proxy pairs each first sentence with the rest; the chosen
+    head is the candidate the table marks, and transforms as that candidate does."""
+    source = data_dir() / "beir" / "scifact" / "corpus.jsonl"
+    if not source.is_file():
+        pytest.skip(f"no {source}")
+    corpus = tmp_path / "corpus.jsonl"
+    with open(source, encoding="utf-8") as f:
+        corpus.write_text("".join(next(f) for _ in range(300)), encoding="utf-8")
+    head = tmp_path / "head"
+    code = main(["fit", str(corpus), "--for", "retrieval", "--pooling", "mean", "--max-length",
+                 "128", "--out", str(head), "--cache", str(tmp_path / "cache"), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    chosen = FlowHead.load(head)
+    record = chosen.training_info["choice"]
+    assert record["proxy"]["pairs"]["first sentence → rest"] >= 250
+    [row] = [r for r in record["candidates"] if r["chosen"]]
+    assert f"| {row['candidate']} * |" in out and record["chosen"] == row["candidate"]
+    assert chosen.method == row["method"] and chosen.pooling == "mean"
+    identity = record["candidates"][0]
+    assert identity["candidate"] == "identity (raw)" and identity["difference"] == 0
+    if row is not identity:
+        assert row["interval"][0] > 0
+    x = encoder.encode(["A protein that binds DNA.", "Cells divide."], "mean", max_length=128)
+    assert np.isfinite(chosen.transform(x)).all()

@@ -39,7 +39,9 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         args.check(args, launched)
     for dest, flag in (("k", "--dims"), ("d", "--d"), ("shrinkage", "--shrinkage"),
                        ("gamma", "--gamma")):
-        if getattr(args, dest, None) is not None and method not in LINEAR_OPTIONS[dest]:
+        chosen = dest == "k" and getattr(args, "choose_for", None) is not None  # --for's --dims
+        if getattr(args, dest, None) is not None and method not in LINEAR_OPTIONS[dest] \
+                and not chosen:
             raise BertflowError(f"{flag} applies to --method {', '.join(LINEAR_OPTIONS[dest])}")
 
 

@@ -18,6 +18,7 @@ from ..heads.head import Head
 from ..storage.artifacts import mteb_file
 from ..storage.corpus import Corpus
 from ..storage.files import read_json, write_json
+from ..training.choice import check_query_log
 from ..training.spec import MethodSpec
 from .sts import method_maker, row_key
 
@@ -72,6 +73,8 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
     ``mteb``: MTEB's measures at `MTEB_K` (`mteb_scores`)."""
     make, pooling, max_length, labels = method_maker(
         method, encoder, pooling=pooling, max_length=max_length, name=name, progress=progress)
+    if isinstance(method, Head):
+        check_query_log(method, task.queries, f"{task.name}'s {task.split} queries")
 
     def embed(corpus: Corpus) -> np.ndarray:
         return cache.files(corpus, encoder, pooling, max_length, batch_size,

@@ -15,7 +15,7 @@ from ..errors import BertflowError
 from .files import iter_sentences
 from .jsonl import field, record_id, records, unicode_text
 
-__all__ = ["Corpus", "corpus_sha256", "document", "read_corpus"]
+__all__ = ["Corpus", "corpus_sha256", "document", "read_corpus", "titled"]
 
 
 def corpus_sha256(sentences: Iterable[str]) -> str:
@@ -102,6 +102,18 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
         raise BertflowError(f"{path} is empty: expected one JSON document per line")
     return Corpus(len(ids), digest, lambda start: _documents(path, start), str(path),
                   ids=list(ids))
+
+
+def titled(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
+    """(title, text) of each item of `Corpus.from_file(path)`'s file, read streamed: a BEIR
+    corpus's fields (its text stripped), a text file's line with no title."""
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        yield from (("", line.strip()) for line in iter_sentences(path))
+        return
+    for number, record in records(path):
+        _document(path, number, record)  # checked as the corpus is
+        yield (record.get("title") or "").strip(), record["text"].strip()
 
 
 def _documents(path: Path, start: int) -> Iterator[str]:

@@ -25,7 +25,7 @@ from ..errors import BertflowError
 from ..heads.head import Head
 from ..runtime import distributed
 from ..storage.artifacts import HEAD_FOLDER
-from ..storage.corpus import Corpus
+from ..storage.corpus import Corpus, titled
 from ..storage.files import check_outputs
 from .checkpoint import CheckpointFile
 from .recipes import Recipe, choose, close_call, rule_note
@@ -69,13 +69,18 @@ class FitJob:
     resume: bool = False
     logdir: Path | None = None
     dev_sts: Path | None = None
+    choose_for: str | None = None  # a proxy's kind: choose the head on it (`_choose`)
+    queries: Path | None = None  # a query log that joins the corpus in each candidate's fit
+    dims: int | None = None  # the candidates' components, where fewer than the embeddings'
 
 
 class FittedHead(NamedTuple):
-    """The head saved in `FitJob.out`, and its TensorBoard folder."""
+    """The head saved in `FitJob.out`, its TensorBoard folder, and the choice it won (every
+    candidate fit, `bertflow.training.choice.Choice`) where the job chose it."""
 
     head: Head
     logs: Path | None
+    choice: Any = None
 
 
 def run_fit(job: FitJob, *, say: Say | None = None,
@@ -94,7 +99,17 @@ def run_fit(job: FitJob, *, say: Say | None = None,
     flow = job.method.name == "flow"
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
+    if job.choose_for is None and (job.queries, job.dims) != (None, None):
+        raise BertflowError("a query log and dims apply to a head chosen on a proxy (choose_for)")
+    if job.choose_for is not None and job.source.suffix == ".npy":
+        raise BertflowError(f"--for {job.choose_for} builds its proxy from the corpus's text: "
+                            f"give the corpus, not the embeddings {job.source}")
     job, x, origin = _source(job, progress, say)
+    if job.choose_for is not None:
+        if not distributed.is_main():
+            return None
+        choice = _choose(job, x, origin, say, progress)
+        return FittedHead(choice.head, None, choice)
     if not flow:
         if not distributed.is_main():
             return None
@@ -205,6 +220,42 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFi
             saved = checkpoint is not None and last is not state
             logs.close(keep=fitted or saved or logs.resumed)
     return FittedHead(head, logs.folder if logs else None) if main else None
+
+
+def _choose(job: FitJob, x: Any, origin: dict[str, Any], say: Say | None,
+            progress: bool | None) -> Any:
+    """The head chosen on a proxy built from the corpus (`bertflow.training.choice`), each
+    candidate fit on the corpus and the query log, saved with the evidence in its config."""
+    from .choice import candidates, choose_head, fit_candidate, query_log
+    from .proxy import build_proxy
+
+    loaded, pooling, max_length = origin["loaded"], origin["pooling"], origin["max_length"]
+    cache = EmbeddingCache(job.cache)
+
+    def embed(texts: list[str] | Corpus) -> np.ndarray:
+        corpus = texts if isinstance(texts, Corpus) else Corpus.from_sentences(texts, "a proxy")
+        return cache.files(corpus, loaded, pooling, max_length, job.batch_size,
+                           progress=progress)[pooling].load()
+
+    proxy = build_proxy(job.choose_for, titled(job.source), name=str(job.source))
+    data, log = x, None
+    if job.queries is not None:
+        log_corpus = Corpus.from_file(job.queries)
+        data = np.concatenate([np.asarray(x.load()), embed(log_corpus)])
+        log = query_log(job.queries, log_corpus)
+    given = {"encoder": origin["encoder"], "pooling": pooling, "max_length": max_length,
+             "corpus": origin["corpus"]}
+
+    def fit(spec: MethodSpec) -> Head:
+        head = fit_candidate(spec, data, job.recipe, **given)
+        head.training_info["query_log"] = log  # never scored on its queries
+        return head
+
+    specs = candidates(loaded.width(pooling), job.dims)
+    choice = choose_head(specs, fit, proxy, embed, say=say)
+    choice.head.training_info["choice"] = choice.evidence()
+    choice.head.save(job.out)
+    return choice
 
 
 def _read_dev(data: Path) -> Any:

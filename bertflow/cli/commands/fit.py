@@ -7,9 +7,9 @@ import functools
 import sys
 from pathlib import Path
 
-from ...constants import LINEAR_METHODS
+from ...constants import LINEAR_METHODS, PROXY_KINDS
 from ...errors import BertflowError
-from ..checks import check_no_encoding
+from ..checks import check_no_encoding, given_flags
 from ..options import CACHE_HELP, baseline_options, encoder_options, flow_arguments, quiet
 from ..shared import flow_options
 
@@ -18,13 +18,27 @@ DESCRIPTION = """\
 Fit a Glow by maximum likelihood on the embeddings of CORPUS (encoded and cached) or
 of EMB.npy, and save it as a head folder that records its encoder and pooling. With
 --method identity, center, no-mean-direction, whitening, whitening-k, fractional, pca or abtt,
-fit that linear map in closed form instead, as a head of the same format."""
+fit that linear map in closed form instead, as a head of the same format. With
+--for retrieval or --for sts, choose the head without labels: every candidate (the identity,
+the linear maps, the flow; at --dims K, PCA, whitening-k and fractional whitening to K) is
+fit on CORPUS (and --queries), scored on a proxy task built from CORPUS itself (a document's
+first sentence finds the rest of it, else its title its text; for sts, the first three fifths
+of a sentence find the last three fifths), and the baseline (the identity; PCA at --dims) is
+kept unless a candidate beats it by more than the 95% bootstrap interval of their difference.
+The table is printed, and the head saved with it in its config."""
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", type=Path, help="CORPUS.txt, or EMB.npy made by `bertflow encode`")
     p.add_argument("--out", type=Path, required=True, help="folder to write the head to")
-    p.add_argument("--method", choices=("flow", *LINEAR_METHODS), default="flow",
+    p.add_argument("--for", dest="choose_for", choices=PROXY_KINDS, default=None,
+                   help="choose the head on a proxy task of this kind built from CORPUS, "
+                        "without labels (instead of --method)")
+    p.add_argument("--queries", type=Path, default=None, metavar="LOG",
+                   help="with --for: unlabeled queries (a text file, one a line, or a BEIR "
+                        "queries.jsonl) that join CORPUS in every candidate's fit; a head fit "
+                        "with them refuses to be scored on any of them")
+    p.add_argument("--method", choices=("flow", *LINEAR_METHODS), default=None,
                    help="the flow, or a closed-form linear map: the identity (raw), the mean "
                         "removed, the mean's direction projected out, BERT-whitening, whitening "
                         "to --dims components, fractional whitening (--gamma), PCA to --dims "
@@ -55,6 +69,18 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def check(args: argparse.Namespace, launched: bool) -> None:
     """Refuse the encoder's options for embeddings encoded already, and a checkpoint, resume
     or log folder that cannot be."""
+    if args.choose_for is not None:
+        given = given_flags(args, ("method", "d", "shrinkage", "gamma", "checkpoint", "logdir",
+                                   "dev_sts"))
+        if given:
+            raise BertflowError(f"--for {args.choose_for} chooses the method: {', '.join(given)} "
+                                "cannot apply")
+        if args.input.suffix == ".npy":
+            raise BertflowError(f"--for {args.choose_for} builds its proxy from the corpus's "
+                                f"text: give the corpus, not the embeddings {args.input}")
+    elif args.queries is not None:
+        raise BertflowError("--queries applies with --for retrieval or --for sts")
+    args.method = args.method or "flow"
     if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
         unused = ("dtype",) if args.dev_sts else ("dtype", "encode_batch_size", "cache")
         check_no_encoding(args, f"{args.input} holds embeddings, encoded already",
@@ -69,20 +95,28 @@ def check(args: argparse.Namespace, launched: bool) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from ...export.card import summary
+    from ...training.choice import format_choice
     from ...training.job import FitJob, run_fit
+    from ...training.proxy import proxy_text
     from ...training.spec import MethodSpec
     from ...training.trainer import nll_text
 
-    method = MethodSpec(args.method, args.k, args.d, args.shrinkage,
+    method = MethodSpec(args.method, None if args.choose_for else args.k, args.d, args.shrinkage,
                         flow_options(args) if args.method == "flow" else None, args.gamma)
     job = FitJob(args.input, args.out, method, encoder=args.encoder, pooling=args.pooling,
                  max_length=args.max_length, batch_size=args.encode_batch_size,
                  device=args.device, dtype=args.dtype, cache=args.cache,
                  checkpoint=args.checkpoint, resume=args.resume, logdir=args.logdir,
-                 dev_sts=args.dev_sts)
+                 dev_sts=args.dev_sts, choose_for=args.choose_for, queries=args.queries,
+                 dims=args.k if args.choose_for else None)
     say = None if args.progress is False else functools.partial(print, file=sys.stderr)
     fitted = run_fit(job, say=say, progress=args.progress)
     if fitted is None:  # another process of a torchrun job
+        return
+    if args.choose_for is not None:
+        choice = fitted.head.training_info["choice"]
+        print(format_choice(choice["candidates"]))
+        print(f"wrote {args.out}: {choice['chosen']}, chosen on {proxy_text(choice['proxy'])}")
         return
     if args.method != "flow":
         print(f"wrote {args.out}: {summary(fitted.head)}")

@@ -1,0 +1,158 @@
+"""A head chosen without labels: every candidate fit on the corpus (and an optional query log),
+scored on a proxy task built from the corpus itself (`bertflow.training.proxy`), and the
+baseline (the identity; PCA at reduced dimensions) kept unless a candidate beats it by more than
+the 95% bootstrap interval of their paired difference."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BertflowError
+from ..heads.head import Head
+from ..storage.corpus import Corpus
+from .proxy import Proxy, proxy_ndcg
+from .recipes import Recipe
+from .spec import MethodSpec
+from .trainer import fit_head
+
+__all__ = ["RESAMPLES", "Choice", "candidates", "check_query_log", "choose_head",
+           "fit_candidate", "format_choice", "query_log"]
+
+RESAMPLES = 1000  # bootstrap resamples of the proxy's queries
+
+
+def candidates(dim: int, dims: int | None = None) -> list[tuple[str, MethodSpec]]:
+    """(label, method) of each candidate on `dim`-d embeddings, the baseline first: at full
+    width the identity, the mean removed or its direction projected out, all-but-the-top,
+    whitening (plain and Ledoit-Wolf-shrunk), fractional whitening and the pooling's flow; at
+    `dims` components PCA, whitening-k and fractional whitening."""
+    if dims is not None:
+        if not 0 < dims < dim:
+            raise BertflowError(f"--dims {dims} is not between 1 and {dim - 1}, the "
+                                "embeddings' width less one")
+        return [(f"pca k={dims}", MethodSpec("pca", k=dims)),
+                (f"whitening-k k={dims}", MethodSpec("whitening-k", k=dims)),
+                *((f"fractional γ={g} k={dims}", MethodSpec("fractional", k=dims, gamma=g))
+                  for g in (0.1, 0.25, 0.5))]
+    return [("identity (raw)", MethodSpec("identity")), ("center", MethodSpec("center")),
+            ("no-mean-direction", MethodSpec("no-mean-direction")),
+            *((f"abtt d={d}", MethodSpec("abtt", d=d)) for d in (1, 2, 3)),
+            ("whitening", MethodSpec("whitening")),
+            ("whitening, α by ledoit-wolf", MethodSpec("whitening", shrinkage="ledoit-wolf")),
+            *((f"fractional γ={g}", MethodSpec("fractional", gamma=g)) for g in (0.1, 0.25, 0.5)),
+            ("flow (the pooling's recipe)", MethodSpec("flow"))]
+
+
+def fit_candidate(spec: MethodSpec, x: Any, recipe: Recipe, **origin: Any) -> Head:
+    """The head of candidate `spec` fit on embeddings `x`: the flow by `recipe`, a linear map
+    in closed form; `origin` (encoder, pooling, max_length, corpus) recorded."""
+    if spec.name == "flow":
+        return fit_head(x, **origin, **recipe.fit_options(), progress=False)
+    return Head.fit_linear(x, spec.name, k=spec.k, d=spec.d, shrinkage=spec.shrinkage,
+                           gamma=spec.gamma, **origin)
+
+
+@dataclass
+class Choice:
+    """Every candidate's head by label, the `label` chosen, and the evidence: each candidate's
+    proxy score (nDCG@10 × 100), its paired difference from the baseline with the 95% bootstrap
+    interval, and the proxy."""
+
+    heads: dict[str, Head]
+    label: str
+    rows: list[dict[str, Any]]
+    proxy: dict[str, Any]
+
+    @property
+    def head(self) -> Head:
+        return self.heads[self.label]
+
+    def evidence(self) -> dict[str, Any]:
+        """What a head's config records of how it was chosen."""
+        return {"chosen": self.label, "rule": "the baseline unless a candidate's 95% bootstrap "
+                "interval of its proxy nDCG@10 difference lies above 0", "proxy": self.proxy,
+                "resamples": RESAMPLES, "candidates": self.rows}
+
+
+def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec], Head],
+                proxy: Proxy, embed: Callable[[list[str]], np.ndarray], *, seed: int = 0,
+                say: Callable[[str], None] | None = None) -> Choice:
+    """Fit each of `specs` (the baseline first) by `fit`, score it on `proxy` (its texts
+    embedded by `embed`) and choose: of the candidates whose interval lies above 0, the best
+    on the proxy; else the baseline. A candidate that cannot be fit (full whitening on fewer
+    rows than dimensions) gets a row saying why, and is not chosen."""
+    queries, items = proxy.embed(embed)
+    picks = np.random.default_rng(seed).integers(0, len(queries), (RESAMPLES, len(queries)))
+    heads, rows, base = {}, [], None
+    for label, spec in specs:
+        try:
+            head = heads[label] = fit(spec)
+        except BertflowError as e:  # too few rows for it: a row saying so, never chosen
+            if base is None:
+                raise
+            rows.append({"candidate": label, "method": spec.name, "not_fit": str(e)})
+            if say is not None:
+                say(f"candidate {len(rows)}/{len(specs)}: {label}, not fit: {e}")
+            continue
+        per_query = proxy_ndcg(head.transform(queries), head.transform(items))
+        base = per_query if base is None else base
+        low, high = np.percentile((per_query - base)[picks].mean(1), (2.5, 97.5))
+        rows.append({"candidate": label, "method": spec.name, "out_dim": head.out_dim,
+                     "proxy_ndcg_at_10": round(100 * float(per_query.mean()), 4),
+                     "difference": round(100 * float((per_query - base).mean()), 4),
+                     "interval": [round(100 * float(low), 4), round(100 * float(high), 4)]})
+        if say is not None:
+            say(f"candidate {len(rows)}/{len(specs)}: {label}, proxy nDCG@10 "
+                f"{rows[-1]['proxy_ndcg_at_10']:.2f}")
+    beaten = [r for r in rows[1:] if "interval" in r and r["interval"][0] > 0]
+    chosen = max(beaten, key=lambda r: r["proxy_ndcg_at_10"]) if beaten else rows[0]
+    for row in rows:
+        row["chosen"] = row is chosen
+    return Choice(heads, chosen["candidate"], rows, proxy.describe())
+
+
+def format_choice(rows: list[dict[str, Any]]) -> str:
+    """The candidates' rows as a markdown table (a `*` marks the chosen one)."""
+    lines = ["| candidate | dims | proxy nDCG@10 | vs baseline | 95% interval |",
+             "|---|---:|---:|---:|---|"]
+    for row in rows:
+        if "not_fit" in row:
+            lines.append(f"| {row['candidate']} | | | | not fit: {row['not_fit']} |")
+            continue
+        low, high = row["interval"]
+        mark = " *" if row.get("chosen") else ""
+        lines.append(f"| {row['candidate']}{mark} | {row['out_dim']} | "
+                     f"{row['proxy_ndcg_at_10']:.2f} | {row['difference']:+.2f} | "
+                     f"[{low:+.2f}, {high:+.2f}] |")
+    return "\n".join(lines)
+
+
+def _digest(query: str) -> str:
+    return hashlib.sha256(" ".join(query.split()).encode("utf-8")).hexdigest()[:16]
+
+
+def query_log(path: Path, queries: Corpus) -> dict[str, Any]:
+    """What a head records of the query log it was fit with: its file, size and digest, and a
+    digest of each query, so that it is never scored on those queries (`check_query_log`)."""
+    return {"file": path.name, "count": len(queries), "sha256": queries.sha256,
+            "digests": sorted({_digest(q) for q in queries})}
+
+
+def check_query_log(head: Head, queries: Mapping[str, str], what: str) -> None:
+    """Refuse to score `queries` (id → text, `what` names them) with a head whose query log
+    holds any of them, naming how many and the first."""
+    log = head.training_info.get("query_log")
+    if not log:
+        return
+    known = set(log["digests"])
+    shared = [q for q in queries if _digest(queries[q]) in known]
+    if shared:
+        raise BertflowError(f"the head was fit with query log {log['file']}, which holds "
+                            f"{len(shared)} of {what} it would score (first: query "
+                            f"{shared[0]!r}): score it on queries it has not seen")

@@ -1,0 +1,129 @@
+"""A task built from a corpus alone, no labels: each query's one relevant item is the other half
+of the same text. For retrieval, a document's first sentence finds the rest of it (its title
+finds its text where it has one sentence); for sentence similarity, the first three fifths of a
+sentence's words find the last three fifths. Scored per query by nDCG@10."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..constants import PROXY_KINDS
+from ..errors import BertflowError
+
+__all__ = ["MIN_PAIRS", "Proxy", "build_proxy", "proxy_ndcg", "proxy_text"]
+
+MIN_PAIRS = 100  # fewer pairs than this give no interval worth the name
+MIN_PART = 20  # characters in each half of a split document
+MIN_WORDS = 6  # words in a sentence cropped in two
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+@dataclass
+class Proxy:
+    """Pairs (query, its relevant item) from a corpus, by where they come from (``first
+    sentence → rest``, ``title → text``, ``two crops``), in corpus order; `skipped`: the
+    items that gave none; `items`: how many were read."""
+
+    kind: str
+    groups: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
+    items: int = 0
+    skipped: int = 0
+
+    def __len__(self) -> int:
+        return sum(len(queries) for queries, _ in self.groups.values())
+
+    def embed(self, embed: Callable[[list[str]], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(queries, items) embedded by `embed`, one call per group and side (a group's list
+        is cached as itself, whatever the others hold)."""
+        parts = [(embed(q), embed(d)) for q, d in self.groups.values() if q]
+        return np.concatenate([q for q, _ in parts]), np.concatenate([d for _, d in parts])
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": self.kind, "items": self.items, "skipped": self.skipped,
+                "pairs": {name: len(q) for name, (q, _) in self.groups.items()}}
+
+
+def build_proxy(kind: str, documents: Iterable[tuple[str, str]], limit: int = 10_000,
+                seed: int = 0, name: str = "the corpus") -> Proxy:
+    """The proxy of `kind` from (title, text) `documents`, at most `limit` pairs (a seeded
+    sample, kept in corpus order); fewer than `MIN_PAIRS` pairs are refused, naming what
+    would apply."""
+    if kind not in PROXY_KINDS:
+        raise BertflowError(f"unknown proxy {kind!r}; choose one of {', '.join(PROXY_KINDS)}")
+    pairs: list[tuple[str, str, str]] = []
+    proxy = Proxy(kind)
+    for title, text in documents:
+        proxy.items += 1
+        pair = _split(text, title) if kind == "retrieval" else _crops(text)
+        if pair is None:
+            proxy.skipped += 1
+        else:
+            pairs.append(pair)
+    if len(pairs) < MIN_PAIRS:
+        what = ("documents with a first sentence and a rest of more than "
+                f"{MIN_PART} characters each, or a title and a text" if kind == "retrieval"
+                else f"sentences of {MIN_WORDS} words or more")
+        hint = (": a corpus of single sentences without titles gives no retrieval proxy; "
+                "--for sts crops sentences instead" if kind == "retrieval" else "")
+        raise BertflowError(f"{name} is too small for a {kind} proxy: {len(pairs)} of its "
+                            f"{proxy.items} items are {what}; it needs {MIN_PAIRS}{hint}")
+    if len(pairs) > limit:
+        kept = np.sort(np.random.default_rng(seed).choice(len(pairs), limit, replace=False))
+        pairs = [pairs[i] for i in kept]
+    for source, query, item in pairs:
+        queries, items = proxy.groups.setdefault(source, ([], []))
+        queries.append(query)
+        items.append(item)
+    return proxy
+
+
+def _split(text: str, title: str) -> tuple[str, str, str] | None:
+    """(source, query, relevant) of a document: its first sentence and the rest, else its
+    title and its text, else None."""
+    parts = _SENTENCE_END.split(text, maxsplit=1)
+    if len(parts) == 2 and min(len(parts[0]), len(parts[1])) > MIN_PART:
+        return "first sentence → rest", parts[0], parts[1]
+    if title and text:
+        return "title → text", title, text
+    return None
+
+
+def _crops(text: str) -> tuple[str, str, str] | None:
+    """("two crops", the first 3/5 of the words, the last 3/5), overlapping by a fifth."""
+    words = text.split()
+    if len(words) < MIN_WORDS:
+        return None
+    cut = -(-3 * len(words) // 5)
+    return "two crops", " ".join(words[:cut]), " ".join(words[len(words) - cut:])
+
+
+def proxy_ndcg(queries: np.ndarray, items: np.ndarray, block: int = 1024) -> np.ndarray:
+    """Per query, nDCG@10 of its one relevant item (the item of its row) when every item is
+    ranked by cosine: 1 / log2(1 + rank) within the top 10, else 0 (an item tied with the
+    relevant one ranks below it)."""
+    if queries.shape != items.shape or queries.ndim != 2:
+        raise BertflowError(f"proxy queries {queries.shape} and items {items.shape} differ")
+    q, d = _unit(queries), _unit(items)
+    ranks = np.empty(len(q), np.int64)
+    for start in range(0, len(q), block):
+        s = q[start:start + block] @ d.T
+        own = s[np.arange(len(s)), np.arange(start, start + len(s))]
+        ranks[start:start + block] = 1 + (s > own[:, None]).sum(1)
+    return np.where(ranks <= 10, 1 / np.log2(1 + ranks), 0.0)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1)
+
+
+def proxy_text(described: dict[str, object]) -> str:
+    """A proxy's `Proxy.describe` in words: its pairs by source, and the items left out."""
+    pairs = ", ".join(f"{n} {source}" for source, n in described["pairs"].items())
+    return f"a {described['kind']} proxy of {pairs} pairs ({described['skipped']} of " \
+           f"{described['items']} items gave none)"

@@ -1,0 +1,234 @@
+"""The label-free choice: the proxy built from a corpus, the bootstrap rule that keeps the
+baseline unless beaten beyond its interval, `bertflow fit --for`, and the query log's refusal."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertflow import Head, MethodSpec
+from bertflow.errors import BertflowError
+from bertflow.training.choice import candidates, choose_head, format_choice
+from bertflow.training.proxy import MIN_PAIRS, build_proxy, proxy_ndcg, proxy_text
+
+from ..cli.test_cli import assert_refused, run
+from ..conftest import WORDS
+from ..evaluation.test_retrieval_eval import write_beir
+
+
+def test_a_document_splits_at_its_first_sentence_else_gives_its_title():
+    docs = [("", "The first sentence is long enough. The rest of it is long enough too."),
+            ("A title", "One sentence only, no split here"),
+            ("", "Short. But the rest of this one is long enough to keep."),
+            ("", "untitled and one sentence")]
+    proxy = build_proxy("retrieval", docs * 50)
+    assert proxy.groups["first sentence → rest"][0][0] == "The first sentence is long enough."
+    assert proxy.groups["first sentence → rest"][1][0] == "The rest of it is long enough too."
+    assert proxy.groups["title → text"][0][0] == "A title"
+    assert (proxy.items, proxy.skipped, len(proxy)) == (200, 100, 100)
+    assert "50 first sentence → rest, 50 title → text pairs (100 of 200" in \
+        proxy_text(proxy.describe())
+
+
+def test_a_sentence_is_cropped_into_overlapping_three_fifths():
+    proxy = build_proxy("sts", [("", "one two three four five six seven")] * MIN_PAIRS)
+    queries, items = proxy.groups["two crops"]
+    assert queries[0] == "one two three four five" and items[0] == "three four five six seven"
+
+
+def test_a_corpus_too_small_for_a_proxy_is_refused_saying_what_applies():
+    sentences = [("", "a man plays the guitar in the park")] * 500
+    with pytest.raises(BertflowError, match=r"too small for a retrieval proxy: 0 of its 500 .*"
+                                            r"--for sts crops sentences"):
+        build_proxy("retrieval", sentences, name="lines.txt")
+    with pytest.raises(BertflowError, match=f"99 of its 99 items .* it needs {MIN_PAIRS}"):
+        build_proxy("sts", sentences[:99])
+
+
+def test_a_large_corpus_gives_a_seeded_sample_in_corpus_order():
+    docs = [("", f"sentence {i} " + "x" * 30 + ". And the rest of document " + str(i))
+            for i in range(500)]
+    a, b = build_proxy("retrieval", docs, limit=150), build_proxy("retrieval", docs, limit=150)
+    rests = a.groups["first sentence → rest"][1]
+    assert len(a) == 150 and rests == b.groups["first sentence → rest"][1]
+    numbers = [int(r.rsplit(" ", 1)[1]) for r in rests]
+    assert numbers == sorted(numbers) and numbers != list(range(150))
+    assert build_proxy("retrieval", docs, limit=150, seed=1).groups != a.groups
+
+
+def test_proxy_ndcg_by_hand():
+    items = np.eye(12)
+    queries = items.copy()
+    queries[1] = items[1] + 2 * items[0]  # item 0 ranks first: its own is second
+    queries[2] = -items[2]  # its own ranks last, of twelve
+    scores = proxy_ndcg(queries, items)
+    assert scores[0] == 1 and scores[1] == pytest.approx(1 / np.log2(3)) and scores[2] == 0
+
+
+def _anisotropic(seed=0, n=400, dim=12):
+    """Pairs that share a signal, all sitting on one large common direction (a cone): removing
+    it helps cosine find each query's pair."""
+    rng = np.random.default_rng(seed)
+    signal = rng.normal(size=(n, dim))
+    common = 8 * np.eye(dim)[0] * rng.normal(1, 0.5, size=(n, 1))
+    items = signal + common
+    queries = signal + rng.normal(scale=0.8, size=(n, dim)) + 8 * np.eye(dim)[0] * \
+        rng.normal(1, 0.5, size=(n, 1))
+    return queries.astype(np.float32), items.astype(np.float32)
+
+
+def _choose(queries, items, specs):
+    proxy = build_proxy("retrieval", [("", f"q{i} " + "x" * 21 + f". i{i} " + "y" * 21)
+                                      for i in range(len(queries))])
+    vectors = {t: v for t, v in zip(proxy.groups["first sentence → rest"][0], queries,
+                                    strict=True)}
+    vectors.update(zip(proxy.groups["first sentence → rest"][1], items, strict=True))
+    corpus = np.concatenate([items, queries])
+    return choose_head(specs, lambda spec: Head.fit_linear(
+        corpus, spec.name, k=spec.k, d=spec.d, gamma=spec.gamma),
+        proxy, lambda texts: np.stack([vectors[t] for t in texts]))
+
+
+def test_a_candidate_that_beats_the_identity_beyond_its_interval_is_chosen():
+    queries, items = _anisotropic()
+    specs = [("identity (raw)", MethodSpec("identity")), ("abtt d=1", MethodSpec("abtt", d=1))]
+    choice = _choose(queries, items, specs)
+    assert choice.label == "abtt d=1" and choice.head.method == "abtt"
+    low, high = choice.rows[1]["interval"]
+    assert 0 < low <= choice.rows[1]["difference"] <= high
+    assert "| abtt d=1 * | 12 |" in format_choice(choice.rows)
+    assert set(choice.heads) == {"identity (raw)", "abtt d=1"}
+
+
+def test_the_identity_is_kept_unless_beaten_beyond_the_interval():
+    rng = np.random.default_rng(1)
+    items = rng.normal(size=(300, 12)).astype(np.float32)  # isotropic already
+    queries = (items + rng.normal(scale=1.0, size=items.shape)).astype(np.float32)
+    specs = [("identity (raw)", MethodSpec("identity")), ("center", MethodSpec("center")),
+             ("whitening", MethodSpec("whitening"))]
+    choice = _choose(queries, items, specs)
+    assert choice.label == "identity (raw)" and choice.head.method == "identity"
+    assert all(r["interval"][0] <= 0 for r in choice.rows[1:])
+    assert [r["chosen"] for r in choice.rows] == [True, False, False]
+
+
+def test_the_candidates_at_fewer_dimensions_put_pca_first():
+    assert candidates(384)[0][1].name == "identity" and candidates(384)[-1][1].name == "flow"
+    assert [s.k for _, s in candidates(384, 128)] == [128] * 5
+    assert candidates(384, 128)[0][0] == "pca k=128"
+    with pytest.raises(BertflowError, match="--dims 384 is not between 1 and 383"):
+        candidates(384, 384)
+
+
+def _write_documents(path, count=160, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def salad():
+        return " ".join(rng.choice(WORDS, size=rng.integers(6, 10)))
+
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(count):
+            title = salad() if i % 4 == 0 else ""
+            f.write(json.dumps({"_id": f"d{i}", "title": title,
+                                "text": f"{salad()}. {salad()}."}) + "\n")
+    return path
+
+
+@pytest.fixture
+def documents(tmp_path):
+    return _write_documents(tmp_path / "corpus.jsonl")
+
+
+FAST = ["--epochs", "1", "--levels", "2", "--depth", "2", "--quiet"]
+
+
+def test_fit_for_retrieval_writes_the_chosen_head_with_its_evidence(
+        tmp_path, capsys, documents, tiny_encoder_dir):
+    head = tmp_path / "head"
+    common = ["--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache", tmp_path / "c"]
+    code, out, err = run(capsys, "fit", documents, "--for", "retrieval", "--out", head,
+                         *common, *FAST)
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("| candidate | dims | proxy nDCG@10 |")
+    assert len(lines) == 2 + len(candidates(16)) + 1
+    assert lines[-1].startswith(f"wrote {head}: ") and "first sentence → rest" in lines[-1]
+    config = json.loads((head / "config.json").read_text())
+    choice = config["training"]["choice"]
+    chosen = [r for r in choice["candidates"] if r["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["candidate"] == choice["chosen"]
+    assert choice["proxy"]["pairs"]["first sentence → rest"] >= MIN_PAIRS
+    assert Head.load(head).pooling == "mean" and Head.load(head).dim == 16
+
+    again = tmp_path / "again"  # seeded: the same head, bit for bit
+    assert run(capsys, "fit", documents, "--for", "retrieval", "--out", again, *common,
+               *FAST)[0] == 0
+    assert (head / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+
+    reduced = tmp_path / "reduced"
+    code, out, err = run(capsys, "fit", documents, "--for", "retrieval", "--dims", "4",
+                         "--out", reduced, *common, *FAST)
+    assert code == 0, err
+    assert "| pca k=4" in out and Head.load(reduced).out_dim == 4
+
+
+def test_fit_for_refuses_what_cannot_apply(tmp_path, capsys, documents, tiny_encoder_dir):
+    out = tmp_path / "head"
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a man plays the guitar in the park\n" * 300, encoding="utf-8")
+    common = ["--encoder", tiny_encoder_dir, "--cache", tmp_path / "c", "--out", out]
+    for args, message in (
+            ([lines, "--for", "retrieval"], "too small for a retrieval proxy: 0 of its 300"),
+            ([documents, "--for", "retrieval", "--method", "pca"],
+             "--for retrieval chooses the method: --method cannot apply"),
+            ([documents, "--for", "sts", "--gamma", "0.5"], "--gamma cannot apply"),
+            ([tmp_path / "emb.npy", "--for", "sts"], "give the corpus, not the embeddings"),
+            ([documents, "--queries", lines], "--queries applies with --for")):
+        assert_refused(capsys, ["fit", *args, *common], message, out)
+
+
+def test_a_head_fit_with_a_query_log_is_not_scored_on_its_queries(
+        tmp_path, capsys, tiny_encoder_dir):
+    pytest.importorskip("pytrec_eval")
+    beir = write_beir(tmp_path / "tiny", documents=24)
+    _write_documents(beir / "corpus.jsonl")  # documents a proxy can split
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td1\t1\n"
+                                             "q2\td3\t1\n", encoding="utf-8")
+    queries = [json.loads(line) for line in (beir / "queries.jsonl").open(encoding="utf-8")]
+    log = tmp_path / "log.txt"
+    log.write_text(f"{queries[5]['text']}\n  {'  '.join(queries[2]['text'].split())} \n",
+                   encoding="utf-8")
+    head = tmp_path / "head"
+    common = ["--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache", tmp_path / "c"]
+    code, out, err = run(capsys, "fit", beir / "corpus.jsonl", "--for", "retrieval", "--queries",
+                         log, "--out", head, *common, *FAST)
+    assert code == 0, err
+    recorded = Head.load(head).training_info["query_log"]
+    assert (recorded["file"], recorded["count"], len(recorded["digests"])) == ("log.txt", 2, 2)
+    code, out, err = run(capsys, "eval", "retrieval", beir, "--head", head, *common)
+    assert code != 0 and "holds 1 of tiny's test queries it would score (first: query 'q2')" \
+        in err, err
+    log.write_text(f"{queries[5]['text']}\n", encoding="utf-8")  # a train query only
+    assert run(capsys, "fit", beir / "corpus.jsonl", "--for", "retrieval", "--queries", log,
+               "--out", head, *common, *FAST)[0] == 0
+    code, out, err = run(capsys, "eval", "retrieval", beir, "--head", head, *common)
+    assert code == 0, err
+
+
+def test_a_candidate_that_cannot_be_fit_gets_a_row_saying_why_and_is_never_chosen():
+    queries, items = _anisotropic(n=200, dim=12)
+    corpus = items[:10]  # fewer rows than dimensions: no full whitening
+    proxy = build_proxy("retrieval", [("", f"q{i} " + "x" * 21 + f". i{i} " + "y" * 21)
+                                      for i in range(len(queries))])
+    [(texts, _)] = proxy.groups.values()
+    specs = [("identity (raw)", MethodSpec("identity")), ("whitening", MethodSpec("whitening")),
+             ("center", MethodSpec("center"))]
+    choice = choose_head(specs, lambda spec: Head.fit_linear(corpus, spec.name), proxy,
+                         lambda t: queries if t is texts else items)
+    [row] = [r for r in choice.rows if r["candidate"] == "whitening"]
+    assert "needs at least 13 rows, got 10" in row["not_fit"] and not row["chosen"]
+    assert "| whitening | | | | not fit: whitening" in format_choice(choice.rows)
+    assert set(choice.heads) == {"identity (raw)", "center"}
+    with pytest.raises(BertflowError, match="needs at least 13 rows"):  # the baseline must fit
+        choose_head(specs[1:], lambda spec: Head.fit_linear(corpus, spec.name), proxy,
+                    lambda t: queries if t is texts else items)
