@@ -3,7 +3,7 @@ qrels only afterwards.
 
 Per encoder (mean pooling, MTEB's max length), the choice is made as the CLI makes it: every
 candidate fit on the task's documents, scored on the proxy built from them, the identity kept
-unless a candidate beats it beyond its 95% bootstrap interval. Then every candidate's head is
+unless a candidate beats it beyond its joint 95% bootstrap interval. Then every candidate's head is
 scored on the split's qrels (nDCG@10), so that the table shows what was chosen, what the best
 candidate was, and how well the proxy ranks the candidates (Spearman over candidates). The
 settings: seeds 0, 1, 2 of the flow (the linear heads are closed-form: the same each seed);
@@ -35,7 +35,7 @@ from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.evaluation.retrieval import evaluate_retrieval
 from bertflow.search.index import Index
 from bertflow.storage.files import write_json
-from bertflow.training.choice import format_choice
+from bertflow.training.choice import format_choice, query_key
 from bertflow.training.job import FitJob, run_fit
 
 
@@ -54,10 +54,10 @@ def run(args: argparse.Namespace, work: Path) -> None:
     lengths = args.max_length or [256] * len(encoders)
     scored, logged = load_task(args.beir, args.split), load_task(args.beir, args.log_split)
     cache = EmbeddingCache(args.cache)
-    seen = {" ".join(text.split()) for text in scored.queries.values()}
-    log_queries = [q for q in logged.queries.values() if " ".join(q.split()) not in seen]
+    seen = {query_key(text) for text in scored.queries.values()}
+    log_queries = [q for q in logged.queries.values() if query_key(q) not in seen]
     log = work / f"{args.log_split}-queries.txt"
-    log.write_text("".join(f"{' '.join(q.split())}\n" for q in log_queries), encoding="utf-8")
+    log.write_text("".join(f"{query_key(q)}\n" for q in log_queries), encoding="utf-8")
     settings = [("seed 0", 0, None, None), ("seed 1", 1, None, None), ("seed 2", 2, None, None),
                 (f"{args.log_split} queries as the log", 0, log, None),
                 ("a third of the dimensions", 0, None, 3),

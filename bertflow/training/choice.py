@@ -1,7 +1,7 @@
 """A head chosen without labels: every candidate fit on the corpus (and an optional query log),
 scored on a proxy task built from the corpus itself (`bertflow.training.proxy`), and the
 baseline (the identity; PCA at reduced dimensions) kept unless a candidate beats it by more than
-the 95% bootstrap interval of their paired difference."""
+the joint 95% bootstrap interval of their paired difference (joint: for all candidates at once)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from .spec import MethodSpec
 from .trainer import fit_head
 
 __all__ = ["RESAMPLES", "Choice", "candidates", "check_query_log", "choose_head",
-           "fit_candidate", "format_choice", "query_log"]
+           "fit_candidate", "format_choice", "query_key", "query_log"]
 
 RESAMPLES = 1000  # bootstrap resamples of the proxy's queries
 
@@ -49,10 +49,13 @@ def candidates(dim: int, dims: int | None = None) -> list[tuple[str, MethodSpec]
             ("flow (the pooling's recipe)", MethodSpec("flow"))]
 
 
-def fit_candidate(spec: MethodSpec, x: Any, recipe: Recipe, **origin: Any) -> Head:
-    """The head of candidate `spec` fit on embeddings `x`: the flow by `recipe`, a linear map
-    in closed form; `origin` (encoder, pooling, max_length, corpus) recorded."""
+def fit_candidate(spec: MethodSpec, x: Any, recipe: Recipe | None = None,
+                  **origin: Any) -> Head:
+    """The head of `spec` fit on embeddings `x`: the flow by `recipe` (a whole one), a linear
+    map in closed form; `origin` (encoder, pooling, max_length, corpus) recorded."""
     if spec.name == "flow":
+        if not isinstance(recipe, Recipe):
+            raise BertflowError("a flow candidate needs its whole recipe")
         return fit_head(x, **origin, **recipe.fit_options(), progress=False)
     return Head.fit_linear(x, spec.name, k=spec.k, d=spec.d, shrinkage=spec.shrinkage,
                            gamma=spec.gamma, **origin)
@@ -61,8 +64,8 @@ def fit_candidate(spec: MethodSpec, x: Any, recipe: Recipe, **origin: Any) -> He
 @dataclass
 class Choice:
     """Every candidate's head by label, the `label` chosen, and the evidence: each candidate's
-    proxy score (nDCG@10 × 100), its paired difference from the baseline with the 95% bootstrap
-    interval, and the proxy."""
+    proxy score (nDCG@10 × 100), its paired difference from the baseline with the joint 95%
+    bootstrap interval, and the proxy."""
 
     heads: dict[str, Head]
     label: str
@@ -75,8 +78,9 @@ class Choice:
 
     def evidence(self) -> dict[str, Any]:
         """What a head's config records of how it was chosen."""
-        return {"chosen": self.label, "rule": "the baseline unless a candidate's 95% bootstrap "
-                "interval of its proxy nDCG@10 difference lies above 0", "proxy": self.proxy,
+        return {"chosen": self.label, "rule": "the baseline unless a candidate's joint 95% "
+                "bootstrap interval of its proxy nDCG@10 difference lies above 0",
+                "proxy": self.proxy,
                 "resamples": RESAMPLES, "candidates": self.rows}
 
 
@@ -85,31 +89,44 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
                 say: Callable[[str], None] | None = None) -> Choice:
     """Fit each of `specs` (the baseline first) by `fit`, score it on `proxy` (its texts
     embedded by `embed`) and choose: of the candidates whose interval lies above 0, the best
-    on the proxy; else the baseline. A candidate that cannot be fit (full whitening on fewer
-    rows than dimensions) gets a row saying why, and is not chosen."""
+    on the proxy; else the baseline. The intervals hold jointly, at 95% for all the candidates
+    at once (a bootstrap of the largest standardised deviation among them), so that trying
+    more candidates does not make a chance winner likelier. A candidate that cannot be fit
+    (full whitening on fewer rows than dimensions) or gives non-finite vectors gets a row
+    saying why, and is not chosen."""
     queries, items = proxy.embed(embed)
     picks = np.random.default_rng(seed).integers(0, len(queries), (RESAMPLES, len(queries)))
-    heads, rows, base = {}, [], None
+    heads, rows, scores = {}, [], {}
     for label, spec in specs:
         try:
-            head = heads[label] = fit(spec)
+            head = fit(spec)
+            z_queries, z_items = head.transform(queries), head.transform(items)  # finite
         except BertflowError as e:  # too few rows for it: a row saying so, never chosen
-            if base is None:
+            if not scores:
                 raise
             rows.append({"candidate": label, "method": spec.name, "not_fit": str(e)})
             if say is not None:
                 say(f"candidate {len(rows)}/{len(specs)}: {label}, not fit: {e}")
             continue
-        per_query = proxy_ndcg(head.transform(queries), head.transform(items))
-        base = per_query if base is None else base
-        low, high = np.percentile((per_query - base)[picks].mean(1), (2.5, 97.5))
+        heads[label], scores[label] = head, proxy_ndcg(z_queries, z_items)
         rows.append({"candidate": label, "method": spec.name, "out_dim": head.out_dim,
-                     "proxy_ndcg_at_10": round(100 * float(per_query.mean()), 4),
-                     "difference": round(100 * float((per_query - base).mean()), 4),
-                     "interval": [round(100 * float(low), 4), round(100 * float(high), 4)]})
+                     "proxy_ndcg_at_10": round(100 * float(scores[label].mean()), 4)})
         if say is not None:
             say(f"candidate {len(rows)}/{len(specs)}: {label}, proxy nDCG@10 "
                 f"{rows[-1]['proxy_ndcg_at_10']:.2f}")
+    base = next(iter(scores.values()))
+    differences = {label: score - base for label, score in scores.items()}
+    boots = {label: d[picks].mean(1) for label, d in differences.items()}
+    spread = {label: float(b.std()) for label, b in boots.items()}
+    deviations = [np.abs(boots[label] - d.mean()) / spread[label]
+                  for label, d in differences.items() if spread[label] > 0]
+    reach = float(np.percentile(np.max(deviations, axis=0), 95)) if deviations else 0.0
+    for row in rows:
+        if row["candidate"] in differences:
+            mean = float(differences[row["candidate"]].mean())
+            half = reach * spread[row["candidate"]]
+            row["difference"] = round(100 * mean, 4)
+            row["interval"] = [round(100 * (mean - half), 4), round(100 * (mean + half), 4)]
     beaten = [r for r in rows[1:] if "interval" in r and r["interval"][0] > 0]
     chosen = max(beaten, key=lambda r: r["proxy_ndcg_at_10"]) if beaten else rows[0]
     for row in rows:
@@ -119,7 +136,7 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
 
 def format_choice(rows: list[dict[str, Any]]) -> str:
     """The candidates' rows as a markdown table (a `*` marks the chosen one)."""
-    lines = ["| candidate | dims | proxy nDCG@10 | vs baseline | 95% interval |",
+    lines = ["| candidate | dims | proxy nDCG@10 | vs baseline | joint 95% interval |",
              "|---|---:|---:|---:|---|"]
     for row in rows:
         if "not_fit" in row:
@@ -133,8 +150,13 @@ def format_choice(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def query_key(query: str) -> str:
+    """A query as the query log's check compares it: its words, whitespace aside."""
+    return " ".join(query.split())
+
+
 def _digest(query: str) -> str:
-    return hashlib.sha256(" ".join(query.split()).encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(query_key(query).encode("utf-8")).hexdigest()[:16]
 
 
 def query_log(path: Path, queries: Corpus) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from ..storage.artifacts import HEAD_FOLDER
 from ..storage.corpus import Corpus, titled
 from ..storage.files import check_outputs
 from .checkpoint import CheckpointFile
+from .choice import candidates, choose_head, fit_candidate, query_log
+from .proxy import build_proxy
 from .recipes import Recipe, choose, close_call, rule_note
 from .spec import MethodSpec
 from .tensorboard import RunLogs
@@ -99,25 +101,16 @@ def run_fit(job: FitJob, *, say: Say | None = None,
     flow = job.method.name == "flow"
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
-    if job.choose_for is None and (job.queries, job.dims) != (None, None):
-        raise BertflowError("a query log and dims apply to a head chosen on a proxy (choose_for)")
-    if job.choose_for is not None and job.source.suffix == ".npy":
-        raise BertflowError(f"--for {job.choose_for} builds its proxy from the corpus's text: "
-                            f"give the corpus, not the embeddings {job.source}")
+    proxy = _proxy(job)  # before anything is encoded
     job, x, origin = _source(job, progress, say)
-    if job.choose_for is not None:
-        if not distributed.is_main():
-            return None
-        choice = _choose(job, x, origin, say, progress)
+    if proxy is not None:
+        choice = _choose(job, proxy, x, origin, say, progress)
         return FittedHead(choice.head, None, choice)
     if not flow:
         if not distributed.is_main():
             return None
-        spec = job.method
-        head = Head.fit_linear(x, spec.name, k=spec.k, d=spec.d, shrinkage=spec.shrinkage,
-                               gamma=spec.gamma, encoder=origin["encoder"],
-                               pooling=origin["pooling"], max_length=origin["max_length"],
-                               corpus=origin["corpus"])
+        head = fit_candidate(job.method, x, encoder=origin["encoder"], pooling=origin["pooling"],
+                             max_length=origin["max_length"], corpus=origin["corpus"])
         head.save(job.out)
         return FittedHead(head, None)
     return _train(job, x, origin, checkpoint, dev, say, progress)
@@ -135,6 +128,8 @@ def _source(job: FitJob, progress: bool | None,
         corpus = Corpus.from_file(job.source)
         loaded = load_encoder(job.encoder, job.device, job.dtype)
         pooling, max_length = loaded.defaults(job.pooling, job.max_length)
+        if job.dims is not None:
+            candidates(loaded.width(pooling), job.dims)  # refused before anything is encoded
         if flow:
             choose(job.recipe, pooling)[0].flow.check(loaded.width(pooling))
         x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
@@ -222,13 +217,32 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFi
     return FittedHead(head, logs.folder if logs else None) if main else None
 
 
-def _choose(job: FitJob, x: Any, origin: dict[str, Any], say: Say | None,
-            progress: bool | None) -> Any:
-    """The head chosen on a proxy built from the corpus (`bertflow.training.choice`), each
-    candidate fit on the corpus and the query log, saved with the evidence in its config."""
-    from .choice import candidates, choose_head, fit_candidate, query_log
-    from .proxy import build_proxy
+def _proxy(job: FitJob) -> Any:
+    """The proxy of `job.choose_for` built from its corpus (`bertflow.training.proxy`), or
+    None; what cannot apply to a choice is refused first."""
+    if job.choose_for is None:
+        if (job.queries, job.dims) != (None, None):
+            raise BertflowError("a query log and dims apply to a head chosen on a proxy")
+        return None
+    if job.source.suffix == ".npy":
+        raise BertflowError(f"--for {job.choose_for} builds its proxy from the corpus's text: "
+                            f"give the corpus, not the embeddings {job.source}")
+    if job.method.name != "flow" or (job.checkpoint, job.logdir, job.dev_sts) != (None,) * 3:
+        raise BertflowError("a head chosen on a proxy takes no method, checkpoint, log folder "
+                            "or dev set")
+    if distributed.world_size() > 1:
+        raise BertflowError(f"--for {job.choose_for} runs in one process, not under torchrun")
+    if job.queries is not None:
+        if job.choose_for != "retrieval":
+            raise BertflowError("a query log applies to --for retrieval")
+        Corpus.from_file(job.queries)  # read and checked before anything is encoded
+    return build_proxy(job.choose_for, titled(job.source), name=str(job.source))
 
+
+def _choose(job: FitJob, proxy: Any, x: Any, origin: dict[str, Any], say: Say | None,
+            progress: bool | None) -> Any:
+    """The head chosen on `proxy` (`bertflow.training.choice`), each candidate fit on the
+    corpus and the query log, saved with the evidence in its config."""
     loaded, pooling, max_length = origin["loaded"], origin["pooling"], origin["max_length"]
     cache = EmbeddingCache(job.cache)
 
@@ -237,7 +251,6 @@ def _choose(job: FitJob, x: Any, origin: dict[str, Any], say: Say | None,
         return cache.files(corpus, loaded, pooling, max_length, job.batch_size,
                            progress=progress)[pooling].load()
 
-    proxy = build_proxy(job.choose_for, titled(job.source), name=str(job.source))
     data, log = x, None
     if job.queries is not None:
         log_corpus = Corpus.from_file(job.queries)

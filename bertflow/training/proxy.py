@@ -5,6 +5,7 @@ sentence's words find the last three fifths. Scored per query by nDCG@10."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -49,31 +50,34 @@ class Proxy:
 
 def build_proxy(kind: str, documents: Iterable[tuple[str, str]], limit: int = 10_000,
                 seed: int = 0, name: str = "the corpus") -> Proxy:
-    """The proxy of `kind` from (title, text) `documents`, at most `limit` pairs (a seeded
-    sample, kept in corpus order); fewer than `MIN_PAIRS` pairs are refused, naming what
-    would apply."""
+    """The proxy of `kind` from (title, text) `documents`, read once, at most `limit` pairs (a
+    seeded uniform sample, kept in corpus order) and never two with one relevant text; fewer
+    than `MIN_PAIRS` pairs are refused, naming what would apply."""
     if kind not in PROXY_KINDS:
         raise BertflowError(f"unknown proxy {kind!r}; choose one of {', '.join(PROXY_KINDS)}")
-    pairs: list[tuple[str, str, str]] = []
+    rng, kept, seen = np.random.default_rng(seed), [], set()
     proxy = Proxy(kind)
     for title, text in documents:
         proxy.items += 1
         pair = _split(text, title) if kind == "retrieval" else _crops(text)
-        if pair is None:
+        key = None if pair is None else hashlib.blake2b(pair[2].encode(), digest_size=8).digest()
+        if key is None or key in seen:  # a repeated item would be two relevant ones
             proxy.skipped += 1
-        else:
-            pairs.append(pair)
-    if len(pairs) < MIN_PAIRS:
-        what = ("documents with a first sentence and a rest of more than "
+            continue
+        seen.add(key)
+        if len(kept) < limit:  # a uniform sample of `limit` pairs, streamed (reservoir)
+            kept.append((len(seen), pair))
+        elif (slot := int(rng.integers(len(seen)))) < limit:
+            kept[slot] = (len(seen), pair)
+    if len(seen) < MIN_PAIRS:
+        what = ("distinct documents with a first sentence and a rest of more than "
                 f"{MIN_PART} characters each, or a title and a text" if kind == "retrieval"
-                else f"sentences of {MIN_WORDS} words or more")
+                else f"distinct sentences of {MIN_WORDS} words or more")
         hint = (": a corpus of single sentences without titles gives no retrieval proxy; "
                 "--for sts crops sentences instead" if kind == "retrieval" else "")
-        raise BertflowError(f"{name} is too small for a {kind} proxy: {len(pairs)} of its "
+        raise BertflowError(f"{name} is too small for a {kind} proxy: {len(seen)} of its "
                             f"{proxy.items} items are {what}; it needs {MIN_PAIRS}{hint}")
-    if len(pairs) > limit:
-        kept = np.sort(np.random.default_rng(seed).choice(len(pairs), limit, replace=False))
-        pairs = [pairs[i] for i in kept]
+    pairs = [pair for _, pair in sorted(kept)]  # in corpus order
     for source, query, item in pairs:
         queries, items = proxy.groups.setdefault(source, ([], []))
         queries.append(query)
@@ -103,8 +107,8 @@ def _crops(text: str) -> tuple[str, str, str] | None:
 
 def proxy_ndcg(queries: np.ndarray, items: np.ndarray, block: int = 1024) -> np.ndarray:
     """Per query, nDCG@10 of its one relevant item (the item of its row) when every item is
-    ranked by cosine: 1 / log2(1 + rank) within the top 10, else 0 (an item tied with the
-    relevant one ranks below it)."""
+    ranked by cosine: 1 / log2(1 + rank) within the top 10, else 0; an item tied with the
+    relevant one ranks above it, so that vectors that tell nothing apart score nothing."""
     if queries.shape != items.shape or queries.ndim != 2:
         raise BertflowError(f"proxy queries {queries.shape} and items {items.shape} differ")
     q, d = _unit(queries), _unit(items)
@@ -112,7 +116,7 @@ def proxy_ndcg(queries: np.ndarray, items: np.ndarray, block: int = 1024) -> np.
     for start in range(0, len(q), block):
         s = q[start:start + block] @ d.T
         own = s[np.arange(len(s)), np.arange(start, start + len(s))]
-        ranks[start:start + block] = 1 + (s > own[:, None]).sum(1)
+        ranks[start:start + block] = (s >= own[:, None]).sum(1)  # ties and itself
     return np.where(ranks <= 10, 1 / np.log2(1 + ranks), 0.0)
 
 

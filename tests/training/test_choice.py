@@ -17,13 +17,13 @@ from ..evaluation.test_retrieval_eval import write_beir
 
 
 def test_a_document_splits_at_its_first_sentence_else_gives_its_title():
-    docs = [("", "The first sentence is long enough. The rest of it is long enough too."),
-            ("A title", "One sentence only, no split here"),
-            ("", "Short. But the rest of this one is long enough to keep."),
-            ("", "untitled and one sentence")]
-    proxy = build_proxy("retrieval", docs * 50)
-    assert proxy.groups["first sentence → rest"][0][0] == "The first sentence is long enough."
-    assert proxy.groups["first sentence → rest"][1][0] == "The rest of it is long enough too."
+    docs = [[("", f"The first sentence, {i}, is long enough. The rest of it, {i}, is long too."),
+             ("A title", f"One sentence only, no split here {i}"),
+             ("", f"Short. But the rest of this one, {i}, is long enough to keep."),
+             ("", "untitled and one sentence")] for i in range(50)]
+    proxy = build_proxy("retrieval", [d for four in docs for d in four])
+    assert proxy.groups["first sentence → rest"][0][0] == "The first sentence, 0, is long enough."
+    assert proxy.groups["first sentence → rest"][1][0] == "The rest of it, 0, is long too."
     assert proxy.groups["title → text"][0][0] == "A title"
     assert (proxy.items, proxy.skipped, len(proxy)) == (200, 100, 100)
     assert "50 first sentence → rest, 50 title → text pairs (100 of 200" in \
@@ -31,13 +31,14 @@ def test_a_document_splits_at_its_first_sentence_else_gives_its_title():
 
 
 def test_a_sentence_is_cropped_into_overlapping_three_fifths():
-    proxy = build_proxy("sts", [("", "one two three four five six seven")] * MIN_PAIRS)
+    proxy = build_proxy("sts", [("", f"one two three four five six {i}")
+                                for i in range(MIN_PAIRS)])
     queries, items = proxy.groups["two crops"]
-    assert queries[0] == "one two three four five" and items[0] == "three four five six seven"
+    assert queries[0] == "one two three four five" and items[0] == "three four five six 0"
 
 
 def test_a_corpus_too_small_for_a_proxy_is_refused_saying_what_applies():
-    sentences = [("", "a man plays the guitar in the park")] * 500
+    sentences = [("", f"a man plays the guitar in park {i}") for i in range(500)]
     with pytest.raises(BertflowError, match=r"too small for a retrieval proxy: 0 of its 500 .*"
                                             r"--for sts crops sentences"):
         build_proxy("retrieval", sentences, name="lines.txt")
@@ -63,6 +64,23 @@ def test_proxy_ndcg_by_hand():
     queries[2] = -items[2]  # its own ranks last, of twelve
     scores = proxy_ndcg(queries, items)
     assert scores[0] == 1 and scores[1] == pytest.approx(1 / np.log2(3)) and scores[2] == 0
+
+
+def test_vectors_that_tell_nothing_apart_score_nothing():
+    """Ties rank above the relevant item: one vector for every text, or zeros, score 0."""
+    same = np.ones((20, 4))
+    assert proxy_ndcg(same, same).max() == 0 and proxy_ndcg(np.zeros((20, 4)), same).max() == 0
+    items = np.eye(12)
+    items[3] = items[2]  # item 3 ties with item 2 for query 2: its own ranks second
+    assert proxy_ndcg(np.eye(12), items)[2] == pytest.approx(1 / np.log2(3))
+
+
+def test_a_repeated_document_gives_one_pair():
+    doc = ("", "The first sentence is long enough. The rest of it is long enough too.")
+    others = [("", f"Sentence number {i} is long enough. And its rest, {i}, is long too.")
+              for i in range(120)]
+    proxy = build_proxy("retrieval", [doc, *others, doc])
+    assert (len(proxy), proxy.skipped) == (121, 1)
 
 
 def _anisotropic(seed=0, n=400, dim=12):
@@ -98,6 +116,25 @@ def test_a_candidate_that_beats_the_identity_beyond_its_interval_is_chosen():
     assert 0 < low <= choice.rows[1]["difference"] <= high
     assert "| abtt d=1 * | 12 |" in format_choice(choice.rows)
     assert set(choice.heads) == {"identity (raw)", "abtt d=1"}
+
+
+def test_a_candidate_with_non_finite_vectors_is_never_chosen():
+    queries, items = _anisotropic()
+    specs = [("identity (raw)", MethodSpec("identity")), ("abtt d=1", MethodSpec("abtt", d=1))]
+    proxy = build_proxy("retrieval", [("", f"q{i} " + "x" * 21 + f". i{i} " + "y" * 21)
+                                      for i in range(len(queries))])
+    [(texts, _)] = proxy.groups.values()
+    corpus = np.concatenate([items, queries])
+
+    def fit(spec):
+        head = Head.fit_linear(corpus, spec.name, d=spec.d)
+        if spec.name == "abtt":
+            head.linear.weight.data[0, 0] = float("nan")
+        return head
+
+    choice = choose_head(specs, fit, proxy, lambda t: queries if t is texts else items)
+    assert choice.label == "identity (raw)"
+    assert "to NaN or inf" in choice.rows[1]["not_fit"] and not choice.rows[1]["chosen"]
 
 
 def test_the_identity_is_kept_unless_beaten_beyond_the_interval():
@@ -167,7 +204,7 @@ def test_fit_for_retrieval_writes_the_chosen_head_with_its_evidence(
 
     reduced = tmp_path / "reduced"
     code, out, err = run(capsys, "fit", documents, "--for", "retrieval", "--dims", "4",
-                         "--out", reduced, *common, *FAST)
+                         "--out", reduced, *common, "--quiet")
     assert code == 0, err
     assert "| pca k=4" in out and Head.load(reduced).out_dim == 4
 
@@ -183,7 +220,13 @@ def test_fit_for_refuses_what_cannot_apply(tmp_path, capsys, documents, tiny_enc
              "--for retrieval chooses the method: --method cannot apply"),
             ([documents, "--for", "sts", "--gamma", "0.5"], "--gamma cannot apply"),
             ([tmp_path / "emb.npy", "--for", "sts"], "give the corpus, not the embeddings"),
-            ([documents, "--queries", lines], "--queries applies with --for")):
+            ([documents, "--queries", lines], "--queries applies with --for"),
+            ([documents, "--for", "retrieval", "--dims", "4", "--epochs", "2"],
+             "--dims chooses among linear heads: --epochs cannot apply"),
+            ([documents, "--for", "sts", "--queries", lines],
+             "a query log applies to --for retrieval"),
+            ([documents, "--for", "retrieval", "--dims", "16"],
+             "--dims 16 is not between 1 and 15")):
         assert_refused(capsys, ["fit", *args, *common], message, out)
 
 
@@ -232,3 +275,21 @@ def test_a_candidate_that_cannot_be_fit_gets_a_row_saying_why_and_is_never_chose
     with pytest.raises(BertflowError, match="needs at least 13 rows"):  # the baseline must fit
         choose_head(specs[1:], lambda spec: Head.fit_linear(corpus, spec.name), proxy,
                     lambda t: queries if t is texts else items)
+
+
+def test_fit_for_refuses_torchrun_and_a_library_job_what_cannot_apply(tmp_path, documents):
+    from bertflow.cli.parser import build_parser
+    from bertflow.training.job import FitJob, run_fit
+
+    args = build_parser().parse_args(["fit", str(documents), "--for", "retrieval", "--out",
+                                      str(tmp_path / "h")])
+    with pytest.raises(BertflowError, match="runs in one process, not under torchrun"):
+        args.check(args, True)
+    for job, message in (
+            (FitJob(documents, tmp_path / "h", "whitening", choose_for="retrieval"),
+             "takes no method"),
+            (FitJob(documents, tmp_path / "h", dims=4), "apply to a head chosen on a proxy"),
+            (FitJob(tmp_path / "e.npy", tmp_path / "h", choose_for="sts"), "not the embeddings")):
+        with pytest.raises(BertflowError, match=message):
+            run_fit(job)
+    assert not (tmp_path / "h").exists()

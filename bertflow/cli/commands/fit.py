@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ...constants import LINEAR_METHODS, PROXY_KINDS
 from ...errors import BertflowError
-from ..checks import check_no_encoding, given_flags
+from ..checks import FLOW_FIELDS, TRAIN_FIELDS, check_no_encoding, given_flags
 from ..options import CACHE_HELP, baseline_options, encoder_options, flow_arguments, quiet
 from ..shared import flow_options
 
@@ -24,7 +24,8 @@ the linear maps, the flow; at --dims K, PCA, whitening-k and fractional whitenin
 fit on CORPUS (and --queries), scored on a proxy task built from CORPUS itself (a document's
 first sentence finds the rest of it, else its title its text; for sts, the first three fifths
 of a sentence find the last three fifths), and the baseline (the identity; PCA at --dims) is
-kept unless a candidate beats it by more than the 95% bootstrap interval of their difference.
+kept unless a candidate beats it by more than the joint 95% bootstrap interval of their
+difference (joint: holding for all the candidates at once).
 The table is printed, and the head saved with it in its config."""
 
 
@@ -78,6 +79,13 @@ def check(args: argparse.Namespace, launched: bool) -> None:
         if args.input.suffix == ".npy":
             raise BertflowError(f"--for {args.choose_for} builds its proxy from the corpus's "
                                 f"text: give the corpus, not the embeddings {args.input}")
+        if launched:
+            raise BertflowError(f"--for {args.choose_for} runs in one process, not under "
+                                "torchrun")
+        flow = given_flags(args, ("before", "isotropic", *FLOW_FIELDS, *TRAIN_FIELDS))
+        if args.k is not None and flow:
+            raise BertflowError(f"--dims chooses among linear heads: {', '.join(flow)} cannot "
+                                "apply")
     elif args.queries is not None:
         raise BertflowError("--queries applies with --for retrieval or --for sts")
     args.method = args.method or "flow"
