@@ -22,7 +22,8 @@ _POOLING_TEXT = {
     "static": "the mean of the input word embeddings (no context), special tokens excluded",
 }
 _BEFORE_TEXT = {"standardisation": "a standardisation per dimension, then ",
-                "whitening": "a full whitening, then ", "nothing": ""}
+                "whitening": "a full whitening, then ",
+                "fractional": "a fractional whitening, then ", "nothing": ""}
 
 
 def summary(head: Head) -> str:
@@ -33,9 +34,9 @@ def summary(head: Head) -> str:
         return (f"{head.method}{f' ({options})' if options else ''}, a linear map {head.dim} → "
                 f"{head.out_dim}")
     c = head.glow.config
-    return (f"{'whitening, then a ' if head.linear is not None else ''}Glow: {c.levels} "
-            f"levels × depth {c.depth}, {c.coupling} coupling, width {c.hidden}, "
-            f"{c.linear} mixing")
+    before = f"{head.linear.method}, then a " if head.linear is not None else ""
+    return (f"{before}Glow: {c.levels} levels × depth {c.depth}, {c.coupling} coupling, width "
+            f"{c.hidden}, {c.linear} mixing")
 
 
 def tagline(head: Head) -> str:
@@ -71,9 +72,10 @@ def details(head: Head) -> list[tuple[str, str]]:
 
 
 def _before(head: Head) -> str:
-    """What a flow head applies before its Glow: standardisation, whitening or nothing."""
+    """What a flow head applies before its Glow: standardisation, (fractional) whitening or
+    nothing."""
     return "standardisation" if head.standardize is not None else \
-        "whitening" if head.linear is not None else "nothing"
+        head.linear.method if head.linear is not None else "nothing"
 
 
 def model_card(head: Head, encoder: Encoder, max_length: int, normalized: bool,

@@ -35,7 +35,8 @@ _DTYPES = {"torch.float32", "torch.int64", "torch.bool"}
 
 def head_config(head: Head) -> dict[str, Any]:
     """The JSON description of `head` saved beside its weights."""
-    linear = {"tensors": ["linear.mean", "linear.weight"], "out_dim": head.out_dim}
+    linear = {"tensors": ["linear.mean", "linear.weight"], "out_dim": head.out_dim,
+              "method": head.linear.method if head.linear is not None else None}
     scaler = {"tensors": ["standardize.mean", "standardize.std"]}
     return {**HEAD_FOLDER.stamp(), "bertflow_version": __version__, "dim": head.dim,
             "encoder": head.encoder.to_dict() if head.encoder else None,
@@ -100,8 +101,10 @@ def _read(path: Path) -> tuple[Head, dict[str, Tensor]]:
         if not isinstance(training, dict) or not 1 <= out_dim <= dim:
             raise ValueError("bad training record, dim or out_dim")
         standardized = bool(config["standardize"])
-        # the linear map's method: a linear head's, or the full whitening before a Glow
-        mapped = method if flow is None else "whitening" if config["linear"] else None
+        # the linear map's method: a linear head's, or the map before a Glow (recorded since
+        # a flow may follow fractional whitening; whitening where a config names none)
+        mapped = method if flow is None else (
+            (config["linear"].get("method") or "whitening") if config["linear"] else None)
     except (KeyError, TypeError, ValueError) as e:
         problem = f"{type(e).__name__}: {first_line(e)}"
         raise BertflowError(f"{path / CONFIG} is malformed ({problem})") from None

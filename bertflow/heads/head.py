@@ -1,5 +1,6 @@
 """Head: the exported, self-describing transform applied to embeddings before scoring (a flow,
-a linear map, or whitening then a flow), and its name of the first releases, FlowHead."""
+a linear map, or (fractional) whitening then a flow), and its name of the first releases,
+FlowHead."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class Head(nn.Module):
             raise BertflowError("a head is a flow, a linear map, or whitening then a flow: "
                                 "give glow, linear or both")
         if glow is not None and linear is not None and not linear.invertible:
-            raise BertflowError(f"a flow may come after full whitening, not {linear.method}")
+            raise BertflowError(f"a flow may come after whitening or fractional whitening at "
+                                f"full width, not {linear.method}")
         if linear is not None and standardize is not None:
             raise BertflowError("a linear map centres by itself; give no standardisation")
         self.glow = glow

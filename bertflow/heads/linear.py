@@ -28,8 +28,13 @@ _NAMES = {"k": "k (components kept)", "d": "d (directions removed)", "shrinkage"
           "gamma": "gamma (the whitening's power)"}
 
 
+# the maps a flow may follow, at full width: they rescale every direction and drop none
+BIJECTIONS = ("whitening", "fractional")
+
+
 class LinearMap(nn.Module):
-    r"""$z = (x - \mu)\, W$, $W$ (dim, out): a bijection for full whitening; the others project."""
+    r"""$z = (x - \mu)\, W$, $W$ (dim, out): a bijection for full whitening and fractional
+    whitening at full width (`BIJECTIONS`); the others project."""
 
     def __init__(self, mean: Tensor, weight: Tensor, method: str):
         super().__init__()
@@ -58,7 +63,7 @@ class LinearMap(nn.Module):
 
     @property
     def invertible(self) -> bool:
-        return self.method == "whitening" and self.out_features == self.features
+        return self.method in BIJECTIONS and self.out_features == self.features
 
     def _slogdet(self) -> Tensor:
         if not self.invertible:
@@ -80,7 +85,7 @@ class LinearMap(nn.Module):
         return z, self.log_det.expand(x.shape[0]).to(z.dtype)
 
     def inverse(self, z: Tensor) -> tuple[Tensor, Tensor]:
-        """z → (x, log|det W⁻¹| per row), for full whitening only (W⁻¹ in float64)."""
+        """z → (x, log|det W⁻¹| per row), for a bijection only (W⁻¹ in float64)."""
         if not self.invertible:
             raise BertflowError(f"a {self.method} head projects: it has no inverse")
         if self.inverse_weight is None:

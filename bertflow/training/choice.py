@@ -5,6 +5,7 @@ the joint 95% bootstrap interval of their paired difference (joint: for all cand
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -85,35 +86,48 @@ class Choice:
 
 
 def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec], Head],
-                proxy: Proxy, embed: Callable[[list[str]], np.ndarray], *, seed: int = 0,
+                proxy: Proxy, embed: Callable[[list[str]], np.ndarray], *,
+                after: Callable[[Head], Head] | None = None, seed: int = 0,
                 say: Callable[[str], None] | None = None) -> Choice:
-    """Fit each of `specs` (the baseline first) by `fit`, score it on `proxy` (its texts
-    embedded by `embed`) and choose: of the candidates whose interval lies above 0, the best
-    on the proxy; else the baseline. The intervals hold jointly, at 95% for all the candidates
-    at once (a bootstrap of the largest standardised deviation among them), so that trying
-    more candidates does not make a chance winner likelier. A candidate that cannot be fit
-    (full whitening on fewer rows than dimensions) or gives non-finite vectors gets a row
+    """Fit each of `specs` (the baseline first) by `fit`, and with `after` a flow after the
+    bijective linear map best on the proxy (`after(that head)`); score each on `proxy` (its
+    texts embedded by `embed`) and choose: of the candidates whose interval lies above 0, the
+    best on the proxy; else the baseline. The intervals hold jointly, at 95% for all the
+    candidates at once (a bootstrap of the largest standardised deviation among them), so that
+    trying more candidates does not make a chance winner likelier. A candidate that cannot be
+    fit (full whitening on fewer rows than dimensions) or gives non-finite vectors gets a row
     saying why, and is not chosen."""
     queries, items = proxy.embed(embed)
     picks = np.random.default_rng(seed).integers(0, len(queries), (RESAMPLES, len(queries)))
     heads, rows, scores = {}, [], {}
-    for label, spec in specs:
+    total = len(specs) + (after is not None)
+
+    def score(label: str, method: str, make: Callable[[], Head]) -> None:
         try:
-            head = fit(spec)
+            head = make()
             z_queries, z_items = head.transform(queries), head.transform(items)  # finite
         except BertflowError as e:  # too few rows for it: a row saying so, never chosen
             if not scores:
                 raise
-            rows.append({"candidate": label, "method": spec.name, "not_fit": str(e)})
+            rows.append({"candidate": label, "method": method, "not_fit": str(e)})
             if say is not None:
-                say(f"candidate {len(rows)}/{len(specs)}: {label}, not fit: {e}")
-            continue
+                say(f"candidate {len(rows)}/{total}: {label}, not fit: {e}")
+            return
         heads[label], scores[label] = head, proxy_ndcg(z_queries, z_items)
-        rows.append({"candidate": label, "method": spec.name, "out_dim": head.out_dim,
+        rows.append({"candidate": label, "method": method, "out_dim": head.out_dim,
                      "proxy_ndcg_at_10": round(100 * float(scores[label].mean()), 4)})
         if say is not None:
-            say(f"candidate {len(rows)}/{len(specs)}: {label}, proxy nDCG@10 "
+            say(f"candidate {len(rows)}/{total}: {label}, proxy nDCG@10 "
                 f"{rows[-1]['proxy_ndcg_at_10']:.2f}")
+
+    for label, spec in specs:
+        score(label, spec.name, functools.partial(fit, spec))
+    maps = [r for r in rows if r["candidate"] in heads and heads[r["candidate"]].glow is None
+            and heads[r["candidate"]].linear.invertible]
+    if after is not None and maps:
+        best = heads[max(maps, key=lambda r: r["proxy_ndcg_at_10"])["candidate"]]
+        label = next(k for k, h in heads.items() if h is best)
+        score(f"flow after {label}", "flow", functools.partial(after, best))
     base = next(iter(scores.values()))
     differences = {label: score - base for label, score in scores.items()}
     boots = {label: d[picks].mean(1) for label, d in differences.items()}

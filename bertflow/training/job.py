@@ -264,8 +264,15 @@ def _choose(job: FitJob, proxy: Any, x: Any, origin: dict[str, Any], say: Say | 
         head.training_info["query_log"] = log  # never scored on its queries
         return head
 
+    def after(linear: Head) -> Head:  # the flow by the recipe, after that map
+        head = fit_head(data, **given, **{**job.recipe.fit_options(), "before": linear.linear},
+                        progress=False)
+        head.training_info["query_log"] = log
+        return head
+
     specs = candidates(loaded.width(pooling), job.dims)
-    choice = choose_head(specs, fit, proxy, embed, say=say)
+    choice = choose_head(specs, fit, proxy, embed, say=say,
+                         after=after if job.dims is None else None)
     choice.head.training_info["choice"] = choice.evidence()
     choice.head.save(job.out)
     return choice

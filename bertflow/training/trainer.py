@@ -22,7 +22,7 @@ from ..encoders.identity import EncoderId
 from ..errors import BertflowError, first_line
 from ..heads.flow import FlowConfig, Glow, StandardScaler, bits_per_dim, log_likelihood
 from ..heads.head import Head, training_rows
-from ..heads.linear import fit_map
+from ..heads.linear import LinearMap, fit_map
 from ..runtime import distributed
 from ..storage.rows import Rows, as_rows, moments
 
@@ -361,22 +361,23 @@ def nll_text(record: dict[str, Any]) -> str | None:
 
 def fit_head(x: np.ndarray | Tensor | Rows, *, encoder: EncoderId | None = None,
              pooling: str | None = None, max_length: int | None = None,
-             before: str = "standardize", flow: FlowConfig = FlowConfig(),
+             before: str | LinearMap = "standardize", flow: FlowConfig = FlowConfig(),
              train: TrainConfig = TrainConfig(), corpus: dict[str, Any] | None = None,
              **training: Any) -> Head:
     """A flow head fit to embeddings `x` (an array, or `Rows` read a block at a time), with
-    ``"standardize"``, ``"whiten"`` or ``"none"`` `before` the Glow; `encoder`, `pooling`,
+    ``"standardize"``, ``"whiten"``, ``"none"`` or a fitted `LinearMap` (whitening or
+    fractional whitening at full width) `before` the Glow; `encoder`, `pooling`,
     `max_length` and `corpus` are recorded. `training` goes to `fit`; `head.history` holds
     the epochs."""
-    if before not in BEFORE:
+    if not isinstance(before, LinearMap) and before not in BEFORE:
         raise BertflowError(f"before must be one of {', '.join(BEFORE)}, not {before!r}")
     data, stats, record = training_rows(x, corpus)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(train.seed)
         glow = Glow(data.shape[1], flow)
     scaler = StandardScaler.from_moments(stats) if before == "standardize" else None
-    white = fit_map(data, "whitening", what="the training embeddings") \
-        if before == "whiten" else None
+    white = before if isinstance(before, LinearMap) else fit_map(
+        data, "whitening", what="the training embeddings") if before == "whiten" else None
     head = Head(glow, scaler, linear=white, encoder=encoder, pooling=pooling,
                     max_length=max_length)
     history = head.history = fit(head, data, train, **training)

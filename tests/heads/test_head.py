@@ -370,8 +370,21 @@ def test_a_flow_after_a_projection_is_refused(head):
     from bertflow.heads.linear import LinearMap
 
     projection = LinearMap(torch.zeros(12), torch.eye(12)[:, :4], "whitening-k")
-    with pytest.raises(BertflowError, match="after full whitening, not whitening-k"):
+    with pytest.raises(BertflowError, match="at full width, not whitening-k"):
         FlowHead(head.glow, linear=projection)
+
+
+def test_a_flow_after_fractional_whitening_saves_and_reloads_bit_for_bit(tmp_path):
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(600, 8)) @ rng.normal(size=(8, 8))).astype(np.float32)
+    fractional = FlowHead.fit_linear(x, "fractional", gamma=0.25).linear
+    head = fit_head(x, before=fractional, flow=FlowConfig(levels=2, depth=2),
+                    train=TrainConfig(epochs=1))
+    assert head.method == "flow" and head.linear is fractional and head.standardize is None
+    loaded = FlowHead.load(head.save(tmp_path / "head"))
+    assert loaded.config()["linear"]["method"] == "fractional"
+    np.testing.assert_array_equal(loaded.transform(x[:50]), head.transform(x[:50]))
+    assert np.isfinite(loaded.log_prob(x[:5])).all()
 
 
 def _whitened(x: np.ndarray, **train) -> FlowHead:

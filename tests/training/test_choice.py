@@ -188,7 +188,8 @@ def test_fit_for_retrieval_writes_the_chosen_head_with_its_evidence(
     assert code == 0, err
     lines = out.strip().splitlines()
     assert lines[0].startswith("| candidate | dims | proxy nDCG@10 |")
-    assert len(lines) == 2 + len(candidates(16)) + 1
+    assert len(lines) == 2 + len(candidates(16)) + 1 + 1  # and a flow after the best map
+    assert [line for line in lines if line.startswith("| flow after ")]
     assert lines[-1].startswith(f"wrote {head}: ") and "first sentence → rest" in lines[-1]
     config = json.loads((head / "config.json").read_text())
     choice = config["training"]["choice"]

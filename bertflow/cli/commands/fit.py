@@ -20,13 +20,13 @@ of EMB.npy, and save it as a head folder that records its encoder and pooling. W
 --method identity, center, no-mean-direction, whitening, whitening-k, fractional, pca or abtt,
 fit that linear map in closed form instead, as a head of the same format. With
 --for retrieval or --for sts, choose the head without labels: every candidate (the identity,
-the linear maps, the flow; at --dims K, PCA, whitening-k and fractional whitening to K) is
-fit on CORPUS (and --queries), scored on a proxy task built from CORPUS itself (a document's
-first sentence finds the rest of it, else its title its text; for sts, the first three fifths
-of a sentence find the last three fifths), and the baseline (the identity; PCA at --dims) is
-kept unless a candidate beats it by more than the joint 95% bootstrap interval of their
-difference (joint: holding for all the candidates at once).
-The table is printed, and the head saved with it in its config."""
+the linear maps, the flow, a flow after the best (fractional) whitening; at --dims K, PCA,
+whitening-k and fractional whitening to K) is fit on CORPUS (and --queries), scored on a proxy
+task built from CORPUS itself (a document's first sentence finds the rest of it, else its
+title its text; for sts, the first three fifths of a sentence find the last three fifths), and
+the baseline (the identity; PCA at --dims) is kept unless a candidate beats it by more than the
+joint 95% bootstrap interval of their difference (joint: holding for all the candidates at
+once). The table is printed, and the head saved with it in its config."""
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
