@@ -67,8 +67,23 @@ def details(head: Head) -> list[tuple[str, str]]:
          if "epochs_run" in training else None),
         ("val NLL", (nll_text(training) or "unknown") if head.glow is not None else None),
         ("training options", ", ".join(f"{k}={v}" for k, v in config.items()) or None),
+        ("chosen", _chosen(training)),
+        ("query log", f"{log['file']}: {log['count']} queries" if isinstance(
+            log := training.get("query_log"), dict) else None),
     ]
     return [(k, v) for k, v in rows if v is not None]
+
+
+def _chosen(training: dict) -> str | None:
+    """How a head chosen without labels was chosen (`bertflow.training.choice`), in words."""
+    choice = training.get("choice")
+    if not isinstance(choice, dict):
+        return None
+    rows = choice.get("candidates") or []
+    row = next((r for r in rows if isinstance(r, dict) and r.get("chosen")), {})
+    return (f"{choice.get('chosen')} of {len(rows)} candidates on a "
+            f"{(choice.get('proxy') or {}).get('kind', '?')} proxy, "
+            f"{row.get('difference', 0):+.2f} nDCG@10 × 100 against the baseline")
 
 
 def _before(head: Head) -> str:

@@ -197,6 +197,9 @@ def test_fit_for_retrieval_writes_the_chosen_head_with_its_evidence(
     assert len(chosen) == 1 and chosen[0]["candidate"] == choice["chosen"]
     assert choice["proxy"]["pairs"]["first sentence → rest"] >= MIN_PAIRS
     assert Head.load(head).pooling == "mean" and Head.load(head).dim == 16
+    code, out, err = run(capsys, "info", head)
+    assert code == 0 and f"chosen      {choice['chosen']} of {len(choice['candidates'])} " \
+        "candidates on a retrieval proxy" in out, out
 
     again = tmp_path / "again"  # seeded: the same head, bit for bit
     assert run(capsys, "fit", documents, "--for", "retrieval", "--out", again, *common,
@@ -249,6 +252,7 @@ def test_a_head_fit_with_a_query_log_is_not_scored_on_its_queries(
     assert code == 0, err
     recorded = Head.load(head).training_info["query_log"]
     assert (recorded["file"], recorded["count"], len(recorded["digests"])) == ("log.txt", 2, 2)
+    assert "query log   log.txt: 2 queries" in run(capsys, "info", head)[1]
     code, out, err = run(capsys, "eval", "retrieval", beir, "--head", head, *common)
     assert code != 0 and "holds 1 of tiny's test queries it would score (first: query 'q2')" \
         in err, err
