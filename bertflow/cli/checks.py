@@ -39,9 +39,7 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         args.check(args, launched)
     for dest, flag in (("k", "--dims"), ("d", "--d"), ("shrinkage", "--shrinkage"),
                        ("gamma", "--gamma")):
-        chosen = dest == "k" and getattr(args, "choose_for", None) is not None  # --for's --dims
-        if getattr(args, dest, None) is not None and method not in LINEAR_OPTIONS[dest] \
-                and not chosen:
+        if getattr(args, dest, None) is not None and method not in LINEAR_OPTIONS[dest]:
             raise BertflowError(f"{flag} applies to --method {', '.join(LINEAR_OPTIONS[dest])}")
 
 

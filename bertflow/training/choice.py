@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import BertflowError
 from ..heads.head import Head
+from ..heads.linear import LinearMap
 from ..storage.corpus import Corpus
 from .proxy import Proxy, proxy_ndcg
 from .recipes import Recipe
@@ -51,13 +52,15 @@ def candidates(dim: int, dims: int | None = None) -> list[tuple[str, MethodSpec]
 
 
 def fit_candidate(spec: MethodSpec, x: Any, recipe: Recipe | None = None,
-                  **origin: Any) -> Head:
-    """The head of `spec` fit on embeddings `x`: the flow by `recipe` (a whole one), a linear
-    map in closed form; `origin` (encoder, pooling, max_length, corpus) recorded."""
+                  before: LinearMap | None = None, **origin: Any) -> Head:
+    """The head of `spec` fit on embeddings `x`: the flow by `recipe` (a whole one; after the
+    fitted map `before` where given), a linear map in closed form; `origin` (encoder, pooling,
+    max_length, corpus) recorded."""
     if spec.name == "flow":
         if not isinstance(recipe, Recipe):
             raise BertflowError("a flow candidate needs its whole recipe")
-        return fit_head(x, **origin, **recipe.fit_options(), progress=False)
+        options = {**recipe.fit_options(), **({"before": before} if before else {})}
+        return fit_head(x, **origin, **options, progress=False)
     return Head.fit_linear(x, spec.name, k=spec.k, d=spec.d, shrinkage=spec.shrinkage,
                            gamma=spec.gamma, **origin)
 
@@ -125,9 +128,8 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
     maps = [r for r in rows if r["candidate"] in heads and heads[r["candidate"]].glow is None
             and heads[r["candidate"]].linear.invertible]
     if after is not None and maps:
-        best = heads[max(maps, key=lambda r: r["proxy_ndcg_at_10"])["candidate"]]
-        label = next(k for k, h in heads.items() if h is best)
-        score(f"flow after {label}", "flow", functools.partial(after, best))
+        best = max(maps, key=lambda r: r["proxy_ndcg_at_10"])["candidate"]
+        score(f"flow after {best}", "flow", functools.partial(after, heads[best]))
     base = next(iter(scores.values()))
     differences = {label: score - base for label, score in scores.items()}
     boots = {label: d[picks].mean(1) for label, d in differences.items()}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -28,8 +29,8 @@ from ..storage.artifacts import HEAD_FOLDER
 from ..storage.corpus import Corpus, titled
 from ..storage.files import check_outputs
 from .checkpoint import CheckpointFile
-from .choice import candidates, choose_head, fit_candidate, query_log
-from .proxy import build_proxy
+from .choice import Choice, candidates, choose_head, fit_candidate, query_log
+from .proxy import Proxy, build_proxy
 from .recipes import Recipe, choose, close_call, rule_note
 from .spec import MethodSpec
 from .tensorboard import RunLogs
@@ -82,7 +83,7 @@ class FittedHead(NamedTuple):
 
     head: Head
     logs: Path | None
-    choice: Any = None
+    choice: Choice | None = None
 
 
 def run_fit(job: FitJob, *, say: Say | None = None,
@@ -101,10 +102,10 @@ def run_fit(job: FitJob, *, say: Say | None = None,
     flow = job.method.name == "flow"
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
-    proxy = _proxy(job)  # before anything is encoded
+    proxy, log = _proxy(job)  # before anything is encoded
     job, x, origin = _source(job, progress, say)
     if proxy is not None:
-        choice = _choose(job, proxy, x, origin, say, progress)
+        choice = _choose(job, proxy, log, x, origin, say, progress)
         return FittedHead(choice.head, None, choice)
     if not flow:
         if not distributed.is_main():
@@ -217,13 +218,14 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFi
     return FittedHead(head, logs.folder if logs else None) if main else None
 
 
-def _proxy(job: FitJob) -> Any:
+def _proxy(job: FitJob) -> tuple[Proxy | None, Corpus | None]:
     """The proxy of `job.choose_for` built from its corpus (`bertflow.training.proxy`), or
-    None; what cannot apply to a choice is refused first."""
+    None, and its query log, read and checked; what cannot apply to a choice is refused
+    first."""
     if job.choose_for is None:
         if (job.queries, job.dims) != (None, None):
             raise BertflowError("a query log and dims apply to a head chosen on a proxy")
-        return None
+        return None, None
     if job.source.suffix == ".npy":
         raise BertflowError(f"--for {job.choose_for} builds its proxy from the corpus's text: "
                             f"give the corpus, not the embeddings {job.source}")
@@ -232,15 +234,14 @@ def _proxy(job: FitJob) -> Any:
                             "or dev set")
     if distributed.world_size() > 1:
         raise BertflowError(f"--for {job.choose_for} runs in one process, not under torchrun")
-    if job.queries is not None:
-        if job.choose_for != "retrieval":
-            raise BertflowError("a query log applies to --for retrieval")
-        Corpus.from_file(job.queries)  # read and checked before anything is encoded
-    return build_proxy(job.choose_for, titled(job.source), name=str(job.source))
+    if job.queries is not None and job.choose_for != "retrieval":
+        raise BertflowError("a query log applies to --for retrieval")
+    log = Corpus.from_file(job.queries) if job.queries is not None else None
+    return build_proxy(job.choose_for, titled(job.source), name=str(job.source)), log
 
 
-def _choose(job: FitJob, proxy: Any, x: Any, origin: dict[str, Any], say: Say | None,
-            progress: bool | None) -> Any:
+def _choose(job: FitJob, proxy: Proxy, log_corpus: Corpus | None, x: Any,
+            origin: dict[str, Any], say: Say | None, progress: bool | None) -> Choice:
     """The head chosen on `proxy` (`bertflow.training.choice`), each candidate fit on the
     corpus and the query log, saved with the evidence in its config."""
     loaded, pooling, max_length = origin["loaded"], origin["pooling"], origin["max_length"]
@@ -252,27 +253,20 @@ def _choose(job: FitJob, proxy: Any, x: Any, origin: dict[str, Any], say: Say | 
                            progress=progress)[pooling].load()
 
     data, log = x, None
-    if job.queries is not None:
-        log_corpus = Corpus.from_file(job.queries)
+    if log_corpus is not None:
         data = np.concatenate([np.asarray(x.load()), embed(log_corpus)])
         log = query_log(job.queries, log_corpus)
     given = {"encoder": origin["encoder"], "pooling": pooling, "max_length": max_length,
              "corpus": origin["corpus"]}
 
-    def fit(spec: MethodSpec) -> Head:
-        head = fit_candidate(spec, data, job.recipe, **given)
+    def fit(spec: MethodSpec, before: Head | None = None) -> Head:  # `before`: a map to follow
+        head = fit_candidate(spec, data, job.recipe, before and before.linear, **given)
         head.training_info["query_log"] = log  # never scored on its queries
         return head
 
-    def after(linear: Head) -> Head:  # the flow by the recipe, after that map
-        head = fit_head(data, **given, **{**job.recipe.fit_options(), "before": linear.linear},
-                        progress=False)
-        head.training_info["query_log"] = log
-        return head
-
     specs = candidates(loaded.width(pooling), job.dims)
-    choice = choose_head(specs, fit, proxy, embed, say=say,
-                         after=after if job.dims is None else None)
+    after = functools.partial(fit, MethodSpec("flow")) if job.dims is None else None
+    choice = choose_head(specs, fit, proxy, embed, say=say, after=after)
     choice.head.training_info["choice"] = choice.evidence()
     choice.head.save(job.out)
     return choice

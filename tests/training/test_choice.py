@@ -217,6 +217,7 @@ def test_fit_for_refuses_what_cannot_apply(tmp_path, capsys, documents, tiny_enc
     out = tmp_path / "head"
     lines = tmp_path / "lines.txt"
     lines.write_text("a man plays the guitar in the park\n" * 300, encoding="utf-8")
+    np.save(tmp_path / "emb.npy", np.ones((200, 16), np.float32))
     common = ["--encoder", tiny_encoder_dir, "--cache", tmp_path / "c", "--out", out]
     for args, message in (
             ([lines, "--for", "retrieval"], "too small for a retrieval proxy: 0 of its 300"),

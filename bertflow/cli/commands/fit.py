@@ -69,16 +69,15 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace, launched: bool) -> None:
     """Refuse the encoder's options for embeddings encoded already, and a checkpoint, resume
-    or log folder that cannot be."""
+    or log folder that cannot be; with --for, what a choice cannot take (its --dims is kept as
+    `args.dims`, the candidates')."""
+    args.dims = None  # the components the candidates keep, with --for
     if args.choose_for is not None:
-        given = given_flags(args, ("method", "d", "shrinkage", "gamma", "checkpoint", "logdir",
-                                   "dev_sts"))
+        given = given_flags(args, ("method", "d", "shrinkage", "gamma", "checkpoint", "resume",
+                                   "logdir", "dev_sts"))
         if given:
             raise BertflowError(f"--for {args.choose_for} chooses the method: {', '.join(given)} "
                                 "cannot apply")
-        if args.input.suffix == ".npy":
-            raise BertflowError(f"--for {args.choose_for} builds its proxy from the corpus's "
-                                f"text: give the corpus, not the embeddings {args.input}")
         if launched:
             raise BertflowError(f"--for {args.choose_for} runs in one process, not under "
                                 "torchrun")
@@ -86,7 +85,9 @@ def check(args: argparse.Namespace, launched: bool) -> None:
         if args.k is not None and flow:
             raise BertflowError(f"--dims chooses among linear heads: {', '.join(flow)} cannot "
                                 "apply")
-    elif args.queries is not None:
+        args.dims, args.k = args.k, None  # not the method's: there is none yet
+        return  # the rest, embeddings given included, the fit job refuses (`_proxy`)
+    if args.queries is not None:
         raise BertflowError("--queries applies with --for retrieval or --for sts")
     args.method = args.method or "flow"
     if args.input.suffix == ".npy":  # --dev-sts encodes; --device places a torchrun job too
@@ -109,14 +110,14 @@ def run(args: argparse.Namespace) -> None:
     from ...training.spec import MethodSpec
     from ...training.trainer import nll_text
 
-    method = MethodSpec(args.method, None if args.choose_for else args.k, args.d, args.shrinkage,
-                        flow_options(args) if args.method == "flow" else None, args.gamma)
+    method = MethodSpec(args.method or "flow", args.k, args.d, args.shrinkage,
+                        flow_options(args) if args.method in (None, "flow") else None, args.gamma)
     job = FitJob(args.input, args.out, method, encoder=args.encoder, pooling=args.pooling,
                  max_length=args.max_length, batch_size=args.encode_batch_size,
                  device=args.device, dtype=args.dtype, cache=args.cache,
                  checkpoint=args.checkpoint, resume=args.resume, logdir=args.logdir,
                  dev_sts=args.dev_sts, choose_for=args.choose_for, queries=args.queries,
-                 dims=args.k if args.choose_for else None)
+                 dims=args.dims)
     say = None if args.progress is False else functools.partial(print, file=sys.stderr)
     fitted = run_fit(job, say=say, progress=args.progress)
     if fitted is None:  # another process of a torchrun job
