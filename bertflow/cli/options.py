@@ -20,11 +20,9 @@ from ..constants import (
     SHRINKAGE_ESTIMATORS,
 )
 
-__all__ = ["CACHE_HELP", "CORPUS_HELP", "FOLDERS_MAX_LENGTH", "FOLDERS_POOLING", "HEAD_HELP",
-           "Formatter", "Parser", "Refused", "baseline_options", "ceiling", "device_options",
-           "encoder_options", "flow_arguments", "fraction", "head_or_flow_options", "integer",
-           "max_length_type", "natural", "positive", "positive_float", "power", "quiet",
-           "seed_type", "shrinkage_type", "typed", "unit"]
+__all__ = ["CACHE_HELP", "CORPUS_HELP", "HEAD_HELP", "Formatter", "Parser", "Refused",
+           "baseline_options", "ceiling", "device_options", "encoder_options", "flow_arguments",
+           "head_or_flow_options", "integer", "positive", "quiet", "typed"]
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -54,10 +52,6 @@ HEAD_HELP = "a head folder, or the name of a ready head (`bertflow info` lists t
 CORPUS_HELP = "text file of one sentence a line, or a BEIR corpus.jsonl (a file named *.jsonl)"
 CACHE_HELP = ("embedding cache folder (default: $BERTFLOW_CACHE/embeddings, else "
               "~/.cache/bertflow/embeddings)")
-# an encoder folder's own sentence-transformers settings, where it has them, are the defaults
-FOLDERS_POOLING = f"the encoder folder's own (modules.json), else {DEFAULT_POOLING}"
-FOLDERS_MAX_LENGTH = (f"the encoder folder's own (sentence_bert_config.json), else "
-                      f"{DEFAULT_MAX_LENGTH}")
 
 
 def quiet(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -78,7 +72,7 @@ def baseline_options(p: argparse.ArgumentParser) -> None:
                         "a multiple of the identity, (1−α)Σ + α·tr Σ/n·I: α in [0, 1], or "
                         f"{', '.join(SHRINKAGE_ESTIMATORS)} to let that estimator choose α "
                         "from the embeddings (default: 0)")
-    p.add_argument("--gamma", type=power, default=None,
+    p.add_argument("--gamma", type=typed(float, "in [0, 2]", lambda v: 0 <= v <= 2), default=None,
                    help="fractional's power: the covariance to −γ/2, γ in [0, 2], 1 being "
                         "whitening (default: 0.5)")
 
@@ -97,10 +91,12 @@ def encoder_options(p: argparse.ArgumentParser, first: str = "") -> None:
                    help=f"Hugging Face encoder folder (default: {DEFAULT_ENCODER_NAME}, which "
                         "comes with bertflow)")
     p.add_argument("--pooling", choices=POOLINGS, default=None,
-                   help=f"how token states become one vector (default: {first}{FOLDERS_POOLING})")
-    p.add_argument("--max-length", type=max_length_type, default=None,
-                   help=f"tokens per sentence; longer sentences are truncated (default: "
-                   f"{first}{FOLDERS_MAX_LENGTH})")
+                   help=f"how token states become one vector (default: {first}the encoder "
+                        f"folder's own (modules.json), else {DEFAULT_POOLING})")
+    p.add_argument("--max-length", type=integer(2), default=None,
+                   help=f"tokens per sentence; longer sentences are truncated (default: {first}the "
+                        f"encoder folder's own (sentence_bert_config.json), else "
+                        f"{DEFAULT_MAX_LENGTH})")
     p.add_argument("--encode-batch-size", dest="encode_batch_size", type=positive,
                    default=DEFAULT_BATCH_SIZE, help="sentences per encoder batch")
     device_options(p)
@@ -133,13 +129,13 @@ def flow_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     g.add_argument("--linear", choices=("reverse", "lu"), default=None,
                    help="mixing layer: fixed reversal (as released) or learned LU")
     g = p.add_argument_group("training")
-    g.add_argument("--seed", type=seed_type, default=None,
+    g.add_argument("--seed", type=integer(0, 2**32), default=None,
                    help="seeds the split, order and weights (default: 0)")
     g.add_argument("--epochs", type=positive, default=None,
                    help="passes over the data (default: the recipe's)")
     g.add_argument("--batch-size", type=positive, default=None,
                    help="embeddings per flow minibatch (default: the recipe's)")
-    g.add_argument("--lr", type=positive_float, default=None,
+    g.add_argument("--lr", type=typed(float, "positive", lambda v: v > 0), default=None,
                    help="Adam's learning rate, decayed along a cosine (default: the recipe's)")
     g.add_argument("--val-fraction", type=fraction, default=None,
                    help="held-out share of the rows, in [0, 1) (default: the recipe's)")
@@ -177,12 +173,8 @@ def ceiling(name: str) -> Callable[[str], int]:
     return integer(1, FLOW_CEILINGS[name] + 1)
 
 
-positive, natural, max_length_type = integer(1), integer(0), integer(2)
-seed_type = integer(0, 2**32)
-positive_float = typed(float, "positive", lambda v: v > 0)
+positive, natural = integer(1), integer(0)
 fraction = typed(float, "in [0, 1)", lambda v: 0 <= v < 1)
-unit = typed(float, "in [0, 1]", lambda v: 0 <= v <= 1)
-power = typed(float, "in [0, 2]", lambda v: 0 <= v <= 2)
 
 
 def shrinkage_type(text: str) -> float | str:
@@ -195,4 +187,4 @@ def shrinkage_type(text: str) -> float | str:
         names = ", ".join(SHRINKAGE_ESTIMATORS)
         raise argparse.ArgumentTypeError(f"expected α in [0, 1] or one of {names}, got "
                                          f"{text!r}") from None
-    return unit(text)
+    return typed(float, "in [0, 1]", lambda v: 0 <= v <= 1)(text)
