@@ -77,15 +77,14 @@ def export_onnx(head: Head, path: str | os.PathLike, opset: int | None = None) -
 
 def check_destination(path: str | os.PathLike, fmt: str) -> Path:
     """`path` if it is free for an export in `fmt`, or holds one of bertflow's in that format."""
-    if fmt == "sentence-transformers":
-        return PIPELINE_FOLDER.check_destination(path)
     if fmt == "onnx":
         try:
             import onnx  # noqa: F401 - needed to read an existing export, and to write one
         except ImportError:
             raise BertflowError("ONNX export needs onnx and onnxscript: "
                                 "pip install 'bertflow[export]'") from None
-    return _FILES[fmt].check_destination(path)
+    return _DESTINATIONS[fmt].check_destination(path)
 
 
-_FILES = {"onnx": ONNX_EXPORT, "torch-export": PT2_EXPORT}
+_DESTINATIONS = {"sentence-transformers": PIPELINE_FOLDER, "onnx": ONNX_EXPORT,
+                 "torch-export": PT2_EXPORT}

@@ -9,10 +9,7 @@ from ...errors import BertflowError
 from ..checks import check_paths
 from ..options import HEAD_HELP
 
-__all__ = ["EXPORT_FORMATS", "arguments", "run"]
-
 SUMMARY = "write a head for use without bertflow's CLI"
-EXPORT_FORMATS = ("sentence-transformers", "onnx", "torch-export")
 DESCRIPTION = """\
 A sentence-transformers folder (encoder, pooling and head; load it with
 bertflow.export.pipeline.load_pipeline), a self-contained ONNX file, or a torch.export
@@ -21,14 +18,14 @@ program."""
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", type=Path, required=True, help=HEAD_HELP)
-    p.add_argument("--format", required=True, choices=EXPORT_FORMATS, help="what to write")
+    p.add_argument("--format", required=True, choices=("sentence-transformers", "onnx",
+                                                         "torch-export"), help="what to write")
     p.add_argument("--out", type=Path, required=True,
                    help="a folder (sentence-transformers), HEAD.onnx or HEAD.pt2")
     p.add_argument("--encoder", default=None,
                    help="encoder of a sentence-transformers pipeline (default: the head's)")
     p.add_argument("--normalize", action="store_true",
                    help="end the sentence-transformers pipeline with L2 normalisation")
-
 
 
 def check(args: argparse.Namespace, launched: bool) -> None:
