@@ -29,11 +29,9 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionH
     """Every option with its default (where it has one worth showing); descriptions as is."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if any(action.default is v for v in (None, False, argparse.SUPPRESS)) \
-                or "%(default)" in text:
-            return text
-        return super()._get_help_string(action) or text
+        if action.default is None or action.default is False:
+            return action.help or ""
+        return super()._get_help_string(action)  # says the default unless the help does
 
 
 class Refused(argparse.Action):
