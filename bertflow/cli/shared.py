@@ -38,9 +38,8 @@ def head_and_encoder(args: argparse.Namespace, flow: bool = False) -> tuple[Any,
     from ..training.recipes import choose
 
     head = None if args.head is None else Head.load(args.head)
-    for flag, given, recorded in (("--pooling", args.pooling, getattr(head, "pooling", None)),
-                                  ("--max-length", getattr(args, "max_length", None),
-                                   getattr(head, "max_length", None))):
+    for flag, name in (("--pooling", "pooling"), ("--max-length", "max_length")):
+        given, recorded = getattr(args, name, None), getattr(head, name, None)
         if None not in (given, recorded) and given != recorded:
             raise BertflowError(f"{flag} {given} differs from the head's {recorded}")
     encoder = load_encoder_of(args, head)
