@@ -37,7 +37,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     _eval_options(sts, "'target' (each task's own sentences, no scores), text "
                   "files, or both: 'target FILE' fits each task on its own sentences and the "
                   "file's (default: target)")
-    sts.set_defaults(retrieval=None, split=None, ignore_identical_ids=None, mteb=None)
+    sts.set_defaults(retrieval=None)
     retrieval = kinds.add_parser(
         "retrieval", formatter_class=Formatter, help="nDCG@10 and more on a BEIR task",
         description=textwrap.dedent("""
@@ -59,7 +59,6 @@ def arguments(p: argparse.ArgumentParser) -> None:
                            "task name) into this folder of a model's results")
     _eval_options(retrieval, "'corpus' (the documents), 'queries' (the split's), "
                   "text files, or several together (default: corpus)")
-    retrieval.set_defaults(data=None, tasks=None)
 
 
 def check(args: argparse.Namespace, launched: bool) -> None:
@@ -102,11 +101,10 @@ def run(args: argparse.Namespace) -> None:
         if not tasks:
             raise BertflowError(f"none of {', '.join(wanted)} is in {args.data}")
     fit_on = args.fit_on or ["target" if args.retrieval is None else "corpus"]
-    head, encoder = head_and_encoder(args, flow=args.method in (None, "flow"))
-    name = args.method or "flow"
+    head, encoder = head_and_encoder(args, flow=args.method == "flow")
     method = head if head is not None else MethodSpec(
-        name, args.k, args.d, args.shrinkage, flow_options(args) if name == "flow" else None,
-        args.gamma)
+        args.method, args.k, args.d, args.shrinkage,
+        flow_options(args) if args.method == "flow" else None, args.gamma)
     options = {"pooling": args.pooling, "max_length": args.max_length, "fit_on": fit_on,
                "name": str(args.head), "batch_size": args.encode_batch_size,
                "progress": args.progress}
@@ -155,8 +153,7 @@ def _eval_options(p: argparse.ArgumentParser, fit_on_help: str) -> None:
     """What `eval sts` and `eval retrieval` share: what is scored, and where the rows go."""
     which = p.add_mutually_exclusive_group()
     which.add_argument("--head", type=Path, help="score a fitted head (its encoder and pooling)")
-    which.add_argument("--method", choices=METHODS, default=None,
-                       help="the method fit here (default: flow)")
+    which.add_argument("--method", choices=METHODS, default="flow", help="the method fit here")
     p.add_argument("--fit-on", nargs="+", default=None, metavar="SOURCE", help=fit_on_help)
     baseline_options(p)
     p.add_argument("--out", type=Path, default=None, metavar="ROWS.json",
