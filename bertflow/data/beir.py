@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..errors import BertflowError
 from ..storage.corpus import Corpus, read_corpus
-from ..storage.jsonl import field, read_lines, record_id, records
+from ..storage.files import iter_sentences
+from ..storage.jsonl import field, record_id, records
 
 __all__ = ["QRELS_HEADER", "BeirTask", "load_task", "read_qrels", "read_queries"]
 
@@ -35,7 +36,7 @@ def read_queries(path: str | os.PathLike) -> dict[str, str]:
     `*.jsonl`), else a text file of one query a line, whose ids are its line numbers."""
     path, queries, lines = Path(path), {}, {}
     if path.suffix != ".jsonl":
-        queries = {str(n): q for n, q in enumerate(read_lines(path, "one query"), 1)}
+        queries = {str(n): q for n, q in enumerate(iter_sentences(path, what="one query"), 1)}
     else:
         for number, record in records(path):
             key = record_id(path, number, record, lines)
@@ -53,7 +54,7 @@ def read_qrels(path: str | os.PathLike, documents: Collection[str] | None = None
     row naming a document not in `documents` or a query not in `queries` (where given), a
     repeated row and a file without rows are refused."""
     path, qrels = Path(path), {}
-    lines = enumerate(read_lines(path, "one judgement"), 1)
+    lines = enumerate(iter_sentences(path, what="one judgement"), 1)
     header = next(lines, (1, ""))[1]
     if tuple(header.strip().split("\t")) != QRELS_HEADER:
         raise BertflowError(f"{path} line 1: expected the header {' / '.join(QRELS_HEADER)} "

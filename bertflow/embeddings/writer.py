@@ -130,7 +130,7 @@ def _share(count: int, rank: int, world: int, chunk: int) -> tuple[int, int]:
 _NO_ROWS = hashlib.sha256().hexdigest()
 
 
-def _chained(checksum: str, rows: bytes | memoryview) -> str:
+def _chained(checksum: str, rows: bytes | memoryview | np.ndarray) -> str:
     """A share's checksum after one more chunk: sha256 of the one before, then the rows."""
     digest = hashlib.sha256(bytes.fromhex(checksum))
     digest.update(rows)
@@ -286,21 +286,19 @@ class _Output:
     def _check_rows(self, records: dict[Path, dict[str, Any]]) -> None:
         """Check the partial file's shape, and each record's checksum against its rows."""
         count, dim, chunk = self.meta["count"], self.meta["dim"], self.layout["chunk_size"]
-        with open(self.partial, "rb") as f:
-            try:
-                shape, dtype, offset, fortran = read_header(f, self.partial)
-            except BertflowError:
-                shape = None
-            if shape != (count, dim) or dtype != np.float32 or fortran:
-                raise BertflowError(f"{self.partial} does not hold {count} × {dim} float32 "
-                                    "rows; start afresh with --restart")
+        try:
+            file = EmbeddingFile(self.partial)
+        except BertflowError:
+            file = None
+        if file is None or file.shape != (count, dim) or file.dtype != np.float32 or file.fortran:
+            raise BertflowError(f"{self.partial} does not hold {count} × {dim} float32 rows; "
+                                "start afresh with --restart")
+        with file:
             for record, value in records.items():
                 (start, _), done = value["rows"], value["done"]
                 checksum = _NO_ROWS
                 for first in range(start, done, chunk):
-                    size = (min(first + chunk, done) - first) * dim * 4
-                    checksum = _chained(checksum, os.pread(f.fileno(), size,
-                                                           offset + first * dim * 4))
+                    checksum = _chained(checksum, file.read(first, min(first + chunk, done)))
                 if checksum != value["rows_sha256"]:
                     raise BertflowError(f"{record} does not agree with {self.partial}: rows "
                                         f"{start} to {done} are not the ones it recorded; "

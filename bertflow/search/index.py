@@ -197,7 +197,7 @@ class Index:
                 for row_s, row_i in zip(scores, ids, strict=True)]
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the index folder atomically (see `folders.FolderFormat.write`)."""
+        """Write the index folder atomically (see `artifacts.FolderFormat.write`)."""
         faiss = kinds.faiss_module()
 
         def fill(tmp: Path) -> None:

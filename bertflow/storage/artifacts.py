@@ -246,15 +246,10 @@ def _holds_working_folder(path: Path) -> bool:
     return here == there or there in here.parents
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = json.loads(path.read_bytes())
-    return rows if isinstance(rows, list) else []
-
-
-def _are_rows(rows: list[Any]) -> bool:
-    """Rows of `bertflow eval`: STS (task, aggregation, spearman) or retrieval (task, split,
-    ndcg_at_10)."""
-    return bool(rows) and all(
+def _are_rows(rows: Any) -> bool:
+    """Rows of `bertflow eval` (a list): STS (task, aggregation, spearman) or retrieval (task,
+    split, ndcg_at_10)."""
+    return isinstance(rows, list) and bool(rows) and all(
         isinstance(row, dict) and ({"task", "aggregation", "spearman"} <= row.keys()
                                    or {"task", "split", "ndcg_at_10"} <= row.keys())
         for row in rows)
@@ -319,7 +314,7 @@ PROGRESS = FileFormat("bertflow-embeddings-progress", "a bertflow progress recor
 CHECKPOINT = FileFormat("bertflow-train-state", "a bertflow training checkpoint",
                         "training checkpoint", 2, read=_checkpoint, option="--checkpoint")
 ROWS = FileFormat("bertflow-rows", "rows written by bertflow eval", "eval rows",
-                  read=_read_rows, recognise=_are_rows)
+                  read=lambda path: json.loads(path.read_bytes()), recognise=_are_rows)
 MTEB_RESULT = FileFormat("mteb-result", "MTEB's result file", "MTEB result", None, ".json",
                          recognise=_is_mteb, option="--mteb")
 ONNX_EXPORT = FileFormat("bertflow-onnx", "a bertflow export", "ONNX export", None, ".onnx",

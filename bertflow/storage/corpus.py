@@ -57,13 +57,11 @@ class Corpus:
         return cls(next(counter), digest, lambda start: iter_sentences(path, start), str(path))
 
     @classmethod
-    def from_sentences(cls, sentences: Sequence[str], name: str = "sentences",
-                       ids: Sequence[str] | None = None) -> Corpus:
+    def from_sentences(cls, sentences: Sequence[str], name: str = "sentences") -> Corpus:
         if isinstance(sentences, str):
             raise BertflowError("expected a list of sentences, not one string")
         return cls(len(sentences), corpus_sha256(sentences),
-                   lambda start: iter(sentences[start:]), name,
-                   None if ids is None else list(ids))
+                   lambda start: iter(sentences[start:]), name)
 
     def __len__(self) -> int:
         return self.count
@@ -100,8 +98,9 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
     digest = corpus_sha256(counted())
     if not ids:
         raise BertflowError(f"{path} is empty: expected one JSON document per line")
-    return Corpus(len(ids), digest, lambda start: _documents(path, start), str(path),
-                  ids=list(ids))
+    return Corpus(len(ids), digest, lambda start: (_document(path, number, record)
+                                                   for number, record in records(path, start)),
+                  str(path), ids=list(ids))
 
 
 def titled(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
@@ -114,11 +113,6 @@ def titled(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
     for number, record in records(path):
         _document(path, number, record)  # checked as the corpus is
         yield (record.get("title") or "").strip(), record["text"].strip()
-
-
-def _documents(path: Path, start: int) -> Iterator[str]:
-    for number, record in records(path, start):
-        yield _document(path, number, record)
 
 
 def _document(path: Path, number: int, record: dict[str, Any]) -> str:

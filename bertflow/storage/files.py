@@ -38,11 +38,12 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
     return sentences
 
 
-def iter_sentences(path: str | os.PathLike, start: int = 0,
-                   blank_ok: bool = False) -> Iterator[str]:
+def iter_sentences(path: str | os.PathLike, start: int = 0, blank_ok: bool = False,
+                   what: str = "one sentence") -> Iterator[str]:
     """The sentences of a UTF-8 text file, read lazily from sentence `start` on (earlier lines
-    are checked too), a leading byte-order mark dropped; a blank line (unless `blank_ok`) or a
-    byte that is not UTF-8 is an error naming its line. Only `\\n`, `\\r\\n`, `\\r` end lines."""
+    are checked too), a leading byte-order mark dropped; a blank line (unless `blank_ok`: the
+    file holds `what` per line) or a byte that is not UTF-8 is an error naming its line. Only
+    `\\n`, `\\r\\n`, `\\r` end lines."""
     path = _check_file(path)
     with open(path, "rb") as f:
         for number, raw in enumerate(_raw_lines(f), start=1):
@@ -54,8 +55,7 @@ def iter_sentences(path: str | os.PathLike, start: int = 0,
             if number == 1:
                 line = line.removeprefix("\ufeff")
             if not line.strip() and not blank_ok:
-                raise BertflowError(f"{path} line {number} is blank: expected one sentence "
-                                    "per line")
+                raise BertflowError(f"{path} line {number} is blank: expected {what} per line")
             if number > start:
                 yield line
 

@@ -1,6 +1,5 @@
-"""Files of one record a line, read streamed: text lines (a blank one refused) and JSON-lines
-objects with their string fields and ids, a bad line refused in one line naming its file and
-line number."""
+"""JSON-lines files, one object a line, read streamed with their string fields and ids, a bad
+line refused in one line naming its file and line number."""
 
 from __future__ import annotations
 
@@ -13,20 +12,12 @@ from typing import Any
 from ..errors import BertflowError, first_line
 from .files import iter_sentences
 
-__all__ = ["field", "read_lines", "record_id", "records", "unicode_text"]
-
-
-def read_lines(path: Path, what: str, start: int = 0) -> Iterator[str]:
-    """The lines of text file `path` from line `start` on; a blank one is refused."""
-    for number, line in enumerate(iter_sentences(path, start, blank_ok=True), start + 1):
-        if not line.strip():
-            raise BertflowError(f"{path} line {number} is blank: expected {what} per line")
-        yield line
+__all__ = ["field", "record_id", "records", "unicode_text"]
 
 
 def records(path: Path, start: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, JSON object) of each line of a JSON-lines file from line `start` on."""
-    for number, line in enumerate(read_lines(path, "one JSON object", start), start + 1):
+    for number, line in enumerate(iter_sentences(path, start, what="one JSON object"), start + 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
