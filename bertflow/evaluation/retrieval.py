@@ -20,7 +20,7 @@ from ..storage.corpus import Corpus
 from ..storage.files import read_json, write_json
 from ..training.choice import check_query_log
 from ..training.spec import MethodSpec
-from .sts import method_maker, row_key
+from .sts import FitOn, fit_parts, method_maker, row_key
 
 if TYPE_CHECKING:
     from ..data.beir import BeirTask
@@ -57,7 +57,7 @@ def ignores_identical_ids(task_name: str) -> bool:
 def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder: Encoder,
                        cache: EmbeddingCache, *, pooling: str | None = None,
                        max_length: int | None = None,
-                       fit_on: str | os.PathLike | Sequence[str | os.PathLike] = "corpus",
+                       fit_on: FitOn = "corpus",
                        name: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                        progress: bool | None = None, top: int = TOP,
                        ignore_identical_ids: bool | None = None,
@@ -84,7 +84,7 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
     queries = embed(Corpus.from_sentences(list(task.queries.values()), "the queries"))
     fitted = make()
     if not isinstance(method, Head):
-        parts = _fit_parts(fit_on)
+        parts = fit_parts(fit_on, FIT_SOURCES)
         given = {"corpus": documents, "queries": queries}
         fitted.fit(np.concatenate([given[p] if isinstance(p, str) else embed(Corpus.from_file(p))
                                    for p in parts]))
@@ -101,16 +101,6 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
              "documents": len(task.corpus), "ignore_identical_ids": ignore_identical_ids,
              **score_run(task.qrels, run),
              **({"mteb": mteb_scores(task.qrels, run)} if every_k else {})}]
-
-
-def _fit_parts(fit_on: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str | Path]:
-    """`fit_on` as ``"corpus"``, ``"queries"`` (each at most once) and text files, in order."""
-    given = [fit_on] if isinstance(fit_on, (str, os.PathLike)) else list(fit_on)
-    parts = [str(p) if str(p) in FIT_SOURCES else Path(p) for p in given]
-    named = [p for p in parts if isinstance(p, str)]
-    if not parts or len(set(named)) < len(named):
-        raise BertflowError("fit on 'corpus' and 'queries' at most once each, and on text files")
-    return parts
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
