@@ -97,7 +97,8 @@ def run_fit(job: FitJob, *, say: Say | None = None,
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
     proxy, log = _proxy(job)  # before anything is encoded
-    job, x, origin = _source(job, progress, say)
+    x, origin = _source(job, progress)
+    job = _settle(job, origin["pooling"], x, say)
     if proxy is not None:
         choice = _choose(job, proxy, log, x, origin, say, progress)
         return FittedHead(choice.head, None, choice)
@@ -110,11 +111,10 @@ def run_fit(job: FitJob, *, say: Say | None = None,
     return _train(job, x, origin, checkpoint, dev, say, progress)
 
 
-def _source(job: FitJob, progress: bool | None,
-            say: Say | None) -> tuple[FitJob, Any, dict[str, Any]]:
-    """The job with its recipe resolved, the embeddings and their origin (`open_embeddings`'s,
-    and the `Encoder` as ``loaded``); a flow too wide for them, or a --max-length other than a
-    `.npy`'s, is refused before anything is encoded (a text file's through the cache)."""
+def _source(job: FitJob, progress: bool | None) -> tuple[Any, dict[str, Any]]:
+    """The embeddings and their origin (`open_embeddings`'s, and the `Encoder` as ``loaded``); a
+    flow too wide for them, or a --max-length other than a `.npy`'s, is refused before anything
+    is encoded (a text file's through the cache)."""
     flow, max_length = job.method.name == "flow", job.max_length or DEFAULT_MAX_LENGTH
     if job.source.suffix != ".npy":
         if job.max_length is not None:
@@ -128,10 +128,9 @@ def _source(job: FitJob, progress: bool | None,
             choose(job.method.recipe, pooling)[0].flow.check(loaded.width(pooling))
         x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
                                             progress=progress)[pooling]
-        job = _settle(job, pooling, x, loaded.width(pooling), say)
-        return job, x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
-                        "data": corpus.sha256, "loaded": loaded,
-                        "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
+        return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
+                   "data": corpus.sha256, "loaded": loaded,
+                   "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
     with EmbeddingFile(job.source) as file:
         meta, width = file.meta or {}, file.dim
     if job.max_length not in (None, meta.get("max_length", job.max_length)):
@@ -146,7 +145,7 @@ def _source(job: FitJob, progress: bool | None,
             (job.device, meta.get("precision") or job.dtype) if job.dev_sts else ("cpu",)))
     x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
                                 max_length=max_length)
-    return _settle(job, pooling, x, width, say), x, {**origin, "loaded": loaded}
+    return x, {**origin, "loaded": loaded}
 
 
 def _recorded(origin: dict[str, Any]) -> dict[str, Any]:
@@ -154,15 +153,15 @@ def _recorded(origin: dict[str, Any]) -> dict[str, Any]:
     return {key: origin[key] for key in ("encoder", "pooling", "max_length", "corpus")}
 
 
-def _settle(job: FitJob, pooling: str, x: Any, width: int, say: Say | None) -> FitJob:
+def _settle(job: FitJob, pooling: str, x: Any, say: Say | None) -> FitJob:
     """The job with a flow's recipe resolved for embeddings `x` (`bertflow.training.recipes`' rule,
-    said, and warned of where it was a close call) and checked against their `width`."""
+    said, and warned of where it was a close call) and checked against their width."""
     if job.method.name != "flow":
         return job
     recipe, cosine = choose(job.method.recipe, pooling, x, stacklevel=3)
     if say is not None and cosine is not None and not close_call(cosine):
         say(f"note: {rule_note(pooling, cosine)}")
-    recipe.flow.check(width)
+    recipe.flow.check(x.dim)
     return replace(job, method=replace(job.method, recipe=recipe))
 
 
