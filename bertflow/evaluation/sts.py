@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import DEFAULT_BATCH_SIZE
+from ..constants import DEFAULT_BATCH_SIZE, LINEAR_OPTIONS
 from ..data.sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 from ..embeddings.cache import EmbeddingCache
 from ..embeddings.isotropy import alignment, isotropy_measures, uniformity
@@ -144,8 +144,7 @@ def undefined_notes(rows: Results) -> list[str]:
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
     """A row's encoder, pooling, method (``whitening-k (k=128, shrinkage=0.5)``) and fit data."""
-    options = ", ".join(f"{o}={row[o]}" for o in ("k", "d", "shrinkage", "gamma")
-                        if row.get(o) is not None)
+    options = ", ".join(f"{o}={row[o]}" for o in LINEAR_OPTIONS if row.get(o) is not None)
     method = f"{row['method']} ({options})" if options else row["method"]
     return row["encoder"], row["pooling"], method, row["fit_on"]
 
