@@ -19,6 +19,7 @@ from ..storage.artifacts import mteb_file
 from ..storage.corpus import Corpus
 from ..storage.files import read_json, write_json
 from ..training.choice import check_query_log
+from ..training.proxy import unit_rows
 from ..training.spec import MethodSpec
 from .sts import FitOn, fit_parts, method_maker, row_key
 
@@ -103,12 +104,6 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
              **({"mteb": mteb_scores(task.qrels, run)} if every_k else {})}]
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1)
-
-
 def top_hits(queries: np.ndarray, documents: np.ndarray, top: int = TOP,
              block: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """Exact cosine search: for each query, the scores and the rows of its `top` documents
@@ -119,11 +114,11 @@ def top_hits(queries: np.ndarray, documents: np.ndarray, top: int = TOP,
                             "differ in width")
     if top < 1 or not len(documents):
         raise BertflowError("nothing to search: no documents, or top < 1")
-    d, top = _unit(documents), min(top, len(documents))
+    d, top = unit_rows(documents, np.float32), min(top, len(documents))
     scores = np.empty((len(queries), top), np.float32)
     rows = np.empty((len(queries), top), np.int64)
     for start in range(0, len(queries), block):
-        s = _unit(queries[start:start + block]) @ d.T
+        s = unit_rows(queries[start:start + block], np.float32) @ d.T
         kept = (_first_top(s, top) if top < s.shape[1]
                 else np.broadcast_to(np.arange(s.shape[1]), s.shape))
         kept_scores = np.take_along_axis(s, kept, axis=1)
