@@ -26,9 +26,8 @@ from ..errors import BertflowError
 from ..heads.head import Head
 from ..heads.linear import linear_options
 from ..storage.artifacts import PLOTS_FOLDER
-from ..training.recipes import Recipe, choose
-from ..training.trainer import fit_head
-from .methods import Method, make_method
+from ..training.recipes import Recipe
+from .methods import Method, flow_by_recipe, make_method
 from .sts import pair_measures
 
 __all__ = ["COMPARED", "PLOTS", "STSB_SPLITS", "diagnose", "method_points", "plot_all",
@@ -108,9 +107,7 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
     x = embed(sentences)
     label = "flow" if head is None else f"the head ({head.method})"
     if head is None:
-        head = fit_head(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
-                            **choose(recipe, pooling, x)[0].fit_options(),
-                            progress=progress is not False)
+        head = flow_by_recipe(pooling, recipe, progress=progress is not False).fit(x).head
     z = head.transform(x)
     say = say or (lambda line: None)
     points, about = None, ""

@@ -19,8 +19,9 @@ from ..storage.artifacts import mteb_file
 from ..storage.corpus import Corpus
 from ..storage.files import read_json, write_json
 from ..training.choice import check_query_log
+from ..training.proxy import unit_rows
 from ..training.spec import MethodSpec
-from .sts import method_maker, row_key
+from .sts import FitOn, fit_parts, method_maker, row_key
 
 if TYPE_CHECKING:
     from ..data.beir import BeirTask
@@ -57,7 +58,7 @@ def ignores_identical_ids(task_name: str) -> bool:
 def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder: Encoder,
                        cache: EmbeddingCache, *, pooling: str | None = None,
                        max_length: int | None = None,
-                       fit_on: str | os.PathLike | Sequence[str | os.PathLike] = "corpus",
+                       fit_on: FitOn = "corpus",
                        name: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                        progress: bool | None = None, top: int = TOP,
                        ignore_identical_ids: bool | None = None,
@@ -84,7 +85,7 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
     queries = embed(Corpus.from_sentences(list(task.queries.values()), "the queries"))
     fitted = make()
     if not isinstance(method, Head):
-        parts = _fit_parts(fit_on)
+        parts = fit_parts(fit_on, FIT_SOURCES)
         given = {"corpus": documents, "queries": queries}
         fitted.fit(np.concatenate([given[p] if isinstance(p, str) else embed(Corpus.from_file(p))
                                    for p in parts]))
@@ -103,22 +104,6 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
              **({"mteb": mteb_scores(task.qrels, run)} if every_k else {})}]
 
 
-def _fit_parts(fit_on: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str | Path]:
-    """`fit_on` as ``"corpus"``, ``"queries"`` (each at most once) and text files, in order."""
-    given = [fit_on] if isinstance(fit_on, (str, os.PathLike)) else list(fit_on)
-    parts = [str(p) if str(p) in FIT_SOURCES else Path(p) for p in given]
-    named = [p for p in parts if isinstance(p, str)]
-    if not parts or len(set(named)) < len(named):
-        raise BertflowError("fit on 'corpus' and 'queries' at most once each, and on text files")
-    return parts
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1)
-
-
 def top_hits(queries: np.ndarray, documents: np.ndarray, top: int = TOP,
              block: int = 256) -> tuple[np.ndarray, np.ndarray]:
     """Exact cosine search: for each query, the scores and the rows of its `top` documents
@@ -129,11 +114,11 @@ def top_hits(queries: np.ndarray, documents: np.ndarray, top: int = TOP,
                             "differ in width")
     if top < 1 or not len(documents):
         raise BertflowError("nothing to search: no documents, or top < 1")
-    d, top = _unit(documents), min(top, len(documents))
+    d, top = unit_rows(documents, np.float32), min(top, len(documents))
     scores = np.empty((len(queries), top), np.float32)
     rows = np.empty((len(queries), top), np.int64)
     for start in range(0, len(queries), block):
-        s = _unit(queries[start:start + block]) @ d.T
+        s = unit_rows(queries[start:start + block], np.float32) @ d.T
         kept = (_first_top(s, top) if top < s.shape[1]
                 else np.broadcast_to(np.arange(s.shape[1]), s.shape))
         kept_scores = np.take_along_axis(s, kept, axis=1)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import DEFAULT_BATCH_SIZE
+from ..constants import DEFAULT_BATCH_SIZE, LINEAR_OPTIONS
 from ..data.sts import TASKS, Pairs, Task, pair_vectors, positive_pairs, score
 from ..embeddings.cache import EmbeddingCache
 from ..embeddings.isotropy import alignment, isotropy_measures, uniformity
@@ -73,12 +73,22 @@ def evaluate(tasks: dict[str, Task], missing: Sequence[str], embed: Embed,
     return rows + summarise(rows, labels)
 
 
+def fit_parts(fit_on: FitOn, sources: Sequence[str]) -> list[str | Path]:
+    """`fit_on` as the named `sources` (each at most once) and text files, in order."""
+    given = [fit_on] if isinstance(fit_on, (str, os.PathLike)) else list(fit_on)
+    parts = [str(p) if str(p) in sources else Path(p) for p in given]
+    named = [p for p in parts if isinstance(p, str)]
+    if not parts or len(set(named)) < len(named):
+        each = " each" if len(sources) > 1 else ""
+        raise BertflowError(f"fit on {' and '.join(map(repr, sources))} at most once{each}, "
+                            "and on text files")
+    return parts
+
+
 def fit_sources(fit_on: FitOn) -> tuple[str | list[str], list[str], str]:
     """`evaluate`'s `fit_on`, `also` and label from ``"target"`` and/or text files."""
-    parts = [fit_on] if isinstance(fit_on, (str, os.PathLike)) else list(fit_on)
-    files = [Path(p) for p in parts if str(p) != "target"]
-    if not parts or len(files) + 1 < len(parts):
-        raise BertflowError("fit on 'target' at most once, and on text files")
+    parts = fit_parts(fit_on, ("target",))
+    files = [p for p in parts if isinstance(p, Path)]
     sentences = [s for f in files for s in read_sentences(f)]
     target = len(files) < len(parts)
     label = " + ".join(["target"] * target + [f.name for f in files])
@@ -134,8 +144,7 @@ def undefined_notes(rows: Results) -> list[str]:
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
     """A row's encoder, pooling, method (``whitening-k (k=128, shrinkage=0.5)``) and fit data."""
-    options = ", ".join(f"{o}={row[o]}" for o in ("k", "d", "shrinkage", "gamma")
-                        if row.get(o) is not None)
+    options = ", ".join(f"{o}={row[o]}" for o in LINEAR_OPTIONS if row.get(o) is not None)
     method = f"{row['method']} ({options})" if options else row["method"]
     return row["encoder"], row["pooling"], method, row["fit_on"]
 

@@ -29,7 +29,7 @@ __all__ = ["CONFIG", "FORMAT", "WEIGHTS", "head_config", "load_head",
            "save_head", "write_head"]
 
 FORMAT = HEAD_FOLDER.kind
-CONFIG, WEIGHTS = "config.json", "model.safetensors"
+CONFIG, WEIGHTS = HEAD_FOLDER.config, "model.safetensors"
 _DTYPES = {"torch.float32", "torch.int64", "torch.bool"}
 
 

@@ -20,7 +20,7 @@ from ..storage.rows import Rows, as_rows
 
 __all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "covariance",
            "default_d", "default_k", "estimate_shrinkage", "fit_map", "linear_method",
-           "linear_options", "principal_directions", "shrunk", "whitening_weight"]
+           "linear_options", "principal_directions", "whitening_weight"]
 
 _BLOCK = 8192
 NO_VARIANCE = 1e-7  # a principal direction whose variance is below this share of the largest's
@@ -127,21 +127,13 @@ def principal_directions(cov: np.ndarray,
     return np.maximum(values[order], 0.0), vectors[:, order]
 
 
-def shrunk(cov: np.ndarray, shrinkage: float) -> np.ndarray:
-    r"""$\Sigma_\alpha = (1 - \alpha)\,\Sigma + \alpha\,(\operatorname{tr}\Sigma / n)\, I$ for
-    $\alpha$ = `shrinkage` in [0, 1]: the covariance shrunk towards the identity scaled to the
-    same mean variance ($\alpha = 1$: whitening only centres and scales uniformly)."""
-    dim = cov.shape[0]
-    return (1 - shrinkage) * cov + (shrinkage * np.trace(cov) / dim) * np.eye(dim)
-
-
 def whitening_weight(cov: np.ndarray, k: int | None = None, rows: int | None = None,
                      what: str = "the embeddings", shrinkage: float = 0.0,
                      gamma: float = 1.0) -> np.ndarray:
     r"""$W = U_k \Lambda_k^{-\gamma/2}$ from $\Sigma = U \Lambda U^\top$, keeping the top `k`
     components (default: all): whitening at $\gamma = 1$, else fractional whitening
     $\Sigma^{-\gamma/2}$ (up to a rotation, which no cosine sees). With `shrinkage` α above 0
-    the eigenvalues are those of $\Sigma$ `shrunk`,
+    the eigenvalues are those of $\Sigma$ shrunk towards the identity scaled to its mean variance,
     $(1 - \alpha)\lambda_i + \alpha \operatorname{tr}\Sigma / n$, and the directions stay
     $\Sigma$'s, ranked by its own variances (at α = 1 the shrunk covariance is a multiple of I,
     whose eigenvectors say nothing); the shrunk covariance is full rank from 2 rows on. A
@@ -220,9 +212,9 @@ def linear_options(method: str, dim: int, k: int | None = None, d: int | None = 
 
 def estimate_shrinkage(x: np.ndarray | Rows, estimator: str) -> float:
     """The shrinkage α that `estimator` chooses for the covariance of `x`, towards the same
-    target as `shrunk`'s, with scikit-learn: Ledoit-Wolf, Chen et al.'s OAS, or ``likelihood``,
-    the α of a grid (10⁻⁴ to 1) whose shrunk covariance gives held-out rows the highest Gaussian
-    likelihood (3 folds, shuffled by a fixed seed)."""
+    target as `whitening_weight`'s, with scikit-learn: Ledoit-Wolf, Chen et al.'s OAS, or
+    ``likelihood``, the α of a grid (10⁻⁴ to 1) whose shrunk covariance gives held-out rows the
+    highest Gaussian likelihood (3 folds, shuffled by a fixed seed)."""
     from sklearn.covariance import OAS, ShrunkCovariance, ledoit_wolf_shrinkage
     from sklearn.model_selection import GridSearchCV, KFold
 
@@ -242,7 +234,7 @@ def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = 
             gamma: float | None = None, what: str = "the embeddings") -> LinearMap:
     """A `LinearMap` of `method` fit on embeddings `x` (`linear_options`): the identity, the
     mean removed (``center``), the mean's direction projected out (``no-mean-direction``),
-    whitening, whitening-k and fractional whitening of the covariance `shrunk` by `shrinkage`
+    whitening, whitening-k and fractional whitening of the covariance shrunk by `shrinkage`
     (default 0: none; an estimator's name: the α it chooses), PCA to `k`, or abtt."""
     method = linear_method(method, k, d, shrinkage, gamma)
     if method not in LINEAR_METHODS:

@@ -104,6 +104,7 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
     picks = np.random.default_rng(seed).integers(0, len(queries), (RESAMPLES, len(queries)))
     heads, rows, scores = {}, [], {}
     total = len(specs) + (after is not None)
+    say = say or (lambda line: None)
 
     def score(label: str, method: str, make: Callable[[], Head]) -> None:
         try:
@@ -113,15 +114,13 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
             if not scores:
                 raise
             rows.append({"candidate": label, "method": method, "not_fit": str(e)})
-            if say is not None:
-                say(f"candidate {len(rows)}/{total}: {label}, not fit: {e}")
+            say(f"candidate {len(rows)}/{total}: {label}, not fit: {e}")
             return
         heads[label], scores[label] = head, proxy_ndcg(z_queries, z_items)
         rows.append({"candidate": label, "method": method, "out_dim": head.out_dim,
                      "proxy_ndcg_at_10": round(100 * float(scores[label].mean()), 4)})
-        if say is not None:
-            say(f"candidate {len(rows)}/{total}: {label}, proxy nDCG@10 "
-                f"{rows[-1]['proxy_ndcg_at_10']:.2f}")
+        say(f"candidate {len(rows)}/{total}: {label}, proxy nDCG@10 "
+            f"{rows[-1]['proxy_ndcg_at_10']:.2f}")
 
     for label, spec in specs:
         score(label, spec.name, functools.partial(fit, spec))

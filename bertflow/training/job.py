@@ -31,7 +31,7 @@ from ..storage.files import check_outputs
 from .checkpoint import CheckpointFile
 from .choice import Choice, candidates, choose_head, fit_candidate, query_log
 from .proxy import Proxy, build_proxy
-from .recipes import Recipe, choose, close_call, rule_note
+from .recipes import choose, close_call, rule_note
 from .spec import MethodSpec
 from .tensorboard import RunLogs
 from .trainer import TrainState, fit_head, nll_text
@@ -51,12 +51,6 @@ class FitJob:
             raise BertflowError(f"a fit job's method is a MethodSpec or a method's name, not "
                                 f"{self.method!r}")
         object.__setattr__(self, "method", MethodSpec.of(self.method))
-
-    @property
-    def recipe(self) -> Recipe | dict[str, Any]:
-        """The flow's recipe: whole once chosen, before that the changes to the pooling's."""
-        return self.method.recipe if self.method.recipe is not None else {}
-
 
     source: Path
     out: Path
@@ -103,25 +97,24 @@ def run_fit(job: FitJob, *, say: Say | None = None,
     checkpoint = CheckpointFile(job.checkpoint, job.resume) if job.checkpoint and flow else None
     dev = _read_dev(job.dev_sts) if job.dev_sts is not None else None
     proxy, log = _proxy(job)  # before anything is encoded
-    job, x, origin = _source(job, progress, say)
+    x, origin = _source(job, progress)
+    job = _settle(job, origin["pooling"], x, say)
     if proxy is not None:
         choice = _choose(job, proxy, log, x, origin, say, progress)
         return FittedHead(choice.head, None, choice)
     if not flow:
         if not distributed.is_main():
             return None
-        head = fit_candidate(job.method, x, encoder=origin["encoder"], pooling=origin["pooling"],
-                             max_length=origin["max_length"], corpus=origin["corpus"])
+        head = fit_candidate(job.method, x, **_recorded(origin))
         head.save(job.out)
         return FittedHead(head, None)
     return _train(job, x, origin, checkpoint, dev, say, progress)
 
 
-def _source(job: FitJob, progress: bool | None,
-            say: Say | None) -> tuple[FitJob, Any, dict[str, Any]]:
-    """The job with its recipe resolved, the embeddings and their origin (`open_embeddings`'s,
-    and the `Encoder` as ``loaded``); a flow too wide for them, or a --max-length other than a
-    `.npy`'s, is refused before anything is encoded (a text file's through the cache)."""
+def _source(job: FitJob, progress: bool | None) -> tuple[Any, dict[str, Any]]:
+    """The embeddings and their origin (`open_embeddings`'s, and the `Encoder` as ``loaded``); a
+    flow too wide for them, or a --max-length other than a `.npy`'s, is refused before anything
+    is encoded (a text file's through the cache)."""
     flow, max_length = job.method.name == "flow", job.max_length or DEFAULT_MAX_LENGTH
     if job.source.suffix != ".npy":
         if job.max_length is not None:
@@ -132,13 +125,12 @@ def _source(job: FitJob, progress: bool | None,
         if job.dims is not None:
             candidates(loaded.width(pooling), job.dims)  # refused before anything is encoded
         if flow:
-            choose(job.recipe, pooling)[0].flow.check(loaded.width(pooling))
+            choose(job.method.recipe, pooling)[0].flow.check(loaded.width(pooling))
         x = EmbeddingCache(job.cache).files(corpus, loaded, pooling, max_length, job.batch_size,
                                             progress=progress)[pooling]
-        job = _settle(job, pooling, x, loaded.width(pooling), say)
-        return job, x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
-                        "data": corpus.sha256, "loaded": loaded,
-                        "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
+        return x, {"encoder": loaded.id, "pooling": pooling, "max_length": max_length,
+                   "data": corpus.sha256, "loaded": loaded,
+                   "corpus": {"sha256": corpus.sha256, "file": job.source.name}}
     with EmbeddingFile(job.source) as file:
         meta, width = file.meta or {}, file.dim
     if job.max_length not in (None, meta.get("max_length", job.max_length)):
@@ -146,25 +138,30 @@ def _source(job: FitJob, progress: bool | None,
                             f"{meta['max_length']} that {job.source} was encoded with")
     pooling = meta.get("pooling") or job.pooling or DEFAULT_POOLING
     if flow:
-        choose(job.recipe, pooling)[0].flow.check(width)
+        choose(job.method.recipe, pooling)[0].flow.check(width)
     loaded = None  # --encoder, where given: on the device and in the precision --dev-sts needs
     if job.encoder is not None:
         loaded = load_encoder(job.encoder, *(
             (job.device, meta.get("precision") or job.dtype) if job.dev_sts else ("cpu",)))
     x, origin = open_embeddings(job.source, pooling=job.pooling, encoder=loaded,
                                 max_length=max_length)
-    return _settle(job, pooling, x, width, say), x, {**origin, "loaded": loaded}
+    return x, {**origin, "loaded": loaded}
 
 
-def _settle(job: FitJob, pooling: str, x: Any, width: int, say: Say | None) -> FitJob:
+def _recorded(origin: dict[str, Any]) -> dict[str, Any]:
+    """What a head records of where its embeddings come from (`fit_head`'s keywords)."""
+    return {key: origin[key] for key in ("encoder", "pooling", "max_length", "corpus")}
+
+
+def _settle(job: FitJob, pooling: str, x: Any, say: Say | None) -> FitJob:
     """The job with a flow's recipe resolved for embeddings `x` (`bertflow.training.recipes`' rule,
-    said, and warned of where it was a close call) and checked against their `width`."""
+    said, and warned of where it was a close call) and checked against their width."""
     if job.method.name != "flow":
         return job
-    recipe, cosine = choose(job.recipe, pooling, x, stacklevel=3)
+    recipe, cosine = choose(job.method.recipe, pooling, x, stacklevel=3)
     if say is not None and cosine is not None and not close_call(cosine):
         say(f"note: {rule_note(pooling, cosine)}")
-    recipe.flow.check(width)
+    recipe.flow.check(x.dim)
     return replace(job, method=replace(job.method, recipe=recipe))
 
 
@@ -172,15 +169,16 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFi
            dev: Any, say: Say | None, progress: bool | None) -> FittedHead | None:
     """Fit the flow, checkpointing and logging each epoch, and save the head. A failed run leaves
     `--logdir` as it was unless a checkpoint can resume it."""
-    run = {"flow": job.recipe.flow.to_dict(), "train": job.recipe.train.to_dict(),
-           "before": job.recipe.before, "pooling": origin["pooling"],
+    recipe = job.method.recipe
+    run = {"flow": recipe.flow.to_dict(), "train": recipe.train.to_dict(),
+           "before": recipe.before, "pooling": origin["pooling"],
            "encoder": origin["encoder"].fingerprint if origin["encoder"] else None,
            "max_length": origin["max_length"], "data": origin["data"]}  # what a checkpoint is of
     state = checkpoint.state_for(run, say) if checkpoint is not None else None
     measure = _dev_measure(job, dev, x, origin, progress) if dev is not None else None
     main = distributed.is_main()
     recorded = checkpoint.saved.logs if state is not None else None
-    logs = RunLogs(job.logdir, job.recipe.train.seed, recorded) \
+    logs = RunLogs(job.logdir, recipe.train.seed, recorded) \
         if job.logdir is not None and main else None
     last = state  # the last epoch's state: the resumed one, then each epoch's as it ends
 
@@ -189,7 +187,7 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFi
         if say is not None:
             e = done.history.epochs[-1]
             dev = f", dev Spearman {e['dev_spearman']:.2f}" if "dev_spearman" in e else ""
-            say(f"epoch {int(e['epoch'])}/{job.recipe.train.epochs}: train "
+            say(f"epoch {int(e['epoch'])}/{recipe.train.epochs}: train "
                 f"{e['train_nll']:.3f} val {nll_text(e)}, val cosine {e['val_cosine']:.3f}{dev}")
         if checkpoint is not None and main:
             checkpoint.save(done, logs.folder.name if logs else recorded)
@@ -198,11 +196,8 @@ def _train(job: FitJob, x: Any, origin: dict[str, Any], checkpoint: CheckpointFi
     fitted = False
     try:
         hook = logs.open(state) if logs is not None else None
-        head = fit_head(x, encoder=origin["encoder"], pooling=origin["pooling"],
-                            max_length=origin["max_length"], **job.recipe.fit_options(),
-                            corpus=origin["corpus"], hook=hook, state=state,
-                            on_epoch_end=epoch_end, measure=measure,
-                            progress=progress is not False)
+        head = fit_head(x, **_recorded(origin), **recipe.fit_options(), hook=hook, state=state,
+                        on_epoch_end=epoch_end, measure=measure, progress=progress is not False)
         if main:
             head.save(job.out)
         fitted = True
@@ -256,11 +251,10 @@ def _choose(job: FitJob, proxy: Proxy, log_corpus: Corpus | None, x: Any,
     if log_corpus is not None:
         data = np.concatenate([np.asarray(x.load()), embed(log_corpus)])
         log = query_log(job.queries, log_corpus)
-    given = {"encoder": origin["encoder"], "pooling": pooling, "max_length": max_length,
-             "corpus": origin["corpus"]}
+    given = _recorded(origin)
 
     def fit(spec: MethodSpec, before: Head | None = None) -> Head:  # `before`: a map to follow
-        head = fit_candidate(spec, data, job.recipe, before and before.linear, **given)
+        head = fit_candidate(spec, data, job.method.recipe, before and before.linear, **given)
         head.training_info["query_log"] = log  # never scored on its queries
         return head
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..constants import PROXY_KINDS
 from ..errors import BertflowError
 
-__all__ = ["MIN_PAIRS", "Proxy", "build_proxy", "proxy_ndcg", "proxy_text"]
+__all__ = ["MIN_PAIRS", "Proxy", "build_proxy", "proxy_ndcg", "proxy_text", "unit_rows"]
 
 MIN_PAIRS = 100  # fewer pairs than this give no interval worth the name
 MIN_PART = 20  # characters in each half of a split document
@@ -111,7 +111,7 @@ def proxy_ndcg(queries: np.ndarray, items: np.ndarray, block: int = 1024) -> np.
     relevant one ranks above it, so that vectors that tell nothing apart score nothing."""
     if queries.shape != items.shape or queries.ndim != 2:
         raise BertflowError(f"proxy queries {queries.shape} and items {items.shape} differ")
-    q, d = _unit(queries), _unit(items)
+    q, d = unit_rows(queries), unit_rows(items)
     ranks = np.empty(len(q), np.int64)
     for start in range(0, len(q), block):
         s = q[start:start + block] @ d.T
@@ -120,8 +120,9 @@ def proxy_ndcg(queries: np.ndarray, items: np.ndarray, block: int = 1024) -> np.
     return np.where(ranks <= 10, 1 / np.log2(1 + ranks), 0.0)
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
+def unit_rows(x: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+    """The rows of `x` in `dtype` scaled to unit length (a zero row stays zero)."""
+    x = np.asarray(x, dtype=dtype)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     return x / np.where(norms > 0, norms, 1)
 
