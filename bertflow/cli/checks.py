@@ -11,7 +11,7 @@ from ..constants import DEFAULT_BATCH_SIZE, LINEAR_OPTIONS
 from ..errors import BertflowError
 
 __all__ = ["FLOW_FIELDS", "TRAIN_FIELDS", "check_inputs", "check_no_encoding", "check_options",
-           "check_paths", "fit_on_files", "given_flags"]
+           "check_paths", "fit_on_files", "flow_flags", "given_flags"]
 
 FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
 TRAIN_FIELDS = ("seed", "epochs", "batch_size", "lr", "val_fraction", "patience")
@@ -27,8 +27,7 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
         raise BertflowError(f"bertflow {args.command} runs in one process; under torchrun "
                             "only encode, fit and index split their work")
     method = getattr(args, "method", None) or "flow"
-    given = given_flags(args, ("before", "isotropic", *FLOW_FIELDS, *TRAIN_FIELDS))
-    given += ["--no-isotropic"] * (getattr(args, "isotropic", None) is False)
+    given = flow_flags(args)
     if given and getattr(args, "head", None) is not None:
         raise BertflowError(f"{', '.join(given)} apply to a flow fit here, not to --head "
                             f"{args.head}, which is fit already")
@@ -47,6 +46,12 @@ def fit_on_files(args: argparse.Namespace) -> list[str]:
     """The text files of --fit-on: not its words (target; corpus and queries with --retrieval)."""
     words = ("corpus", "queries") if getattr(args, "retrieval", None) is not None else ("target",)
     return [p for p in getattr(args, "fit_on", None) or [] if p not in words]
+
+
+def flow_flags(args: argparse.Namespace) -> list[str]:
+    """The flags of the flow and training options given, --no-isotropic among them."""
+    given = given_flags(args, ("before", "isotropic", *FLOW_FIELDS, *TRAIN_FIELDS))
+    return given + ["--no-isotropic"] * (getattr(args, "isotropic", None) is False)
 
 
 def given_flags(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:

@@ -228,6 +228,8 @@ def test_fit_for_refuses_what_cannot_apply(tmp_path, capsys, documents, tiny_enc
             ([documents, "--queries", lines], "--queries applies with --for"),
             ([documents, "--for", "retrieval", "--dims", "4", "--epochs", "2"],
              "--dims chooses among linear heads: --epochs cannot apply"),
+            ([documents, "--for", "retrieval", "--dims", "4", "--no-isotropic"],
+             "--dims chooses among linear heads: --no-isotropic cannot apply"),
             ([documents, "--for", "sts", "--queries", lines],
              "a query log applies to --for retrieval"),
             ([documents, "--for", "retrieval", "--dims", "16"],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ...constants import LINEAR_METHODS, PROXY_KINDS
 from ...errors import BertflowError
-from ..checks import FLOW_FIELDS, TRAIN_FIELDS, check_no_encoding, given_flags
+from ..checks import check_no_encoding, flow_flags, given_flags
 from ..options import CACHE_HELP, baseline_options, encoder_options, flow_arguments, quiet
 from ..shared import flow_options
 
@@ -81,7 +81,7 @@ def check(args: argparse.Namespace, launched: bool) -> None:
         if launched:
             raise BertflowError(f"--for {args.choose_for} runs in one process, not under "
                                 "torchrun")
-        flow = given_flags(args, ("before", "isotropic", *FLOW_FIELDS, *TRAIN_FIELDS))
+        flow = flow_flags(args)
         if args.k is not None and flow:
             raise BertflowError(f"--dims chooses among linear heads: {', '.join(flow)} cannot "
                                 "apply")
