@@ -22,9 +22,9 @@ from ..errors import BertflowError
 from .files import atomic_directory, meta_path, read_json, refuse_link, sha256_file, write_json
 
 __all__ = ["CHECKPOINT", "EMBEDDINGS", "EXPORT_MARKER", "HEAD_FOLDER", "INDEX_FOLDER",
-           "MANIFEST", "MTEB_RESULT", "ONNX_EXPORT", "PIPELINE_FOLDER", "PLOTS_FOLDER",
-           "PROGRESS", "PT2_EXPORT", "ROWS", "TRANSFORMED", "FileFormat", "FolderFormat",
-           "identify", "mteb_file", "write_manifest"]
+           "MANIFEST", "MTEB_RESULT", "ONNX_EXPORT", "ONNX_PIPELINE_FOLDER", "PIPELINE_FOLDER",
+           "PLOTS_FOLDER", "PROGRESS", "PT2_EXPORT", "ROWS", "TRANSFORMED", "FileFormat",
+           "FolderFormat", "identify", "mteb_file", "write_manifest"]
 
 MANIFEST = "manifest.json"
 _FORMAT = "bertflow-manifest"
@@ -300,6 +300,8 @@ def _checkpoint(path: Path) -> dict[str, Any] | None:
 
 HEAD_FOLDER = FolderFormat("bertflow-head", "a flow head", "head", 2, "config.json")
 INDEX_FOLDER = FolderFormat("bertflow-index", "an index", "index", 3, "config.json")
+ONNX_PIPELINE_FOLDER = FolderFormat("bertflow-onnx-pipeline", "a bertflow ONNX pipeline",
+                                    "ONNX pipeline", 1, "bertflow_onnx.json")
 PIPELINE_FOLDER = FolderFormat("bertflow-pipeline", "a bertflow sentence-transformers export",
                                "sentence-transformers export")
 PLOTS_FOLDER = FolderFormat("bertflow-plots", "a folder of bertflow plots", "plots", files=(
@@ -321,5 +323,6 @@ ONNX_EXPORT = FileFormat("bertflow-onnx", "a bertflow export", "ONNX export", No
                          read=_onnx_head, recognise=lambda c: HEAD_FOLDER.kind == c.get("format"))
 PT2_EXPORT = FileFormat("bertflow-pt2", "a bertflow export", "torch.export program", None,
                         ".pt2", read=_pt2_head, recognise=ONNX_EXPORT.recognise)
-_FOLDERS = {f.kind: f for f in (HEAD_FOLDER, INDEX_FOLDER, PIPELINE_FOLDER, PLOTS_FOLDER)}
+_FOLDERS = {f.kind: f for f in (HEAD_FOLDER, INDEX_FOLDER, PIPELINE_FOLDER, ONNX_PIPELINE_FOLDER,
+                                 PLOTS_FOLDER)}
 _FILES = (EMBEDDINGS, TRANSFORMED, CHECKPOINT, PROGRESS, ROWS, MTEB_RESULT, ONNX_EXPORT, PT2_EXPORT)

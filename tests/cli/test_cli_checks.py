@@ -58,7 +58,7 @@ def test_missing_inputs_and_bad_options_are_refused_before_torch_is_imported(tmp
         (["export", "--head", missing, "--format", "onnx", "--out", out / "h.onnx"],
          f"no flow head folder at {missing}"),
         (["export", "--head", missing, "--format", "onnx", "--out", out / "h.onnx",
-          "--normalize"], "--normalize apply to --format sentence-transformers"),
+          "--normalize"], "--normalize apply to --format sentence-transformers and onnx-pipeline"),
         (["index", missing, "--out", out], f"no such file: {missing}"),
         (["search", "--index", missing, "--query", "a"], f"no index folder at {missing}"),
         (["search", "--index", tmp_path, "--queries", missing], f"no such file: {missing}"),
