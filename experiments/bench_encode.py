@@ -8,13 +8,16 @@ sentence-transformers' (float32) or from bertflow's float32 ones (lower precisio
 fraction of a matmul peak the encoder reaches: transformer FLOPs counted from the real
 (unpadded) token counts, over the GFLOP/s of a large square matmul timed in the same run at
 the same dtype. With --profile, the report also says where bertflow's encode spends its time,
-per operator, and what share of it is outside the matrix products. Writes
+per operator, and what share of it is outside the matrix products. With --onnx (a CPU), it also
+times the whole pipeline as one ONNX graph (`bertflow export --format onnx-pipeline` of an
+identity head) run by onnxruntime and tokenized by `tokenizers`, in float32 and with its
+weights dynamically quantised to int8, per channel (onnxruntime.quantization). Writes
 experiments/results/bench_encode-<device>[-<encoder>].md (the encoder's name where one is
 given) and, with --json, the numbers.
 
     python experiments/bench_encode.py [--data ../shared/data] [--encoder DIR]
         [--sentences 2000] [--rounds 5] [--device auto] [--batch-size 32] [--json FILE]
-        [--profile] [--compile]
+        [--profile] [--compile] [--onnx]
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import parser
+from common import onnx_embed, onnx_graphs, onnx_session, parser
 from sentence_transformers import SentenceTransformer
 
 from bertflow import load_encoder
@@ -50,6 +53,9 @@ def main() -> None:
     options.add_argument("--compile", action="store_true",
                          help="also time bertflow's fused forward compiled by torch.compile "
                               "(inductor; needs a C++ compiler on the CPU)")
+    options.add_argument("--onnx", action="store_true",
+                         help="also time the pipeline as one ONNX graph with onnxruntime, "
+                              "float32 and int8")
     args = options.parse_args()
 
     device = resolve_device(args.device)
@@ -72,6 +78,8 @@ def main() -> None:
         for dtype in dtypes:
             runners[f"bertflow {dtype} compiled"] = compiled(
                 load_encoder(args.encoder, device, dtype), sentences, max_length, args.batch_size)
+    if args.onnx:
+        runners.update(onnx_runners(encoders["float32"], sentences, max_length, args.batch_size))
     profiles = {dtype: profile(runners[f"bertflow {dtype}"], device)
                 for dtype in dtypes} if args.profile else {}
     outputs = {name: unit(run()) for name, run in runners.items()}  # warm-up
@@ -117,6 +125,9 @@ def main() -> None:
         if dtype != "float32":
             cos = (outputs[f"bertflow {dtype}"] * exact).sum(1)
             results[f"min_cos_{short[dtype]}"] = float(cos.min())
+    results["onnx"] = {name: {"ratio": base / best[name],
+                              "min_cos_fp32": float((outputs[name] * exact).sum(1).min())}
+                       for name in runners if "onnx" in name}
     results["peak_fraction"] = min(results[f"peak_fraction_{short[d]}"] for d in dtypes)
     results["profile"] = profiles
 
@@ -199,6 +210,20 @@ def compiled(encoder: Encoder, sentences: list[str], max_length: int,
     return lambda: encoder.encode(sentences, "mean", max_length, batch_size, progress=False)
 
 
+def onnx_runners(encoder: Encoder, sentences: list[str], max_length: int,
+                 batch_size: int) -> dict[str, Callable[[], np.ndarray]]:
+    """Runners of the pipeline as one ONNX graph, float32 and int8 (`common.onnx_graphs`)."""
+    import tempfile
+
+    if encoder.device.type != "cpu":
+        raise SystemExit("--onnx times onnxruntime on the CPU")
+    tokenizer, models = onnx_graphs(encoder, max_length, Path(tempfile.mkdtemp()))
+    names = {"float32": "bertflow onnx-pipeline float32 (onnxruntime)",
+             "int8": "bertflow onnx-pipeline int8 (onnxruntime dynamic)"}
+    return {names[p]: lambda s=onnx_session(m, torch.get_num_threads()): onnx_embed(
+        s, tokenizer, sentences, batch_size) for p, m in models.items()}
+
+
 def unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -244,6 +269,9 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
                 f"| bertflow {dtype}, torch.compile | "
                 f"{speed[f'bertflow {dtype} compiled']:.0f} | {results[f'ratio_{s}_compiled']:.2f}"
                 f" | {results[f'gflops_{s}_compiled']:.0f} | | | |")
+    for name, found in results.get("onnx", {}).items():
+        lines.append(f"| {name} | {speed[name]:.0f} | {found['ratio']:.2f} | | | | min cosine "
+                     f"{found['min_cos_fp32']:.6f} to bertflow float32 |")
     lines.append(f"\nSorted by length in batches of {results['batch_size']}, each padded to its "
                  f"longest, {results['padding_share']:.0%} of these sentences' token positions "
                  "are padding: sentence-transformers' projections compute them, bertflow's "

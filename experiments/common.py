@@ -60,3 +60,52 @@ def command_line(script: str) -> str:
     shown = [default if a == str(default_encoder_path()) else
              shlex.quote(a).replace(str(Path.home()), "~") for a in sys.argv[1:]]
     return " ".join([f"python experiments/{script}", *shown])
+
+
+def onnx_graphs(encoder: Any, max_length: int, folder: Path) -> tuple[Any, dict[str, Path]]:
+    """The pipeline as one ONNX graph (`bertflow export --format onnx-pipeline` of an identity
+    head after mean pooling) in `folder`, and the same with its weights quantised to int8 by
+    onnxruntime's dynamic quantisation, per channel: the graph's tokenizer, and each model's
+    path by precision."""
+    import numpy as np
+    import tokenizers
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from bertflow import Head
+    from bertflow.export.graphs import export_pipeline
+
+    x = encoder.encode(["A first sentence.", "Another one, longer than the first.", "A third.",
+                        "Rain again today."], "mean", max_length, progress=False)
+    head = Head.fit_linear(np.asarray(x), "identity", encoder=encoder.id, pooling="mean",
+                           max_length=max_length)
+    graph = export_pipeline(head, folder / "graph", encoder)
+    quantize_dynamic(graph / "model.onnx", folder / "int8.onnx", weight_type=QuantType.QInt8,
+                     per_channel=True)
+    tokenizer = tokenizers.Tokenizer.from_file(str(graph / "tokenizer.json"))
+    return tokenizer, {"float32": graph / "model.onnx", "int8": folder / "int8.onnx"}
+
+
+def onnx_session(model: Path, threads: int) -> Any:
+    import onnxruntime
+
+    settings = onnxruntime.SessionOptions()
+    settings.intra_op_num_threads = threads
+    return onnxruntime.InferenceSession(str(model), settings, providers=["CPUExecutionProvider"])
+
+
+def onnx_embed(session: Any, tokenizer: Any, sentences: list[str], batch_size: int) -> Any:
+    """`sentences` through an ONNX pipeline, longest first in batches (as
+    sentence-transformers orders them, by characters), tokenizing included."""
+    import numpy as np
+
+    order = np.argsort([-len(s) for s in sentences], kind="stable")
+    out = None
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        batch = tokenizer.encode_batch([sentences[i] for i in rows])
+        z = session.run(None, {
+            "input_ids": np.array([e.ids for e in batch], np.int64),
+            "attention_mask": np.array([e.attention_mask for e in batch], np.int64)})[0]
+        out = np.empty((len(sentences), z.shape[1]), np.float32) if out is None else out
+        out[rows] = z
+    return out

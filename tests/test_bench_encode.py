@@ -1,0 +1,28 @@
+"""experiments/bench_encode.py --onnx on a tiny encoder: the whole pipeline as one ONNX graph is
+timed beside the other runners, in float32 (the same vectors as bertflow's) and in int8."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO, data_dir
+
+
+def test_the_onnx_rows_are_timed_and_compared(tmp_path, tiny_encoder_dir):
+    if not (data_dir() / "unlabeled" / "wiki-sample.txt").exists():
+        pytest.skip(f"no Wikipedia sample in {data_dir()}")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "bench_encode.py"), "--device", "cpu",
+         "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()), "--sentences", "32",
+         "--rounds", "1", "--onnx", "--out", str(tmp_path), "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, cwd=REPO / "experiments")
+    assert done.returncode == 0, done.stderr[-3000:]
+    onnx = json.loads((tmp_path / "r.json").read_text())["onnx"]
+    assert sorted(onnx) == ["bertflow onnx-pipeline float32 (onnxruntime)",
+                            "bertflow onnx-pipeline int8 (onnxruntime dynamic)"]
+    assert onnx["bertflow onnx-pipeline float32 (onnxruntime)"]["min_cos_fp32"] >= 0.9999
+    assert all(0 < row["ratio"] and -1 <= row["min_cos_fp32"] <= 1 for row in onnx.values())
+    report = (tmp_path / f"bench_encode-cpu-{tiny_encoder_dir.name}.md").read_text()
+    assert all(f"| {name} |" in report for name in onnx)
