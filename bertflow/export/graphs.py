@@ -120,9 +120,14 @@ def export_pipeline(head: Head, path: str | os.PathLike,
                                return_tensors="pt")
     tokens = torch.export.Dim("tokens", min=1, max=max_length)
     batch = torch.export.Dim("batch", min=1)
-    module = _Pipeline(encoder.to("cpu"), head.eval(), pooling, normalize).eval()
-    graph = _onnx(head, module, tuple(example[k] for k in PIPELINE_INPUTS), list(PIPELINE_INPUTS),
-                  PIPELINE_OUTPUT, dynamic_shapes=({0: batch, 1: tokens},) * 2, opset=opset)
+    device = encoder.device  # traced on the CPU, beside the head; the caller's encoder put back
+    try:
+        module = _Pipeline(encoder.to("cpu"), head.eval(), pooling, normalize).eval()
+        graph = _onnx(head, module, tuple(example[k] for k in PIPELINE_INPUTS),
+                      list(PIPELINE_INPUTS), PIPELINE_OUTPUT,
+                      dynamic_shapes=({0: batch, 1: tokens},) * 2, opset=opset)
+    finally:
+        encoder.to(device)
     tokenizer = encoder.tokenizer.backend_tokenizer.__class__.from_str(
         encoder.tokenizer.backend_tokenizer.to_str())
     tokenizer.enable_truncation(max_length)
