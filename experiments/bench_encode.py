@@ -15,7 +15,7 @@ weights dynamically quantised to int8, per channel (onnxruntime.quantization). W
 experiments/results/bench_encode-<device>[-<encoder>].md (the encoder's name where one is
 given) and, with --json, the numbers.
 
-    python experiments/bench_encode.py [--data ../shared/data] [--encoder DIR]
+    python experiments/bench_encode.py [--data data] [--encoder DIR]
         [--sentences 2000] [--rounds 5] [--device auto] [--batch-size 32] [--json FILE]
         [--profile] [--compile] [--onnx]
 """

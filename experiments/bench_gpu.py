@@ -9,7 +9,7 @@ encodes run the first encoder at --dtype, mean pooling; `fit` trains the default
 CPU (only the encoder runs on the device) from the one-process `.npy`. Writes
 experiments/results/<device>/bench_gpu.md (and .json), and bench_encode's reports beside them.
 
-    python experiments/bench_gpu.py [--data ../shared/data] [--encoder DIR ...]
+    python experiments/bench_gpu.py [--data data] [--encoder DIR ...]
         [--device cuda] [--dtype bfloat16] [--sentences 1000000] [--torchrun-sentences 100000]
         [--bench-sentences 10000] [--batch-size 128] [--rounds 3]
         [--steps speed resume torchrun] [--work DIR]

@@ -13,7 +13,7 @@ trains the default flow (one epoch) from the `.npy` that `encode` wrote. Writes
 experiments/results/bench_memory-<device>[-<encoder>].md (the encoder's name where one is given)
 and, with --json, the numbers.
 
-    python experiments/bench_memory.py [--data ../shared/data] [--work DIR] [--json FILE]
+    python experiments/bench_memory.py [--data data] [--work DIR] [--json FILE]
         [--encoder DIR] [--sizes 10000 100000 1000000] [--real-sizes 10000 100000]
         [--device cpu] [--dtype float32]
 """

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data"
+DATA = Path(os.environ.get("BERTFLOW_DATA") or REPO / "data")  # make data links data/
 RESULTS = REPO / "experiments" / "results"
 
 _OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {

@@ -11,7 +11,7 @@ prints before/after numbers:
 - Spearman × 100 against the human ratings of the 1,225 document pairs, a document being the
   mean of its sentence vectors.
 
-With a data folder holding STSBenchmark/ (default ../shared/data), it also fits a head per
+With a data folder holding STSBenchmark/ (default data/, `make data`), it also fits a head per
 pooling on the STS-B sentences, unlabeled (train+dev+test: the paper's "target" setting), and
 scores the STS-B test pairs.
 

@@ -5,7 +5,7 @@ SciFact test (nDCG@10 × 100, exact cosine over every document, as MTEB scores i
 encoder at its sentence-transformers max length. `bench_encode.py --onnx` times the two graphs;
 this measures their quality. Writes experiments/results/onnx/quality-<encoders>.md and .json.
 
-    python experiments/onnx_quality.py [--encoder DIR --max-length N]... [--data ../shared/data]
+    python experiments/onnx_quality.py [--encoder DIR --max-length N]... [--data data]
 """
 
 from __future__ import annotations

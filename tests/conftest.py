@@ -33,8 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def data_dir() -> Path:
-    """The shared evaluation data: $BERTFLOW_DATA, else ../shared/data beside the repo."""
-    return Path(os.environ.get("BERTFLOW_DATA", REPO.parent / "shared" / "data"))
+    """The evaluation data: $BERTFLOW_DATA, else data/ in the checkout (`make data` links it)."""
+    return Path(os.environ.get("BERTFLOW_DATA") or REPO / "data")
 
 
 def make_tiny_encoder(folder: Path, hidden: int = 16, layers: int = 3, seed: int = 0,

@@ -1,7 +1,7 @@
 """Every shell and Python block of README.md and docs/*.md runs as written, each on its own in a
-fresh folder, as a newcomer would paste it: with the installed package on the PATH, the
-embedding cache in that folder, and (where a block says so) the data folder in `data/`,
-SentEval's layout. Where a block shows a result, the result is checked too (`CHECKS`).
+fresh clone of the repository (its tracked files), as a newcomer would paste it there: with the
+installed package on the PATH, the embedding cache beside it, and, where a block reads `data/`,
+after the README's `make data`. Where a block shows a result, the result is checked too (`CHECKS`).
 
 Blocks fenced as ```sh or ```python are run; ```text blocks are templates (several machines,
 a GPU) or output, and are not. Every relative link of these pages names a file of the
@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,24 +143,39 @@ def test_the_api_reference_covers_the_public_names():
     assert hooks.MARK in (REPO / "docs" / "api.md").read_text(encoding="utf-8")
 
 
+def _fresh_clone(folder: Path, data: bool) -> Path:
+    """The repository's tracked files in `folder`, as a clone has them; with `data`, after the
+    README's `make data` (data/ linked to the data folder)."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, folder / name)
+    if data:
+        subprocess.run(["make", "--no-print-directory", "data",
+                        f"BERTFLOW_DATA={data_dir().resolve()}"], cwd=folder, check=True,
+                       capture_output=True)
+    return folder
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("page, line, kind, code", BLOCKS,
                          ids=[f"{b[0]}:{b[1]}" for b in BLOCKS])
 def test_block_runs_as_written(tmp_path, page, line, kind, code):
     if kind == "sh" and any(command in code for command in SKIP_LOCAL):
         pytest.skip("the set-up commands run as CI itself")
-    if "data/" in code:
-        needed = [data_dir() / path for path in re.findall(r"\bdata/([\w./-]*)", code)]
-        if not all(path.exists() for path in needed):
-            pytest.skip(f"needs the data folder ({data_dir()})")
-        (tmp_path / "data").symlink_to(data_dir().resolve(), target_is_directory=True)
+    needed = [data_dir() / path for path in re.findall(r"\bdata/([\w./-]*)", code)]
+    if not all(path.exists() for path in needed):
+        pytest.skip(f"needs the data folder ({data_dir()})")
+    checkout = _fresh_clone(tmp_path / "bertflow", data=bool(needed))
     binaries = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{binaries}{os.pathsep}{os.environ['PATH']}",
            "BERTFLOW_CACHE": str(tmp_path / ".cache"), "PYTHONPATH": str(REPO),
            "MPLBACKEND": "Agg"}
     command = ["bash", "-euo", "pipefail", "-c", code] if kind == "sh" else [
         sys.executable, "-c", code]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+    done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True,
                           timeout=1800)
     assert done.returncode == 0, (f"{page} line {line} ({kind}) failed:\n{code}\n"
                                   f"--- stderr ---\n{done.stderr[-4000:]}")
