@@ -281,4 +281,5 @@ def training_rows(x: np.ndarray | Tensor | Rows,
     return data, stats, {**corpus, "size": int(data.shape[0])}
 
 
-FlowHead = Head  # the name of the first releases, kept
+FlowHead = Head
+"""`Head` by the name of the first releases, kept."""
