@@ -3,6 +3,7 @@ in one line naming its file and line, streaming, ids through the index and the C
 SciFact folder's counts."""
 
 import json
+import sys
 import tracemalloc
 
 import numpy as np
@@ -93,7 +94,9 @@ def test_a_document_with_a_line_break_has_a_digest_of_its_own():
 
 
 BAD_CORPUS = [  # (corpus.jsonl, the line named, what the message says)
-    ('{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": \n', 2, "is not JSON"),
+    ('{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": \n', 2, "is not valid JSON"),
+    ('{"_id": "d1", "text": "a"}\n{"_id": ' + "7" * 5001 + ', "text": "b"}\n', 2,
+     f"holds an integer of over {sys.get_int_max_str_digits()} digits"),
     ('{"_id": "d1", "text": "a"}\n["d2", "b"]\n', 2, "is not a JSON object"),
     ('{"_id": "d1", "text": "a"}\n{"text": "b"}\n', 2, "has no '_id'"),
     ('{"_id": "d1", "title": "t"}\n', 1, "has no 'text'"),
