@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import BertflowError
 from ..storage.corpus import Corpus, read_corpus
 from ..storage.files import iter_sentences
-from ..storage.jsonl import field, record_id, records
+from ..storage.jsonl import field, is_jsonl, record_id, records
 
 __all__ = ["QRELS_HEADER", "BeirTask", "load_task", "read_qrels", "read_queries"]
 
@@ -35,7 +35,7 @@ def read_queries(path: str | os.PathLike) -> dict[str, str]:
     """Query id → text, in file order: a BEIR `queries.jsonl` (`_id`, `text`; a file named
     `*.jsonl`), else a text file of one query a line, whose ids are its line numbers."""
     path, queries, lines = Path(path), {}, {}
-    if path.suffix != ".jsonl":
+    if not is_jsonl(path):
         queries = {str(n): q for n, q in enumerate(iter_sentences(path, what="one query"), 1)}
     else:
         for number, record in records(path):

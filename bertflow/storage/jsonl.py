@@ -11,7 +11,16 @@ from typing import Any
 from ..errors import BertflowError
 from .files import iter_sentences, parse_json
 
-__all__ = ["field", "record_id", "records", "unicode_text"]
+__all__ = ["field", "is_jsonl", "record_id", "records", "unicode_text"]
+
+
+def is_jsonl(path: Path) -> bool:
+    """Whether the file at `path` is read as JSON lines (its name ends in `.jsonl`) rather than
+    as text, one item a line; a name ending in `.json` is refused, being neither."""
+    if path.suffix == ".json":
+        raise BertflowError(f"{path} is named .json: name a file of one JSON object a line "
+                            "*.jsonl, and a file of one item a line anything else")
+    return path.suffix == ".jsonl"
 
 
 def records(path: Path, start: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:

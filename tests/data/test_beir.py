@@ -185,6 +185,16 @@ def test_a_folder_without_its_parts_is_refused(tmp_path, folder):
         read_queries(lines)
 
 
+def test_a_file_of_json_lines_named_json_is_refused(tmp_path):
+    """Its lines would be read as text, each raw line a query or a sentence."""
+    path = tmp_path / "queries.json"
+    path.write_text(jsonl({"_id": i, "text": t} for i, t in QUERIES))
+    for read in (read_queries, Corpus.from_file):
+        with pytest.raises(BertflowError) as caught:
+            read(path)
+        assert_one_line(caught.value, str(path), "name a file of one JSON object a line *.jsonl")
+
+
 def test_the_corpus_is_read_streamed(tmp_path, monkeypatch):
     """Reading (checking, hashing, counting) and re-reading a 12 MB corpus holds a small part
     of it at a time: the documents are never held whole."""
@@ -279,6 +289,8 @@ def test_commands_refuse_bad_beir_input_in_one_line(tmp_path, capsys, folder, ti
     bad.write_text('{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n')
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"_id": "q1", "text": "a"}\n\n')
+    named_json = tmp_path / "queries.json"
+    named_json.write_text('{"_id": "q1", "text": "a"}\n')
     encoder = ["--encoder", str(tiny_encoder_dir)]
     idx = tmp_path / "idx"
     assert main(["index", str(folder / "corpus.jsonl"), "--out", str(idx), *encoder,
@@ -292,6 +304,8 @@ def test_commands_refuse_bad_beir_input_in_one_line(tmp_path, capsys, folder, ti
         (["search", "--index", str(idx), "--queries", str(blank)], f"{blank} line 2 is blank"),
         (["search", "--index", str(idx), "--queries", str(tmp_path / "none.jsonl")],
          "no such file"),
+        (["search", "--index", str(idx), "--queries", str(named_json)],
+         f"{named_json} is named .json"),
     ):
         assert main(args) == 1, args
         err = capsys.readouterr().err.strip().splitlines()
