@@ -14,7 +14,7 @@ from ..storage.corpus import Corpus, read_corpus
 from ..storage.files import iter_sentences
 from ..storage.jsonl import field, is_jsonl, record_id, records
 
-__all__ = ["QRELS_HEADER", "BeirTask", "load_task", "read_qrels", "read_queries"]
+__all__ = ["QRELS_HEADER", "BeirTask", "is_qrels", "load_task", "read_qrels", "read_queries"]
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
 
@@ -56,7 +56,7 @@ def read_qrels(path: str | os.PathLike, documents: Collection[str] | None = None
     path, qrels = Path(path), {}
     lines = enumerate(iter_sentences(path, what="one judgement"), 1)
     header = next(lines, (1, ""))[1]
-    if tuple(header.strip().split("\t")) != QRELS_HEADER:
+    if not _is_header(header):
         raise BertflowError(f"{path} line 1: expected the header {' / '.join(QRELS_HEADER)} "
                             f"(tab-separated), got {header[:60]!r}")
     for number, line in lines:
@@ -83,6 +83,15 @@ def read_qrels(path: str | os.PathLike, documents: Collection[str] | None = None
     if not qrels:
         raise BertflowError(f"{path} has no judgements after its header: the split is empty")
     return qrels
+
+
+def is_qrels(path: str | os.PathLike) -> bool:
+    """Whether the text file at `path` opens with `QRELS_HEADER`: BEIR's judgements."""
+    return _is_header(next(iter_sentences(path, blank_ok=True), ""))
+
+
+def _is_header(line: str) -> bool:
+    return tuple(line.strip().split("\t")) == QRELS_HEADER
 
 
 def load_task(folder: str | os.PathLike, split: str = "test") -> BeirTask:
