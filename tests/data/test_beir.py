@@ -11,7 +11,7 @@ import pytest
 
 from bertflow import BertflowError
 from bertflow.cli.main import main
-from bertflow.data.beir import load_task, read_qrels, read_queries
+from bertflow.data.beir import MAX_RELEVANCE, load_task, read_qrels, read_queries
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.embeddings.file import EmbeddingFile
 from bertflow.search.index import Index
@@ -132,7 +132,6 @@ QRELS = f"{tsv(TEST_QRELS)}"
 BAD_FOLDERS = [  # (what to write, the file and line named, what the message says)
     ({"queries": '{"_id": "q1", "text": "a cat eats"}\n\n{"_id": "q3", "text": "car"}\n'},
      "queries.jsonl line 2", "is blank"),
-    ({"queries": '{"_id": "q1", "text": " "}\n'}, "queries.jsonl line 1", "query text is empty"),
     ({"queries": '{"_id": "q1", "text": "a"}\n{"_id": "q1", "text": "b"}\n'},
      "queries.jsonl line 2", "duplicate id 'q1'"),
     ({"test": tsv([("q1", "d1", 1), ("q1", "d9", 1)])}, "test.tsv line 3",
@@ -144,7 +143,11 @@ BAD_FOLDERS = [  # (what to write, the file and line named, what the message say
     ({"test": "q1\td1\t1\n"}, "test.tsv line 1", "expected the header"),
     ({"test": tsv([("q1", "d1", "high")])}, "test.tsv line 2", "'high' is not an integer"),
     ({"test": tsv([]) + "q1 d1 1\n"}, "test.tsv line 2", "separated by tabs"),
-    ({"test": tsv([("q1", "d1", 2**31)])}, "test.tsv line 2", "score 2147483648 is out of range"),
+    ({"test": tsv([("q1", "d1", 1), ("q3", "d5", MAX_RELEVANCE + 1)])}, "test.tsv line 3",
+     f"score {MAX_RELEVANCE + 1} is outside -{MAX_RELEVANCE}..{MAX_RELEVANCE}"),
+    ({"test": tsv([("q1", "d1", -MAX_RELEVANCE - 1)])}, "test.tsv line 2", "is outside"),
+    ({"test": tsv([("q1", "d1", 0), ("q3", "d5", -1)])}, "test.tsv judges no document relevant",
+     "the split cannot be scored"),
     ({"queries": '{"_id": "q1", "text": "\\ud800"}\n'}, "queries.jsonl line 1",
      "not valid Unicode"),
     ({"test": tsv([("q1", "d1", 1), ("q1", "d1", 0)])}, "test.tsv line 3", "judged twice"),
@@ -183,6 +186,22 @@ def test_a_folder_without_its_parts_is_refused(tmp_path, folder):
     lines.write_text("a cat\n\nguitar\n")
     with pytest.raises(BertflowError, match="queries.txt line 2 is blank: expected one query"):
         read_queries(lines)
+
+
+def test_empty_queries_are_read_as_empty_documents_are(tmp_path):
+    """As MTEB embeds them: an item of a JSON-lines file whose text is empty is kept."""
+    folder = write_folder(tmp_path / "empty", queries=jsonl([{"_id": "q1", "text": ""},
+                                                             {"_id": "q3", "text": " "}]),
+                          corpus=jsonl(corpus_rows([*DOCS, ("d6", "", "")])))
+    task = load_task(folder)
+    assert task.queries == {"q1": "", "q3": " "}
+    assert list(task.corpus)[-1] == ""
+
+
+def test_the_largest_relevance_is_read(tmp_path):
+    folder = write_folder(tmp_path / "graded", test=tsv([("q1", "d1", MAX_RELEVANCE),
+                                                         ("q3", "d5", -MAX_RELEVANCE)]))
+    assert load_task(folder).qrels == {"q1": {"d1": MAX_RELEVANCE}, "q3": {"d5": -MAX_RELEVANCE}}
 
 
 def test_a_file_of_json_lines_named_json_is_refused(tmp_path):
