@@ -18,7 +18,7 @@ from ..encoders.encoder import Encoder
 from ..encoders.identity import EncoderId
 from ..encoders.pooling import check_pooling
 from ..errors import BertflowError, first_line
-from ..storage.artifacts import EMBEDDINGS, TRANSFORMED
+from ..storage.artifacts import EMBEDDINGS, TRANSFORMED, counts
 from ..storage.corpus import Corpus
 from ..storage.files import check_finite, meta_path, read_json, sha256_file
 
@@ -76,11 +76,10 @@ def read_meta(npy: str | os.PathLike) -> dict[str, Any] | None:
         EncoderId.from_dict(meta["encoder"])
         check_pooling(meta["pooling"])
         check_max_length(meta["max_length"])
-        if not all(isinstance(meta[k], int) and meta[k] > 0 for k in ("count", "dim")):
-            raise BertflowError("count and dim must be positive integers")
+        counts(meta, "count", "dim")
         if meta["precision"] not in DTYPES:
             raise BertflowError(f"unknown precision {meta['precision']!r}")
-    except BertflowError as e:
+    except ValueError as e:  # a BertflowError among them
         raise BertflowError(f"{path} is malformed: {e}") from None
     return meta
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..constants import DEFAULT_BATCH_SIZE
+from ..data.beir import BeirTask, is_qrels
 from ..embeddings.cache import EmbeddingCache
 from ..encoders.encoder import Encoder
 from ..errors import BertflowError
@@ -22,9 +23,6 @@ from ..training.choice import check_query_log
 from ..training.proxy import unit_rows
 from ..training.spec import MethodSpec
 from .sts import FitOn, fit_parts, method_maker, row_key
-
-if TYPE_CHECKING:
-    from ..data.beir import BeirTask
 
 __all__ = ["FIT_SOURCES", "IDENTICAL_IDS_IGNORED", "MEASURES", "MTEB_K", "MTEB_NAMES", "TOP",
            "check_mteb_destination", "evaluate_retrieval", "format_retrieval_table",
@@ -76,6 +74,11 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
         method, encoder, pooling=pooling, max_length=max_length, name=name, progress=progress)
     if isinstance(method, Head):
         check_query_log(method, task.queries, f"{task.name}'s {task.split} queries")
+    parts = [] if isinstance(method, Head) else fit_parts(fit_on, FIT_SOURCES)
+    for part in parts:
+        if isinstance(part, Path) and is_qrels(part):
+            raise BertflowError(f"{part} holds qrels (relevance judgements): a method is fit on "
+                                "text, never on the qrels")
 
     def embed(corpus: Corpus) -> np.ndarray:
         return cache.files(corpus, encoder, pooling, max_length, batch_size,
@@ -85,7 +88,6 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
     queries = embed(Corpus.from_sentences(list(task.queries.values()), "the queries"))
     fitted = make()
     if not isinstance(method, Head):
-        parts = fit_parts(fit_on, FIT_SOURCES)
         given = {"corpus": documents, "queries": queries}
         fitted.fit(np.concatenate([given[p] if isinstance(p, str) else embed(Corpus.from_file(p))
                                    for p in parts]))

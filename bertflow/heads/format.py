@@ -18,7 +18,7 @@ from ..encoders.batches import check_max_length
 from ..encoders.identity import EncoderId
 from ..encoders.pooling import check_pooling
 from ..errors import BertflowError, first_line
-from ..storage.artifacts import HEAD_FOLDER, write_manifest
+from ..storage.artifacts import HEAD_FOLDER, counts, write_manifest
 from ..storage.files import sha256_file, write_json
 from .catalog import head_folder
 from .flow import FlowConfig, Glow, StandardScaler
@@ -84,13 +84,13 @@ def _read(path: Path) -> tuple[Head, dict[str, Tensor]]:
         weights = config["weights"]
         if not isinstance(weights, dict) or weights.get("file") != WEIGHTS:
             raise ValueError(f"weights are not {WEIGHTS}")
-        method, dim = config["method"], int(config["dim"])
+        method, (dim,) = config["method"], counts(config, "dim")
         if method == "flow":  # every field of the flow, factor_out included, is recorded
             flow, out_dim = FlowConfig.from_dict(config["flow"]), dim
             if set(config["flow"]) != set(flow.to_dict()):
                 raise ValueError("the flow config is incomplete")
         elif method in LINEAR_METHODS:
-            flow, out_dim = None, int(config["linear"]["out_dim"])
+            flow, (out_dim,) = None, counts(config["linear"], "out_dim")
         else:
             raise ValueError(f"unknown method {method!r}")
         encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None

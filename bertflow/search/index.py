@@ -21,7 +21,7 @@ from ..encoders.pooling import check_pooling
 from ..errors import BertflowError, first_line
 from ..heads.head import Head
 from ..runtime import distributed
-from ..storage.artifacts import INDEX_FOLDER
+from ..storage.artifacts import INDEX_FOLDER, counts
 from ..storage.corpus import Corpus
 from ..storage.files import check_finite, read_json, sha256_file, write_json
 from . import kinds
@@ -220,12 +220,12 @@ class Index:
             raise BertflowError(f"no index at {path} (no {_INDEX})")
         config = INDEX_FOLDER.read(path)
         try:
-            dim, dims, count = (int(config[k]) for k in ("dim", "dims", "count"))
+            dim, dims, count = counts(config, "dim", "dims", "count")
             encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
             check_pooling(config["pooling"])
             check_max_length(config["max_length"])
-            if not 1 <= dims <= dim or count < 1:
-                raise ValueError("bad dims or count")
+            if dims > dim:
+                raise ValueError(f"dims {dims} exceeds dim {dim}")
             hnsw = config.get("hnsw")  # absent: written before M was settable, which was 32
             if hnsw is not None and (not isinstance(hnsw, dict) or set(hnsw) != set(HNSW_DEFAULTS)):
                 raise ValueError("bad hnsw settings")

@@ -24,7 +24,7 @@ from .files import atomic_directory, meta_path, read_json, refuse_link, sha256_f
 __all__ = ["CHECKPOINT", "EMBEDDINGS", "EXPORT_MARKER", "HEAD_FOLDER", "INDEX_FOLDER",
            "MANIFEST", "MTEB_RESULT", "ONNX_EXPORT", "ONNX_PIPELINE_FOLDER", "PIPELINE_FOLDER",
            "PLOTS_FOLDER", "PROGRESS", "PT2_EXPORT", "ROWS", "TRANSFORMED", "FileFormat",
-           "FolderFormat", "identify", "mteb_file", "write_manifest"]
+           "FolderFormat", "counts", "identify", "mteb_file", "write_manifest"]
 
 MANIFEST = "manifest.json"
 _FORMAT = "bertflow-manifest"
@@ -54,6 +54,15 @@ class _Format:
                                 f"{record.get('format_version')}; this bertflow reads version "
                                 f"{self.version}{advice}")
         return record
+
+
+def counts(record: dict[str, Any], *keys: str) -> tuple[int, ...]:
+    """The fields `keys` of a record (a width, a number of rows), each a positive integer: a
+    32.9, a 0, a true or a "32" is a ValueError naming the field (its reader names the file)."""
+    for key in keys:
+        if type(record[key]) is not int or record[key] < 1:
+            raise ValueError(f"{key} must be a positive integer, got {record[key]!r}")
+    return tuple(record[key] for key in keys)
 
 
 def write_manifest(folder: Path, kind: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import BertflowError
 from .files import iter_sentences
-from .jsonl import field, record_id, records, unicode_text
+from .jsonl import field, is_jsonl, record_id, records, unicode_text
 
 __all__ = ["Corpus", "corpus_sha256", "document", "read_corpus", "titled"]
 
@@ -48,7 +48,7 @@ class Corpus:
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> Corpus:
         """A text file of one sentence a line, or a BEIR corpus (a file named `*.jsonl`)."""
-        if Path(path).suffix == ".jsonl":
+        if is_jsonl(Path(path)):
             return read_corpus(path)
         path, counter = Path(path), itertools.count()
         # zip draws from `counter` once per sentence read: after the pass it holds the count
@@ -107,7 +107,7 @@ def titled(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
     """(title, text) of each item of `Corpus.from_file(path)`'s file, read streamed: a BEIR
     corpus's fields (its text stripped), a text file's line with no title."""
     path = Path(path)
-    if path.suffix != ".jsonl":
+    if not is_jsonl(path):
         yield from (("", line.strip()) for line in iter_sentences(path))
         return
     for number, record in records(path):

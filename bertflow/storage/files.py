@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
@@ -21,8 +22,8 @@ import numpy as np
 from ..errors import BertflowError, first_line
 
 __all__ = ["Checked", "Recheck", "atomic_directory", "atomic_file", "check_finite", "check_outputs",
-           "disk_errors", "fsync", "identity", "iter_sentences", "meta_path", "read_json",
-           "read_sentences", "refuse_link", "remove_stale_temporaries", "sha256_file",
+           "disk_errors", "fsync", "identity", "iter_sentences", "meta_path", "parse_json",
+           "read_json", "read_sentences", "refuse_link", "remove_stale_temporaries", "sha256_file",
            "write_json"]
 
 
@@ -99,12 +100,25 @@ def meta_path(npy: str | os.PathLike) -> Path:
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
     path = _check_file(path)
     try:
-        value = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
         raise BertflowError(f"{path} is not valid JSON ({first_line(e)})") from None
+    value = parse_json(text, str(path))
     if not isinstance(value, dict):
         raise BertflowError(f"{path} is not a JSON object")
     return value
+
+
+def parse_json(text: str, where: str) -> Any:
+    """The JSON value of `text`, refused in one line naming `where` where it is not JSON or
+    holds an integer longer than Python converts (`sys.get_int_max_str_digits`)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BertflowError(f"{where} is not valid JSON ({first_line(e)})") from None
+    except ValueError:  # int() of too many digits
+        raise BertflowError(f"{where} holds an integer of over {sys.get_int_max_str_digits()} "
+                            "digits") from None
 
 
 def write_json(path: str | os.PathLike, value: Any, recheck: Recheck | None = None) -> None:

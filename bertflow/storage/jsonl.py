@@ -3,25 +3,30 @@ line refused in one line naming its file and line number."""
 
 from __future__ import annotations
 
-import json
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import BertflowError, first_line
-from .files import iter_sentences
+from ..errors import BertflowError
+from .files import iter_sentences, parse_json
 
-__all__ = ["field", "record_id", "records", "unicode_text"]
+__all__ = ["field", "is_jsonl", "record_id", "records", "unicode_text"]
+
+
+def is_jsonl(path: Path) -> bool:
+    """Whether the file at `path` is read as JSON lines (its name ends in `.jsonl`) rather than
+    as text, one item a line; a name ending in `.json` is refused, being neither."""
+    if path.suffix == ".json":
+        raise BertflowError(f"{path} is named .json: name a file of one JSON object a line "
+                            "*.jsonl, and a file of one item a line anything else")
+    return path.suffix == ".jsonl"
 
 
 def records(path: Path, start: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, JSON object) of each line of a JSON-lines file from line `start` on."""
     for number, line in enumerate(iter_sentences(path, start, what="one JSON object"), start + 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BertflowError(f"{path} line {number} is not JSON ({first_line(e)})") from None
+        record = parse_json(line, f"{path} line {number}")
         if not isinstance(record, dict):
             raise BertflowError(f"{path} line {number} is not a JSON object")
         yield number, record

@@ -124,11 +124,13 @@ class Hook(Protocol):
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
-    """A seeded split of `range(n)` into (train, validation) indices."""
+    """A seeded split of `range(n)` into (train, validation) indices: `val_fraction` of the
+    rows held out (at least one, where above 0), at least 3 left to train on."""
+    n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
+    if n - n_val < 3:
+        raise BertflowError(f"need at least 3 training rows: {n} rows, {n_val} of them held "
+                            f"out for validation (val_fraction {val_fraction}), leave {n - n_val}")
     order = _permutation(n, torch.Generator().manual_seed(seed))
-    n_val = min(n - 2, max(1, round(n * val_fraction))) if val_fraction > 0 else 0
-    if n < 2:  # else `n_val` leaves 2 training rows
-        raise BertflowError(f"need at least 2 training rows, got {n} in all")
     return order[n_val:], order[:n_val]
 
 

@@ -3,6 +3,7 @@ in one line naming its file and line, streaming, ids through the index and the C
 SciFact folder's counts."""
 
 import json
+import sys
 import tracemalloc
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from bertflow import BertflowError
 from bertflow.cli.main import main
-from bertflow.data.beir import load_task, read_qrels, read_queries
+from bertflow.data.beir import MAX_RELEVANCE, load_task, read_qrels, read_queries
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.embeddings.file import EmbeddingFile
 from bertflow.search.index import Index
@@ -93,7 +94,9 @@ def test_a_document_with_a_line_break_has_a_digest_of_its_own():
 
 
 BAD_CORPUS = [  # (corpus.jsonl, the line named, what the message says)
-    ('{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": \n', 2, "is not JSON"),
+    ('{"_id": "d1", "text": "a"}\n{"_id": "d2", "text": \n', 2, "is not valid JSON"),
+    ('{"_id": "d1", "text": "a"}\n{"_id": ' + "7" * 5001 + ', "text": "b"}\n', 2,
+     f"holds an integer of over {sys.get_int_max_str_digits()} digits"),
     ('{"_id": "d1", "text": "a"}\n["d2", "b"]\n', 2, "is not a JSON object"),
     ('{"_id": "d1", "text": "a"}\n{"text": "b"}\n', 2, "has no '_id'"),
     ('{"_id": "d1", "title": "t"}\n', 1, "has no 'text'"),
@@ -129,7 +132,6 @@ QRELS = f"{tsv(TEST_QRELS)}"
 BAD_FOLDERS = [  # (what to write, the file and line named, what the message says)
     ({"queries": '{"_id": "q1", "text": "a cat eats"}\n\n{"_id": "q3", "text": "car"}\n'},
      "queries.jsonl line 2", "is blank"),
-    ({"queries": '{"_id": "q1", "text": " "}\n'}, "queries.jsonl line 1", "query text is empty"),
     ({"queries": '{"_id": "q1", "text": "a"}\n{"_id": "q1", "text": "b"}\n'},
      "queries.jsonl line 2", "duplicate id 'q1'"),
     ({"test": tsv([("q1", "d1", 1), ("q1", "d9", 1)])}, "test.tsv line 3",
@@ -141,7 +143,11 @@ BAD_FOLDERS = [  # (what to write, the file and line named, what the message say
     ({"test": "q1\td1\t1\n"}, "test.tsv line 1", "expected the header"),
     ({"test": tsv([("q1", "d1", "high")])}, "test.tsv line 2", "'high' is not an integer"),
     ({"test": tsv([]) + "q1 d1 1\n"}, "test.tsv line 2", "separated by tabs"),
-    ({"test": tsv([("q1", "d1", 2**31)])}, "test.tsv line 2", "score 2147483648 is out of range"),
+    ({"test": tsv([("q1", "d1", 1), ("q3", "d5", MAX_RELEVANCE + 1)])}, "test.tsv line 3",
+     f"score {MAX_RELEVANCE + 1} is outside -{MAX_RELEVANCE}..{MAX_RELEVANCE}"),
+    ({"test": tsv([("q1", "d1", -MAX_RELEVANCE - 1)])}, "test.tsv line 2", "is outside"),
+    ({"test": tsv([("q1", "d1", 0), ("q3", "d5", -1)])}, "test.tsv judges no document relevant",
+     "the split cannot be scored"),
     ({"queries": '{"_id": "q1", "text": "\\ud800"}\n'}, "queries.jsonl line 1",
      "not valid Unicode"),
     ({"test": tsv([("q1", "d1", 1), ("q1", "d1", 0)])}, "test.tsv line 3", "judged twice"),
@@ -180,6 +186,32 @@ def test_a_folder_without_its_parts_is_refused(tmp_path, folder):
     lines.write_text("a cat\n\nguitar\n")
     with pytest.raises(BertflowError, match="queries.txt line 2 is blank: expected one query"):
         read_queries(lines)
+
+
+def test_empty_queries_are_read_as_empty_documents_are(tmp_path):
+    """As MTEB embeds them: an item of a JSON-lines file whose text is empty is kept."""
+    folder = write_folder(tmp_path / "empty", queries=jsonl([{"_id": "q1", "text": ""},
+                                                             {"_id": "q3", "text": " "}]),
+                          corpus=jsonl(corpus_rows([*DOCS, ("d6", "", "")])))
+    task = load_task(folder)
+    assert task.queries == {"q1": "", "q3": " "}
+    assert list(task.corpus)[-1] == ""
+
+
+def test_the_largest_relevance_is_read(tmp_path):
+    folder = write_folder(tmp_path / "graded", test=tsv([("q1", "d1", MAX_RELEVANCE),
+                                                         ("q3", "d5", -MAX_RELEVANCE)]))
+    assert load_task(folder).qrels == {"q1": {"d1": MAX_RELEVANCE}, "q3": {"d5": -MAX_RELEVANCE}}
+
+
+def test_a_file_of_json_lines_named_json_is_refused(tmp_path):
+    """Its lines would be read as text, each raw line a query or a sentence."""
+    path = tmp_path / "queries.json"
+    path.write_text(jsonl({"_id": i, "text": t} for i, t in QUERIES))
+    for read in (read_queries, Corpus.from_file):
+        with pytest.raises(BertflowError) as caught:
+            read(path)
+        assert_one_line(caught.value, str(path), "name a file of one JSON object a line *.jsonl")
 
 
 def test_the_corpus_is_read_streamed(tmp_path, monkeypatch):
@@ -276,6 +308,8 @@ def test_commands_refuse_bad_beir_input_in_one_line(tmp_path, capsys, folder, ti
     bad.write_text('{"_id": "d1", "text": "a"}\n{"_id": "d1", "text": "b"}\n')
     blank = tmp_path / "blank.jsonl"
     blank.write_text('{"_id": "q1", "text": "a"}\n\n')
+    named_json = tmp_path / "queries.json"
+    named_json.write_text('{"_id": "q1", "text": "a"}\n')
     encoder = ["--encoder", str(tiny_encoder_dir)]
     idx = tmp_path / "idx"
     assert main(["index", str(folder / "corpus.jsonl"), "--out", str(idx), *encoder,
@@ -289,6 +323,8 @@ def test_commands_refuse_bad_beir_input_in_one_line(tmp_path, capsys, folder, ti
         (["search", "--index", str(idx), "--queries", str(blank)], f"{blank} line 2 is blank"),
         (["search", "--index", str(idx), "--queries", str(tmp_path / "none.jsonl")],
          "no such file"),
+        (["search", "--index", str(idx), "--queries", str(named_json)],
+         f"{named_json} is named .json"),
     ):
         assert main(args) == 1, args
         err = capsys.readouterr().err.strip().splitlines()

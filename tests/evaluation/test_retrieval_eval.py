@@ -239,7 +239,7 @@ def test_raw_retrieval_embeds_through_the_cache_once(task, tiny_encoder, tmp_pat
 
 
 def test_methods_fit_on_the_documents_the_queries_or_a_file_never_the_qrels(
-        task, tiny_encoder, tmp_path, monkeypatch):
+        beir, task, tiny_encoder, tmp_path, monkeypatch):
     from bertflow.evaluation import methods
 
     fitted = []
@@ -260,6 +260,12 @@ def test_methods_fit_on_the_documents_the_queries_or_a_file_never_the_qrels(
     for bad in (["corpus", "corpus"], []):
         with pytest.raises(BertflowError, match="at most once"):
             evaluate_retrieval(task, "raw", tiny_encoder, cache, pooling="mean", fit_on=bad)
+    for split in ("test", "train"):  # refused before anything is encoded
+        qrels = beir / "qrels" / f"{split}.tsv"
+        with pytest.raises(BertflowError, match=f"{qrels} holds qrels"):
+            evaluate_retrieval(task, "whitening", tiny_encoder, EmbeddingCache(tmp_path / "new"),
+                               pooling="cls", fit_on=["corpus", qrels])
+    assert len(fitted) == 4 and not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("method", ["standardize", "whitening", "whitening-k", "abtt", "flow"])
@@ -316,9 +322,11 @@ def test_cli_eval_retrieval(beir, tiny_encoder_dir, tmp_path, capsys):
     assert "| flow |" in out
 
 
-def test_cli_eval_retrieval_refusals(beir, tmp_path, capsys):
+def test_cli_eval_retrieval_refusals(beir, tiny_encoder_dir, tmp_path, capsys):
     missing = tmp_path / "missing"
     cases = [
+        (["retrieval", beir, "--fit-on", "corpus", beir / "qrels" / "test.tsv", "--encoder",
+          tiny_encoder_dir], f"{beir / 'qrels' / 'test.tsv'} holds qrels"),
         (["retrieval", beir, "--split", "dev"],
          f"no qrels/dev.tsv in the BEIR folder {beir} (splits: test, train)"),
         (["retrieval", missing], f"no BEIR folder at {missing}"),

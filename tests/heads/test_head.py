@@ -141,7 +141,8 @@ def test_malformed_configs_are_refused(head, tmp_path):
                          ("weights", {"file": "../../x", "sha256": "0"}), ("training", [1]),
                          ("flow", {"levels": "many"}), ("flow", {"hidden": 32.5}),
                          ("flow", {k: v for k, v in config["flow"].items() if k != "factor_out"}),
-                         ("dim", None), ("encoder", "bert"), ("max_length", "abc"),
+                         ("dim", None), ("dim", config["dim"] + 0.5), ("encoder", "bert"),
+                         ("max_length", "abc"),
                          ("pooling", "max")]:
         rewrite(folder, "config.json", json.dumps({**config, field: value}))
         with pytest.raises(BertflowError, match="malformed|is not"):
@@ -163,7 +164,7 @@ def test_missing_fields_and_bad_out_dim_are_malformed(head, tmp_path):
     FlowHead.fit_linear(np.random.default_rng(0).normal(size=(40, 12)), "whitening-k",
                         k=4).save(linear)
     config = json.loads((linear / "config.json").read_text())
-    for out_dim in (-3, 0, 13):
+    for out_dim in (-3, 0, 13, 4.5):
         rewrite(linear, "config.json",
                 json.dumps({**config, "linear": {**config["linear"], "out_dim": out_dim}}))
         with pytest.raises(BertflowError, match=r"config.json is malformed \(ValueError"):

@@ -235,6 +235,12 @@ def test_a_tampered_index_is_refused(saved, tiny_encoder, items):
     edit_config(saved, head=True, max_length=None)
     with pytest.raises(BertflowError, match="malformed"):
         Index.load(saved)
+    for field, value in (("dim", config["dim"] + 0.9), ("dims", config["dims"] - 0.5),
+                         ("count", float(config["count"])), ("dims", 0), ("count", True)):
+        edit_config(saved, **{**config, field: value})
+        with pytest.raises(BertflowError, match=rf"config.json is malformed \({field} must be a "
+                                                rf"positive integer, got {value!r}\)"):
+            Index.load(saved)
     edit_config(saved, **config)
     data = bytearray((saved / "index.faiss").read_bytes())
     data[len(data) // 2] ^= 0xFF

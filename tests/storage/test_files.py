@@ -1,3 +1,4 @@
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -5,7 +6,7 @@ import pytest
 
 from bertflow import BertflowError
 from bertflow.embeddings.file import EmbeddingFile
-from bertflow.storage.files import atomic_directory, meta_path, read_sentences
+from bertflow.storage.files import atomic_directory, meta_path, read_json, read_sentences
 
 
 def test_read_sentences(tmp_path):
@@ -30,6 +31,15 @@ def test_bad_corpora_are_refused(tmp_path, content, message):
     path.write_bytes(content)
     with pytest.raises(BertflowError, match=message):
         read_sentences(path)
+
+
+def test_json_holding_an_integer_past_pythons_limit_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"dim": ' + "3" * 5001 + "}")
+    with pytest.raises(BertflowError) as caught:
+        read_json(path)
+    assert str(caught.value) == (f"{path} holds an integer of over "
+                                 f"{sys.get_int_max_str_digits()} digits")
 
 
 def test_missing_corpus_and_folder(tmp_path):

@@ -321,6 +321,14 @@ def test_partly_constant_embeddings_still_fit():
     assert np.isfinite(head.history.best_val_nll)
 
 
+def test_a_validation_split_that_leaves_under_3_training_rows_is_refused(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(40, 16)).astype(np.float32))
+    refused(capsys, ["fit", tmp_path / "x.npy", "--pooling", "cls", "--out", tmp_path / "h",
+                     "--val-fraction", "0.99", *SMALL],
+            "need at least 3 training rows: 40 rows, 40 of them held out for validation")
+    assert not (tmp_path / "h").exists()
+
+
 def test_fit_on_a_constant_npy_or_a_corpus_of_one_sentence_says_so(
     tmp_path, capsys, tiny_encoder_dir
 ):

@@ -198,10 +198,11 @@ def test_split_is_seeded_and_disjoint():
     assert set(train.tolist()).isdisjoint(val.tolist())
     again = split_indices(100, 0.1, seed=3)
     assert torch.equal(train, again[0])
-    for n in (0, 1):  # no 2 training rows, whatever the held-out fraction
-        for fraction in (0.0, 0.5):
-            with pytest.raises(BertflowError, match="need at least 2 training rows"):
-                split_indices(n, fraction, seed=3)
+    assert [len(part) for part in split_indices(4, 0.1, seed=3)] == [3, 1]
+    for n, fraction, left in ((2, 0.0, 2), (3, 0.1, 2), (100, 0.99, 1), (100, 0.98, 2)):
+        with pytest.raises(BertflowError, match=f"need at least 3 training rows: {n} rows, "
+                                                f"{n - left} of them held out .*, leave {left}$"):
+            split_indices(n, fraction, seed=3)
 
 
 def test_a_state_of_another_model_is_refused():
