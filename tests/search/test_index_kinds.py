@@ -130,7 +130,13 @@ def test_refusals(easy, tiny_encoder, monkeypatch):
             *((kind, "sizes must be at least 1, an HNSW graph's neighbours at least 2 and an "
                      "NSG graph's at least 8")
               for kind in ("IVF0,Flat", "PCA0,Flat", "IVF4,PQ8x0", "HNSW0", "HNSW1",
-                           "IVF4_HNSW0,Flat", "NSG0", "NSG7"))):
+                           "IVF4_HNSW0,Flat", "NSG0", "NSG7")),
+            *((kind, "its sizes must be at most 1048576, a graph's neighbours at most 512 and "
+                     "a code's bits at most 16")
+              for kind in ("HNSW100000000", "HNSW513", "IVF2000000,Flat", "PQ4x17",
+                           "IMI2x9,Flat", "IVF4,PQ1x30")),
+            *((kind, "a vector transform gives 100000-d vectors from 16-d ones; at most 16")
+              for kind in ("RR100000,Flat", "PCA100000,Flat", "OPQ4_100000,IVF4,PQ4"))):
         with pytest.raises(BertflowError, match=message) as caught:
             Index.from_embeddings(x, items, pooling="mean", kind=kind)
         assert "\n" not in str(caught.value) and ".cpp" not in str(caught.value)
@@ -146,7 +152,9 @@ def test_refusals(easy, tiny_encoder, monkeypatch):
     for options, message in (({"kind": "IVF64,Flat"}, "needs at least 2496 vectors .*; got 8"),
                              ({"kind": "IVF2,Flat", "dims": 9},
                               "dims must be 16 .all. or between 1 and 8"),
-                             ({"kind": "PQ3"}, "multiple of")):
+                             ({"kind": "PQ3"}, "multiple of"),
+                             ({"kind": "RR100000,Flat"}, "gives 100000-d vectors from 16-d"),
+                             ({"kind": "HNSW100000000"}, "at most 1048576")):
         with pytest.raises(BertflowError, match=message):
             Index.build(SENTENCES, tiny_encoder, **options)
 
@@ -246,8 +254,9 @@ def test_hnsw_graph_settings_are_set_recorded_and_checked(tmp_path, easy):
     assert Index.load(tmp_path / "old").ef_search == 16
     for options, message in (
             ({"kind": "flat", "hnsw": {"M": 8}}, "are set for kind hnsw; this index is 'flat'"),
-            ({"kind": "hnsw", "hnsw": {"M": 1}}, "HNSW's M must be an integer of at least 2"),
-            ({"kind": "hnsw", "hnsw": {"ef_search": 0}}, "ef_search must be an integer of at")):
+            ({"kind": "hnsw", "hnsw": {"M": 1}}, "HNSW's M must be an integer from 2 to 512"),
+            ({"kind": "hnsw", "hnsw": {"M": 10**8}}, "M must be an integer from 2 to 512"),
+            ({"kind": "hnsw", "hnsw": {"ef_search": 0}}, "ef_search must be an integer from 1 to")):
         with pytest.raises(BertflowError, match=message):
             Index.from_embeddings(x[:50], items[:50], pooling="mean", **options)
     with pytest.raises(BertflowError, match="efSearch applies to kinds with an HNSW graph"):
