@@ -229,8 +229,8 @@ class Index:
             hnsw = config.get("hnsw")  # absent: written before M was settable, which was 32
             if hnsw is not None and (not isinstance(hnsw, dict) or set(hnsw) != set(HNSW_DEFAULTS)):
                 raise ValueError("bad hnsw settings")
-            expected = kinds.structure(kinds.make(config["kind"], dim, dims,
-                                                  hnsw and {"M": hnsw["M"]}))
+            made = kinds.make(config["kind"], dim, dims, hnsw and {"M": hnsw["M"]})
+            expected, least = kinds.structure(made), count * kinds.code_size(made)
         except (KeyError, TypeError, ValueError, BertflowError) as e:
             raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
         stored = read_json(path / _ITEMS)
@@ -242,6 +242,10 @@ class Index:
             _check_ids(ids, len(items))
         except BertflowError as e:
             raise BertflowError(f"{path / _ITEMS}: {e}") from None
+        size = (path / _INDEX).stat().st_size
+        if size < least:  # before FAISS allocates what the file declares
+            raise BertflowError(f"{path / _INDEX} holds {size} bytes, fewer than the {count} "
+                                f"vectors its config describes take ({least}): a damaged index")
         try:
             index = faiss.read_index(str(path / _INDEX))
         except RuntimeError as e:

@@ -252,6 +252,25 @@ def test_a_tampered_index_is_refused(saved, tiny_encoder, items):
         Index.load(saved)
 
 
+def test_an_index_file_too_small_for_its_config_is_refused_before_faiss_reads_it(
+        saved, items, monkeypatch):
+    import faiss
+
+    from bertflow.storage.files import sha256_file
+
+    config = json.loads((saved / "config.json").read_text())
+    few = faiss.IndexFlatIP(16)  # 3 vectors in a file whose config says many more
+    few.add(np.zeros((3, 16), np.float32))
+    faiss.write_index(few, str(saved / "index.faiss"))
+    edit_config(saved, sha256={**config["sha256"], "index.faiss": sha256_file(
+        saved / "index.faiss")})
+    monkeypatch.setattr(faiss, "read_index", lambda *a: pytest.fail("FAISS read the file"))
+    size = (saved / "index.faiss").stat().st_size
+    with pytest.raises(BertflowError, match=f"index.faiss holds {size} bytes, fewer than the "
+                       f"{len(items)} vectors its config describes take .{len(items) * 64}."):
+        Index.load(saved)
+
+
 def test_save_keeps_foreign_folders_and_the_previous_index_on_failure(
         tmp_path, saved, head, tiny_encoder, items, monkeypatch):
     folder = tmp_path / "mine"
