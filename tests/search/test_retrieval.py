@@ -110,7 +110,7 @@ def test_refusals(tmp_path, head, tiny_encoder, items, other_encoder_dir, wide_e
     edit_config(folder, sha256={**sums, "items.json": sha256_file(folder / "items.json")})
     with pytest.raises(BertflowError, match="inconsistent"):
         Index.load(folder)
-    (folder / "index.faiss").write_bytes(b"garbage")
+    (folder / "index.faiss").write_bytes(b"garbage" * 4096)  # as large as its vectors
     edit_config(folder, sha256={"index.faiss": sha256_file(folder / "index.faiss"),
                                 "items.json": sha256_file(folder / "items.json")})
     with pytest.raises(BertflowError, match="not a valid FAISS index"):
