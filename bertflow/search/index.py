@@ -65,13 +65,16 @@ class Index:
 
     @property
     def nprobe(self) -> int | None:
-        """Inverted lists visited per query (IVF kinds; FAISS's default is 1); None without."""
+        """Inverted lists visited per query (IVF kinds; `kinds.default_nprobe` unless set,
+        saved with the index); None without."""
         ivf = kinds.inverted_lists(self.faiss_index)
         return None if ivf is None else int(ivf.nprobe)
 
     @nprobe.setter
     def nprobe(self, value: int) -> None:
         kinds.set_nprobe(self.faiss_index, self.config["kind"], value)
+        if "nprobe" in self.config:
+            self.config["nprobe"] = int(value)
 
     @property
     def ef_search(self) -> int | None:
@@ -96,7 +99,8 @@ class Index:
         """Index pooled embeddings `x` of `items` (named by `ids`, by default their lines),
         after `head`, keeping `dims` components. A trained `kind` (IVF, PQ) learns from a
         seeded sample of the vectors (`kinds.training_rows`); kind `hnsw` builds its graph
-        with `hnsw` (M, ef_construction, ef_search; `kinds.HNSW_DEFAULTS`), recorded."""
+        with `hnsw` (M, ef_construction, ef_search; `kinds.HNSW_DEFAULTS`), and an IVF kind
+        visits `kinds.default_nprobe` lists a query: each recorded."""
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
             raise BertflowError(f"need one embedding row per item: {x.shape} for {len(items)}")
@@ -125,6 +129,10 @@ class Index:
                   "count": len(items), "trained_on": rows, "head": head is not None}
         if kind == "hnsw":
             config["hnsw"] = {**HNSW_DEFAULTS, **(hnsw or {})}
+        nprobe = kinds.default_nprobe(index)
+        if nprobe is not None:
+            kinds.set_nprobe(index, kind, nprobe)
+            config["nprobe"] = nprobe
         return cls(index, list(items), config, head, ids)
 
     @classmethod
@@ -258,6 +266,11 @@ class Index:
             raise BertflowError(f"{path} is inconsistent: {_INDEX} is not the trained "
                                 f"{config['kind']!r} index of {dim}-d vectors (PCA to {dims}, "
                                 "inner product) that its config describes")
+        if "nprobe" in config:  # absent: written before it was recorded; the file's own
+            try:
+                kinds.set_nprobe(index, config["kind"], config["nprobe"])
+            except BertflowError as e:
+                raise BertflowError(f"{path / _CONFIG} is malformed ({e})") from None
         if bool(config["head"]) != (path / _HEAD).is_dir():
             raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
         head = Head.load(path / _HEAD) if config["head"] else None

@@ -7,6 +7,7 @@ structure a saved index must have."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -16,9 +17,9 @@ from ..constants import HNSW_DEFAULTS
 from ..errors import BertflowError, first_line
 
 __all__ = ["HNSW_DEFAULTS", "KINDS", "MAX_BITS", "MAX_NEIGHBOURS", "MAX_PER_CENTROID", "MAX_SIZE",
-           "MIN_PER_CENTROID", "TRAIN_SEED", "check_sizes", "code_size", "faiss_module",
-           "faiss_reason", "graph", "inverted_lists", "make", "no_lists", "sample",
-           "set_ef_search", "set_nprobe", "structure", "training_rows"]
+           "MIN_PER_CENTROID", "TRAIN_SEED", "check_sizes", "code_size", "default_nprobe",
+           "faiss_module", "faiss_reason", "graph", "inverted_lists", "make", "no_lists",
+           "sample", "set_ef_search", "set_nprobe", "structure", "training_rows"]
 
 KINDS = ("flat", "hnsw")  # by name; any other kind is an index_factory string
 # FAISS's k-means asks for at least 39 training vectors per centroid (fewer: a warning, and
@@ -174,6 +175,14 @@ def set_nprobe(index: Any, kind: str, nprobe: int) -> None:
         raise BertflowError(f"nprobe must be an integer from 1 to {ivf.nlist} (the index's "
                             f"lists), got {nprobe!r}")
     ivf.nprobe = int(nprobe)
+
+
+def default_nprobe(index: Any) -> int | None:
+    """The inverted lists a query of `index` visits unless told: the square root of their
+    number, rounded up (FAISS's own 1 visits one list in 1,024 of IVF1024, and a query then
+    finds fewer hits than asked for); None for kinds without lists."""
+    ivf = inverted_lists(index)
+    return None if ivf is None else math.isqrt(ivf.nlist - 1) + 1
 
 
 def graph(index: Any) -> Any:

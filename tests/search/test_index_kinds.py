@@ -47,7 +47,8 @@ def test_trained_kinds_find_what_flat_finds(easy):
     assert (truth // SIZE == np.arange(GROUPS)[:, None]).all()
     assert flat.nprobe is None and flat.config["trained_on"] == 0
     ivf = Index.from_embeddings(x, items, pooling="mean", kind="IVF16,Flat")
-    assert ivf.nprobe == 1 and ivf.config["trained_on"] == len(x)  # 2000 < 256 × 16
+    assert ivf.config["trained_on"] == len(x)  # 2000 < 256 × 16
+    assert ivf.nprobe == ivf.config["nprobe"] == 4  # the square root of its 16 lists
     ivf.nprobe = 16  # every list: exhaustive, the flat index's answer
     got_scores, got = ivf.search_embeddings(queries, 10)
     np.testing.assert_allclose(got_scores, scores, atol=1e-5)
@@ -112,7 +113,14 @@ def test_a_trained_kind_saves_and_loads(tmp_path, tiny_encoder):
         edit_config(tmp_path / "idx", kind=kind)
         with pytest.raises(BertflowError, match=message):
             Index.load(tmp_path / "idx")
-    edit_config(tmp_path / "idx", **config)
+    edit_config(tmp_path / "idx", **{**config, "nprobe": 5})
+    with pytest.raises(BertflowError, match="malformed .nprobe must be an integer from 1 to 4"):
+        Index.load(tmp_path / "idx")
+    edit_config(tmp_path / "idx", **{**config, "nprobe": 2})
+    assert Index.load(tmp_path / "idx").nprobe == 2  # the config's, not the file's 3
+    del config["nprobe"]  # written before nprobe was recorded: the file's own
+    (tmp_path / "idx" / "config.json").write_text(json.dumps(config))
+    write_manifest(tmp_path / "idx", "bertflow-index")
     assert Index.load(tmp_path / "idx").nprobe == 3
 
 
@@ -167,6 +175,15 @@ def test_index_and_search_commands_with_a_trained_kind(tmp_path, capsys, tiny_en
     assert main(["index", str(corpus), "--out", str(out), "--kind", "IVF4,Flat", *encoder]) == 0
     assert "256 items, IVF4,Flat (trained on 256), 16-d" in capsys.readouterr().out
     query = ["search", "--index", str(out), "--query", "a man in the park", "--json", *encoder]
+    assert json.loads((out / "config.json").read_text())["nprobe"] == 2  # of its 4 lists
+    assert main([*query, "--top", "256"]) == 0  # 2 lists hold fewer than all 256 lines
+    hits, err = (lambda c: (json.loads(c.out)["hits"], c.err))(capsys.readouterr())
+    assert len(hits) < 256 and err == ("bertflow: note: 1 of 1 queries got fewer than 256 "
+                                       "hits: its nprobe 2 visits too few of its lists "
+                                       "(--nprobe)\n")
+    assert main([*query, "--top", "256", "--nprobe", "4"]) == 0
+    hits, err = (lambda c: (json.loads(c.out)["hits"], c.err))(capsys.readouterr())
+    assert len(hits) == 256 and err == ""
     assert main([*query, "--nprobe", "4"]) == 0
     exhaustive = json.loads(capsys.readouterr().out)["hits"]
     assert len(exhaustive) == 10
@@ -175,6 +192,9 @@ def test_index_and_search_commands_with_a_trained_kind(tmp_path, capsys, tiny_en
     capsys.readouterr()
     assert main([*query[:2], str(flat), *query[3:]]) == 0
     hits = json.loads(capsys.readouterr().out)["hits"]
+    assert main([*query[:2], str(flat), *query[3:], "--top", "300"]) == 0
+    assert capsys.readouterr().err == ("bertflow: note: 1 of 1 queries got fewer than 300 "
+                                       "hits: the index holds 256 items\n")
     assert [h["id"] for h in hits] == [h["id"] for h in exhaustive]
     assert [h["score"] for h in hits] == pytest.approx([h["score"] for h in exhaustive], abs=1e-5)
     for args, message in (
