@@ -19,6 +19,7 @@ from ..encoders.identity import EncoderId
 from ..encoders.loading import resolve_encoder
 from ..encoders.pooling import check_pooling
 from ..errors import BertflowError, first_line
+from ..heads.format import weights_sha256
 from ..heads.head import Head
 from ..runtime import distributed
 from ..storage.artifacts import INDEX_FOLDER
@@ -126,7 +127,8 @@ class Index:
         config = {**INDEX_FOLDER.stamp(),
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
                   "max_length": max_length, "kind": kind, "dim": dim, "dims": dims or dim,
-                  "count": len(items), "trained_on": rows, "head": head is not None}
+                  "count": len(items), "trained_on": rows,
+                  "head": weights_sha256(head) if head is not None else None}
         if kind == "hnsw":
             config["hnsw"] = {**HNSW_DEFAULTS, **(hnsw or {})}
         nprobe = kinds.default_nprobe(index)
@@ -234,6 +236,8 @@ class Index:
             check_max_length(config["max_length"])
             if not 1 <= dims <= dim or count < 1:
                 raise ValueError("bad dims or count")
+            if not isinstance(config["head"], bool | str | None):
+                raise ValueError("bad head record")
             hnsw = config.get("hnsw")  # absent: written before M was settable, which was 32
             if hnsw is not None and (not isinstance(hnsw, dict) or set(hnsw) != set(HNSW_DEFAULTS)):
                 raise ValueError("bad hnsw settings")
@@ -271,9 +275,14 @@ class Index:
                 kinds.set_nprobe(index, config["kind"], config["nprobe"])
             except BertflowError as e:
                 raise BertflowError(f"{path / _CONFIG} is malformed ({e})") from None
-        if bool(config["head"]) != (path / _HEAD).is_dir():
+        record = config["head"]  # True: written before the head's weights were recorded
+        if bool(record) != (path / _HEAD).is_dir():
             raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
-        head = Head.load(path / _HEAD) if config["head"] else None
+        head = Head.load(path / _HEAD) if record else None
+        if isinstance(record, str) and weights_sha256(head) != record:
+            raise BertflowError(f"{path}: its {_HEAD}/ folder is not the head its vectors went "
+                                f"through (its config records weights {record[:12]}, the "
+                                f"folder holds {weights_sha256(head)[:12]})")
         if head is not None:
             head.check(encoder=encoder, pooling=config["pooling"],
                        max_length=config["max_length"])
