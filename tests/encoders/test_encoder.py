@@ -370,6 +370,22 @@ def test_weights_that_do_not_fill_their_config_are_refused(tiny_encoder_dir, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edited", "s.txt"]
 
 
+def test_a_config_far_larger_than_its_weights_is_refused_before_the_model_is_built(
+        tiny_encoder_dir, tmp_path, monkeypatch):
+    """hidden 65,536 and 48 layers over the tiny weights: transformers would allocate tens of
+    GB of random weights before the shapes are compared."""
+    import transformers
+
+    folder = _edit_config(tiny_encoder_dir, tmp_path / "huge", hidden_size=65536,
+                          num_hidden_layers=48)
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the model was built"))
+    held = (folder / "model.safetensors").stat().st_size
+    with pytest.raises(BertflowError, match=f"huge: its config.json asks for [0-9,]+ weights, "
+                       f"its weights files hold {held:,} bytes: a config.json from another"):
+        load_encoder(folder, device="cpu")
+
+
 def test_a_checkpoint_without_a_pooler_loads_the_same_every_time(tmp_path):
     """A masked-language-model checkpoint (roberta-base's kind) has no pooler, which transformers
     draws at random: it is zeroed, so the fingerprint and the embeddings repeat; the head's own
