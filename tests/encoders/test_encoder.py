@@ -7,7 +7,7 @@ import torch
 from bertflow import POOLINGS, BertflowError, default_encoder_path, encode, load_encoder
 from bertflow.encoders.pooling import pool
 
-from ..conftest import SENTENCES
+from ..conftest import SENTENCES, WORDS
 
 
 def hand_pooled(encoder, sentence: str, pooling: str) -> np.ndarray:
@@ -107,6 +107,30 @@ def test_truncation_at_max_length(tiny_encoder):
     whole = tiny_encoder.encode([" ".join(words)], "mean", max_length=64)
     np.testing.assert_allclose(truncated, first_six, atol=1e-6)
     assert not np.allclose(truncated, whole, atol=1e-3)
+
+
+def test_a_long_text_is_clipped_before_it_is_tokenised_to_the_same_tokens(tiny_encoder,
+                                                                         monkeypatch):
+    """A line of 150,000 characters at max length 16 is tokenised a window of a few hundred
+    characters, not whole; every vector is bit-identical to those of the whole texts, one
+    whose first window holds too few tokens (a run of spaces) among them."""
+    from bertflow.encoders import encoder as module
+
+    long = " ".join(WORDS * 1000)
+    texts = [*SENTENCES, long, long[:200], "a" + " " * 5000 + long[:1000]]
+    seen = []
+    tokenizer = type(tiny_encoder.tokenizer)
+    call = tokenizer.__call__
+    monkeypatch.setattr(tokenizer, "__call__", lambda self, text, *a, **k: seen.extend(
+        [text] if isinstance(text, str) else text) or call(self, text, *a, **k))
+    clipped = [tiny_encoder.encode(texts[:-1], "mean", max_length=16)]
+    longest = max(map(len, tiny_encoder.tokenizer.get_vocab()))
+    assert max(map(len, seen)) <= module.CLIP * 16 * longest < 1000
+    clipped.append(tiny_encoder.encode(texts[-1:], "mean", max_length=16))
+    monkeypatch.setattr(module, "clipped", lambda text, width, enough: text)
+    whole = [tiny_encoder.encode(part, "mean", max_length=16) for part in (texts[:-1],
+                                                                        texts[-1:])]
+    assert all(np.array_equal(*pair) for pair in zip(clipped, whole, strict=True))
 
 
 def test_positions_numbered_after_the_padding_id_are_counted(tiny_mpnet_dir):
