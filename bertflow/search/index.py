@@ -258,6 +258,7 @@ class Index:
         if size < least:  # before FAISS allocates what the file declares
             raise BertflowError(f"{path / _INDEX} holds {size} bytes, fewer than the {count} "
                                 f"vectors its config describes take ({least}): a damaged index")
+        kinds.check_declared_sizes(path / _INDEX)
         try:
             index = faiss.read_index(str(path / _INDEX))
         except RuntimeError as e:

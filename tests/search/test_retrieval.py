@@ -297,6 +297,32 @@ def test_an_index_file_too_small_for_its_config_is_refused_before_faiss_reads_it
         Index.load(saved)
 
 
+def test_an_index_file_declaring_more_than_it_holds_is_refused_before_faiss_allocates_it(
+        saved, items, monkeypatch):
+    import struct
+
+    import faiss
+
+    from bertflow.storage.files import sha256_file
+
+    config = json.loads((saved / "config.json").read_text())
+    data = bytearray((saved / "index.faiss").read_bytes())
+    size = struct.pack("<Q", len(items) * 16)  # the flat vectors' floats, before them
+    assert data.count(size) == 1
+    at = data.index(size)
+    data[at : at + 8] = struct.pack("<Q", 1 << 29)  # 2 GB declared in a few KB
+    (saved / "index.faiss").write_bytes(bytes(data))
+    edit_config(saved, sha256={**config["sha256"], "index.faiss": sha256_file(
+        saved / "index.faiss")})
+    read = faiss.read_index
+    monkeypatch.setattr(faiss, "read_index", lambda given, *a: pytest.fail(
+        "FAISS read the file") if isinstance(given, str) else read(given, *a))
+    with pytest.raises(BertflowError, match="index.faiss is not a valid FAISS index .'nread "
+                       "== .size.' failed: read error in : [0-9]+ != 2147483648") as caught:
+        Index.load(saved)
+    assert "\n" not in str(caught.value) and ".cpp" not in str(caught.value)
+
+
 def test_save_keeps_foreign_folders_and_the_previous_index_on_failure(
         tmp_path, saved, head, tiny_encoder, items, monkeypatch):
     folder = tmp_path / "mine"
