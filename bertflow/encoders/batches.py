@@ -13,7 +13,8 @@ import torch
 
 from ..errors import BertflowError
 
-__all__ = ["check_batch_size", "check_max_length", "release_free_memory", "token_batches"]
+__all__ = ["check_batch_size", "check_max_length", "clipped", "release_free_memory",
+           "token_batches"]
 
 
 def check_batch_size(batch_size: Any) -> int:
@@ -26,6 +27,21 @@ def check_max_length(max_length: Any) -> int:
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
         raise BertflowError(f"max_length must be an integer of at least 2, got {max_length!r}")
     return max_length
+
+
+def clipped(text: str, width: int, enough: Callable[[str], bool]) -> str:
+    """`text` cut after its last whole word within `width` characters, the window doubled
+    until `enough` says the cut gives every token that is kept, or `text` is whole: the tokens
+    kept are those of the whole text, and a line of megabytes is not tokenised whole to keep a
+    few dozen. A window that is one word of over half its width is cut at `width`."""
+    while len(text) > width:
+        words = text[: width + 1].rsplit(maxsplit=1)
+        if len(words) == 1 and len(words[0]) > width // 2:
+            return text[:width]
+        if len(words) == 2 and enough(words[0]):
+            return words[0]
+        width *= 2
+    return text
 
 
 def token_batches(tokenize: Callable[[Sequence[str]], Any], sentences: Sequence[str],

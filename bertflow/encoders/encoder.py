@@ -3,6 +3,7 @@ fused forward where it computes the model exactly and the model's own forward el
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -21,15 +22,22 @@ from ..constants import (
 from ..errors import BertflowError, BertflowWarning, first_line
 from ..runtime.devices import resolve_device, resolve_dtype
 from . import st_api
-from .batches import check_batch_size, check_max_length, release_free_memory, token_batches
+from .batches import (
+    check_batch_size,
+    check_max_length,
+    clipped,
+    release_free_memory,
+    token_batches,
+)
 from .fused import PROBE_TOLERANCE, fused_encoder, state_gap
 from .identity import EncoderId, fingerprint
 from .pooling import LAYERS, check_pooling, pool
 from .settings import FolderSettings
 
-__all__ = ["CHUNK_SIZE", "Encoder"]
+__all__ = ["CHUNK_SIZE", "CLIP", "Encoder"]
 
 CHUNK_SIZE = 8192  # sentences tokenised together, then encoded a batch at a time
+CLIP = 2  # sentences are clipped at this many times max_length × the longest vocabulary entry
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # what the encoder is given
 # the load-time probe: a batch of about 40, 25 and 5 tokens, so with padding
 _PROBE = ("The old lighthouse keeper climbed the narrow spiral stairs every evening at dusk, "
@@ -249,9 +257,22 @@ class Encoder:
         return {p: vectors.cpu().numpy() for p, vectors in out.items()}
 
     def tokenize(self, sentences: Sequence[str], max_length: int, **kwargs: Any) -> Any:
-        """Token ids and masks, truncated to `max_length`; `kwargs` go to the tokenizer."""
-        return self.tokenizer(list(sentences), truncation=True, return_special_tokens_mask=True,
-                              max_length=self.check_max_length(max_length), **kwargs)
+        """Token ids and masks, truncated to `max_length`; `kwargs` go to the tokenizer. A
+        sentence longer than `CLIP` times `max_length` times the longest vocabulary entry is
+        `clipped` first, to the same tokens."""
+        max_length = self.check_max_length(max_length)
+
+        def enough(text: str) -> bool:  # the tokens of `text` reach `max_length`
+            kept = self.tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
+            return len(kept) >= max_length
+
+        width = CLIP * max_length * self._longest_entry
+        return self.tokenizer([clipped(s, width, enough) for s in sentences], truncation=True,
+                              return_special_tokens_mask=True, max_length=max_length, **kwargs)
+
+    @functools.cached_property
+    def _longest_entry(self) -> int:
+        return max(map(len, self.tokenizer.get_vocab()), default=1)
 
     def states(self, batch: dict[str, torch.Tensor], poolings: Collection[str] = POOLINGS,
                ) -> tuple[tuple[torch.Tensor | None, ...] | None, torch.Tensor | None]:

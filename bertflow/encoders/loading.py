@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ def load_encoder(name_or_path: str | os.PathLike | None = None,
     try:
         config = transformers.AutoConfig.from_pretrained(source, **local)
         check_architecture(config, name_or_path)
+        _check_size(transformers, config, source, name_or_path)
         tokenizer = transformers.AutoTokenizer.from_pretrained(source, **local)
         model, loaded = transformers.AutoModel.from_pretrained(
             source, **local, output_loading_info=True, ignore_mismatched_sizes=True)
@@ -59,6 +61,26 @@ def load_encoder(name_or_path: str | os.PathLike | None = None,
     _check_weights(model, loaded, name_or_path)
     _check_tokenizer(tokenizer, config, name_or_path)
     return Encoder(model, tokenizer, name, device, dtype, address, read_settings(source))
+
+
+def _check_size(transformers: Any, config: Any, source: str,
+                name: str | os.PathLike | None) -> None:
+    """Refuse a config.json that asks for far more weights than the folder's weights files
+    hold (at 2 bytes a weight, float16's, with a factor 2 and 1 MB to spare), before the model
+    is built: transformers would draw the rest at random, tens of GB for a config of hidden
+    65,536. Counted on the meta device, where nothing is allocated; the pooler is left out."""
+    try:
+        with torch.device("meta"):
+            model = transformers.AutoModel.from_config(config)
+    except Exception:  # a kind that cannot be built there: its weights are checked once loaded
+        return
+    wanted = sum(p.numel() for key, p in model.named_parameters() if not key.startswith("pooler."))
+    held = sum(f.stat().st_size for pattern in ("model*.safetensors", "pytorch_model*.bin")
+               for f in Path(source).glob(pattern))
+    if 2 * wanted > 2 * held + (1 << 20):
+        raise BertflowError(f"encoder {name}: its config.json asks for {wanted:,} weights, its "
+                            f"weights files hold {held:,} bytes: a config.json from another "
+                            "model, or a half-downloaded folder")
 
 
 def _check_tokenizer(tokenizer: Any, config: Any, name: str | os.PathLike | None) -> None:

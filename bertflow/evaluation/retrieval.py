@@ -24,8 +24,9 @@ from ..training.proxy import unit_rows
 from ..training.spec import MethodSpec
 from .sts import FitOn, fit_parts, method_maker, row_key
 
-__all__ = ["FIT_SOURCES", "IDENTICAL_IDS_IGNORED", "MEASURES", "MTEB_K", "MTEB_NAMES", "TOP",
-           "check_mteb_destination", "evaluate_retrieval", "format_retrieval_table",
+__all__ = ["FIT_SOURCES", "IDENTICAL_IDS_IGNORED", "MEASURES", "MTEB_K", "MTEB_NAMES",
+           "PAIR_BYTES", "SCORE_BUDGET", "TOP", "check_mteb_destination", "evaluate_retrieval",
+           "format_retrieval_table",
            "ignores_identical_ids", "mteb_name", "mteb_result", "mteb_scores", "ranking",
            "score_run", "top_hits", "without_identical_ids", "write_mteb"]
 
@@ -39,6 +40,9 @@ MTEB_NAMES = {"arguana": "ArguAna", "climate-fever": "ClimateFEVER", "dbpedia-en
               "fever": "FEVER", "fiqa": "FiQA2018", "hotpotqa": "HotpotQA", "msmarco": "MSMARCO",
               "nfcorpus": "NFCorpus", "nq": "NQ", "quora": "QuoraRetrieval", "scidocs": "SCIDOCS",
               "scifact": "SciFact", "trec-covid": "TRECCOVID", "webis-touche2020": "Touche2020"}
+# the working memory of exact search: a block of queries is scored against every document at
+# once, a float32 score, its negation and an int64 column a pair while the top is selected
+SCORE_BUDGET, PAIR_BYTES = 256 << 20, 16
 FIT_SOURCES = ("corpus", "queries")  # the task's documents, its split's queries; else text files
 TOP = 1000  # documents ranked per query, as MTEB
 # the tasks MTEB scores with a document whose id is the query's left out of its ranking (its
@@ -107,10 +111,12 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
 
 
 def top_hits(queries: np.ndarray, documents: np.ndarray, top: int = TOP,
-             block: int = 256) -> tuple[np.ndarray, np.ndarray]:
+             budget: int = SCORE_BUDGET) -> tuple[np.ndarray, np.ndarray]:
     """Exact cosine search: for each query, the scores and the rows of its `top` documents
     (every one if fewer), by score descending, ties by row; (queries × top) arrays, computed
-    `block` queries at a time, deterministic."""
+    a block of queries at a time: 256, or fewer where scoring every document would take more
+    than `budget` bytes (`PAIR_BYTES` a query and document; at least one query),
+    deterministic."""
     if queries.ndim != 2 or documents.ndim != 2 or queries.shape[1] != documents.shape[1]:
         raise BertflowError(f"queries {queries.shape} and documents {documents.shape} "
                             "differ in width")
@@ -119,6 +125,7 @@ def top_hits(queries: np.ndarray, documents: np.ndarray, top: int = TOP,
     d, top = unit_rows(documents, np.float32), min(top, len(documents))
     scores = np.empty((len(queries), top), np.float32)
     rows = np.empty((len(queries), top), np.int64)
+    block = max(1, min(256, budget // (PAIR_BYTES * len(documents))))
     for start in range(0, len(queries), block):
         s = unit_rows(queries[start:start + block], np.float32) @ d.T
         kept = (_first_top(s, top) if top < s.shape[1]

@@ -4,6 +4,7 @@ read back field by field, with the weights checked against the config before the
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from .head import Head
 from .linear import LINEAR_METHODS, LinearMap
 
 __all__ = ["CONFIG", "FORMAT", "WEIGHTS", "head_config", "load_head",
-           "save_head", "write_head"]
+           "save_head", "weights_sha256", "write_head"]
 
 FORMAT = HEAD_FOLDER.kind
 CONFIG, WEIGHTS = HEAD_FOLDER.config, "model.safetensors"
@@ -55,12 +56,21 @@ def save_head(head: Head, path: str | os.PathLike) -> Path:
 def write_head(head: Head, folder: Path, manifest: bool = True) -> None:
     """Write the files of `head` (and its manifest) into an existing folder."""
     head.check_finite()
-    tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
-    (folder / WEIGHTS).write_bytes(save_tensors(tensors, metadata={"format": FORMAT}))
+    (folder / WEIGHTS).write_bytes(_weights(head))
     weights = {"file": WEIGHTS, "sha256": sha256_file(folder / WEIGHTS)}
     write_json(folder / CONFIG, {**head_config(head), "weights": weights})
     if manifest:
         write_manifest(folder, FORMAT)
+
+
+def weights_sha256(head: Head) -> str:
+    """The sha256 of `head`'s weights file, as `write_head` writes it: the head's identity."""
+    return hashlib.sha256(_weights(head)).hexdigest()
+
+
+def _weights(head: Head) -> bytes:
+    tensors = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
+    return save_tensors(tensors, metadata={"format": FORMAT})
 
 
 def load_head(path: str | os.PathLike) -> Head:

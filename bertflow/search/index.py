@@ -19,6 +19,7 @@ from ..encoders.identity import EncoderId
 from ..encoders.loading import resolve_encoder
 from ..encoders.pooling import check_pooling
 from ..errors import BertflowError, first_line
+from ..heads.format import weights_sha256
 from ..heads.head import Head
 from ..runtime import distributed
 from ..storage.artifacts import INDEX_FOLDER, counts
@@ -65,13 +66,16 @@ class Index:
 
     @property
     def nprobe(self) -> int | None:
-        """Inverted lists visited per query (IVF kinds; FAISS's default is 1); None without."""
+        """Inverted lists visited per query (IVF kinds; `kinds.default_nprobe` unless set,
+        saved with the index); None without."""
         ivf = kinds.inverted_lists(self.faiss_index)
         return None if ivf is None else int(ivf.nprobe)
 
     @nprobe.setter
     def nprobe(self, value: int) -> None:
         kinds.set_nprobe(self.faiss_index, self.config["kind"], value)
+        if "nprobe" in self.config:
+            self.config["nprobe"] = int(value)
 
     @property
     def ef_search(self) -> int | None:
@@ -96,7 +100,8 @@ class Index:
         """Index pooled embeddings `x` of `items` (named by `ids`, by default their lines),
         after `head`, keeping `dims` components. A trained `kind` (IVF, PQ) learns from a
         seeded sample of the vectors (`kinds.training_rows`); kind `hnsw` builds its graph
-        with `hnsw` (M, ef_construction, ef_search; `kinds.HNSW_DEFAULTS`), recorded."""
+        with `hnsw` (M, ef_construction, ef_search; `kinds.HNSW_DEFAULTS`), and an IVF kind
+        visits `kinds.default_nprobe` lists a query: each recorded."""
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
             raise BertflowError(f"need one embedding row per item: {x.shape} for {len(items)}")
@@ -122,9 +127,14 @@ class Index:
         config = {**INDEX_FOLDER.stamp(),
                   "encoder": encoder.to_dict() if encoder else None, "pooling": pooling,
                   "max_length": max_length, "kind": kind, "dim": dim, "dims": dims or dim,
-                  "count": len(items), "trained_on": rows, "head": head is not None}
+                  "count": len(items), "trained_on": rows,
+                  "head": weights_sha256(head) if head is not None else None}
         if kind == "hnsw":
             config["hnsw"] = {**HNSW_DEFAULTS, **(hnsw or {})}
+        nprobe = kinds.default_nprobe(index)
+        if nprobe is not None:
+            kinds.set_nprobe(index, kind, nprobe)
+            config["nprobe"] = nprobe
         return cls(index, list(items), config, head, ids)
 
     @classmethod
@@ -226,11 +236,13 @@ class Index:
             check_max_length(config["max_length"])
             if dims > dim:
                 raise ValueError(f"dims {dims} exceeds dim {dim}")
+            if not isinstance(config["head"], bool | str | None):
+                raise ValueError("bad head record")
             hnsw = config.get("hnsw")  # absent: written before M was settable, which was 32
             if hnsw is not None and (not isinstance(hnsw, dict) or set(hnsw) != set(HNSW_DEFAULTS)):
                 raise ValueError("bad hnsw settings")
-            expected = kinds.structure(kinds.make(config["kind"], dim, dims,
-                                                  hnsw and {"M": hnsw["M"]}))
+            made = kinds.make(config["kind"], dim, dims, hnsw and {"M": hnsw["M"]})
+            expected, least = kinds.structure(made), count * kinds.code_size(made)
         except (KeyError, TypeError, ValueError, BertflowError) as e:
             raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
         stored = read_json(path / _ITEMS)
@@ -242,6 +254,11 @@ class Index:
             _check_ids(ids, len(items))
         except BertflowError as e:
             raise BertflowError(f"{path / _ITEMS}: {e}") from None
+        size = (path / _INDEX).stat().st_size
+        if size < least:  # before FAISS allocates what the file declares
+            raise BertflowError(f"{path / _INDEX} holds {size} bytes, fewer than the {count} "
+                                f"vectors its config describes take ({least}): a damaged index")
+        kinds.check_declared_sizes(path / _INDEX)
         try:
             index = faiss.read_index(str(path / _INDEX))
         except RuntimeError as e:
@@ -254,9 +271,19 @@ class Index:
             raise BertflowError(f"{path} is inconsistent: {_INDEX} is not the trained "
                                 f"{config['kind']!r} index of {dim}-d vectors (PCA to {dims}, "
                                 "inner product) that its config describes")
-        if bool(config["head"]) != (path / _HEAD).is_dir():
+        if "nprobe" in config:  # absent: written before it was recorded; the file's own
+            try:
+                kinds.set_nprobe(index, config["kind"], config["nprobe"])
+            except BertflowError as e:
+                raise BertflowError(f"{path / _CONFIG} is malformed ({e})") from None
+        record = config["head"]  # True: written before the head's weights were recorded
+        if bool(record) != (path / _HEAD).is_dir():
             raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
-        head = Head.load(path / _HEAD) if config["head"] else None
+        head = Head.load(path / _HEAD) if record else None
+        if isinstance(record, str) and weights_sha256(head) != record:
+            raise BertflowError(f"{path}: its {_HEAD}/ folder is not the head its vectors went "
+                                f"through (its config records weights {record[:12]}, the "
+                                f"folder holds {weights_sha256(head)[:12]})")
         if head is not None:
             head.check(encoder=encoder, pooling=config["pooling"],
                        max_length=config["max_length"])

@@ -7,6 +7,8 @@ structure a saved index must have."""
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from typing import Any
 
@@ -15,9 +17,10 @@ import numpy as np
 from ..constants import HNSW_DEFAULTS
 from ..errors import BertflowError, first_line
 
-__all__ = ["HNSW_DEFAULTS", "KINDS", "MAX_PER_CENTROID", "MIN_PER_CENTROID", "TRAIN_SEED",
-           "faiss_module", "faiss_reason", "graph", "inverted_lists", "make", "no_lists",
-           "sample", "set_ef_search", "set_nprobe", "structure", "training_rows"]
+__all__ = ["HNSW_DEFAULTS", "KINDS", "MAX_BITS", "MAX_NEIGHBOURS", "MAX_PER_CENTROID", "MAX_SIZE",
+           "MIN_PER_CENTROID", "TRAIN_SEED", "check_declared_sizes", "check_sizes", "code_size",
+           "default_nprobe", "faiss_module", "faiss_reason", "graph", "inverted_lists", "make",
+           "no_lists", "sample", "set_ef_search", "set_nprobe", "structure", "training_rows"]
 
 KINDS = ("flat", "hnsw")  # by name; any other kind is an index_factory string
 # FAISS's k-means asks for at least 39 training vectors per centroid (fewer: a warning, and
@@ -31,6 +34,14 @@ TRAIN_SEED = 0  # of the sample of the vectors a trained kind learns from
 _ZERO = re.compile(r"(?<![\d.])0+(?![\d.])")
 _GRAPH = re.compile(r"(HNSW|NSG)(\d+)")
 _GRAPH_MIN = {"HNSW": 2, "NSG": 8}
+# and sizes FAISS allocates from without a bound, refused before any work: a graph's
+# neighbours, any size (inverted lists, ...), bits a code (2^bits centroids; IMI's lists are
+# 2^(parts x bits)), and a vector transform's output width (PCA, RR, ITQ, OPQ's _D), which
+# cannot exceed the vectors' own
+MAX_NEIGHBOURS, MAX_SIZE, MAX_BITS = 512, 1 << 20, 16
+_SIZE = re.compile(r"(?<![\d.])\d+(?![\d.])")
+_BITS = re.compile(r"(?:(IMI)(\d+))?x(\d+)")
+_WIDTH = re.compile(r"(?:PCAW?R?|RR|ITQ|OPQ\d+_)(\d+)")
 
 
 def faiss_module() -> Any:
@@ -57,18 +68,15 @@ def make(kind: str, dim: int, dims: int, hnsw: dict[str, int] | None = None) -> 
     elif kind == "hnsw":
         settings = {**HNSW_DEFAULTS, **(hnsw or {})}
         for name, value in settings.items():
-            low = 2 if name == "M" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise BertflowError(f"HNSW's {name} must be an integer of at least {low}, got "
-                                    f"{value!r}")
+            low, high = (2, MAX_NEIGHBOURS) if name == "M" else (1, MAX_SIZE)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise BertflowError(f"HNSW's {name} must be an integer from {low} to {high}, "
+                                    f"got {value!r}")
         inner = faiss.IndexHNSWFlat(dims, settings["M"], faiss.METRIC_INNER_PRODUCT)
         inner.hnsw.efConstruction = settings["ef_construction"]
         inner.hnsw.efSearch = settings["ef_search"]
     else:
-        small = [f"{g}{n}" for g, n in _GRAPH.findall(kind) if int(n) < _GRAPH_MIN[g]]
-        if _ZERO.search(kind) or small:
-            raise BertflowError(f"index kind {kind!r}: its sizes must be at least 1, an HNSW "
-                                "graph's neighbours at least 2 and an NSG graph's at least 8")
+        check_sizes(kind, dims)
         try:
             inner = faiss.index_factory(dims, _unit_after_transforms(faiss, kind, dims),
                                         faiss.METRIC_INNER_PRODUCT)
@@ -80,6 +88,55 @@ def make(kind: str, dim: int, dims: int, hnsw: dict[str, int] | None = None) -> 
     if dims < dim:
         index.prepend_transform(faiss.PCAMatrix(dim, dims))
     return index
+
+
+def check_sizes(kind: str, dims: int | None = None) -> None:
+    """Refuse the sizes of an index_factory string `kind` that FAISS would crash, hang or
+    allocate without bound on (see `MAX_SIZE`); with `dims`, a transform's output wider than
+    the `dims`-d vectors it is given."""
+    small = [f"{g}{n}" for g, n in _GRAPH.findall(kind) if int(n) < _GRAPH_MIN[g]]
+    if _ZERO.search(kind) or small:
+        raise BertflowError(f"index kind {kind!r}: its sizes must be at least 1, an HNSW "
+                            "graph's neighbours at least 2 and an NSG graph's at least 8")
+    bits = max((int(n) * int(b) if imi else int(b) for imi, n, b in _BITS.findall(kind)),
+               default=0)
+    large = [f"{g}{n}" for g, n in _GRAPH.findall(kind) if int(n) > MAX_NEIGHBOURS]
+    if large or bits > MAX_BITS or any(int(n) > MAX_SIZE for n in _SIZE.findall(kind)):
+        raise BertflowError(f"index kind {kind!r}: its sizes must be at most {MAX_SIZE}, a "
+                            f"graph's neighbours at most {MAX_NEIGHBOURS} and a code's bits "
+                            f"at most {MAX_BITS}")
+    wide = [n for n in _WIDTH.findall(kind) if dims is not None and int(n) > dims]
+    if wide:
+        raise BertflowError(f"index kind {kind!r}: a vector transform gives {wide[0]}-d "
+                            f"vectors from {dims}-d ones; at most {dims}")
+
+
+def check_declared_sizes(path: str | os.PathLike) -> None:
+    """Parse the FAISS file at `path` through FAISS's zero-copy reader over the mapped file,
+    which views its vectors rather than copying them: a vector it declares past the file's
+    end is refused there, where `faiss.read_index` would first allocate it (2^29 floats
+    declared in a file of 7.8 KB took 2.4 GB before the read failed)."""
+    faiss = faiss_module()
+    if not os.path.getsize(path):
+        return  # nothing to map; FAISS's own read says what is wrong
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    try:
+        faiss.read_index(faiss.ZeroCopyIOReader(faiss.swig_ptr(data), data.size))
+    except RuntimeError as e:
+        raise BertflowError(f"{path} is not a valid FAISS index ({faiss_reason(e)})") from None
+
+
+def code_size(index: Any) -> int:
+    """The bytes a vector takes in `index` (from `make`): its code, or that of the vectors an
+    HNSW graph links; 0 for kinds that keep none this way."""
+    faiss = faiss_module()
+    inner = faiss.downcast_index(given := index)  # `given` owns it: keep it alive
+    while isinstance(inner, faiss.IndexPreTransform | faiss.IndexHNSW):
+        inner = faiss.downcast_index(
+            inner.index if isinstance(inner, faiss.IndexPreTransform) else inner.storage)
+    size = int(getattr(inner, "code_size", 0) or 0)
+    del given
+    return size
 
 
 def _unit_after_transforms(faiss: Any, kind: str, dims: int) -> str:
@@ -134,6 +191,14 @@ def set_nprobe(index: Any, kind: str, nprobe: int) -> None:
         raise BertflowError(f"nprobe must be an integer from 1 to {ivf.nlist} (the index's "
                             f"lists), got {nprobe!r}")
     ivf.nprobe = int(nprobe)
+
+
+def default_nprobe(index: Any) -> int | None:
+    """The inverted lists a query of `index` visits unless told: the square root of their
+    number, rounded up (FAISS's own 1 visits one list in 1,024 of IVF1024, and a query then
+    finds fewer hits than asked for); None for kinds without lists."""
+    ivf = inverted_lists(index)
+    return None if ivf is None else math.isqrt(ivf.nlist - 1) + 1
 
 
 def graph(index: Any) -> Any:

@@ -60,6 +60,8 @@ def test_missing_inputs_and_bad_options_are_refused_before_torch_is_imported(tmp
         (["export", "--head", missing, "--format", "onnx", "--out", out / "h.onnx",
           "--normalize"], "--normalize apply to --format sentence-transformers and onnx-pipeline"),
         (["index", missing, "--out", out], f"no such file: {missing}"),
+        (["index", missing, "--out", out, "--kind", "HNSW100000000"],
+         "index kind 'HNSW100000000': its sizes must be at most 1048576"),
         (["search", "--index", missing, "--query", "a"], f"no index folder at {missing}"),
         (["search", "--index", tmp_path, "--queries", missing], f"no such file: {missing}"),
         (["info", missing], f"nothing at {missing}, nor a ready head of that name"),

@@ -7,7 +7,7 @@ import torch
 from bertflow import POOLINGS, BertflowError, default_encoder_path, encode, load_encoder
 from bertflow.encoders.pooling import pool
 
-from ..conftest import SENTENCES
+from ..conftest import SENTENCES, WORDS
 
 
 def hand_pooled(encoder, sentence: str, pooling: str) -> np.ndarray:
@@ -107,6 +107,31 @@ def test_truncation_at_max_length(tiny_encoder):
     whole = tiny_encoder.encode([" ".join(words)], "mean", max_length=64)
     np.testing.assert_allclose(truncated, first_six, atol=1e-6)
     assert not np.allclose(truncated, whole, atol=1e-3)
+
+
+def test_a_long_text_is_clipped_before_it_is_tokenised_to_the_same_tokens(tiny_encoder,
+                                                                         monkeypatch):
+    """A line of 150,000 characters at max length 16 is tokenised a window of a few hundred
+    characters, not whole; every vector is bit-identical to those of the whole texts, one
+    whose first window holds too few tokens (a run of spaces) among them."""
+    from bertflow.encoders import encoder as module
+
+    long = " ".join(WORDS * 1000)
+    texts = [*SENTENCES, long, long[:200], "a" + " " * 5000 + long[:1000]]
+    seen = []
+    tokenizer = type(tiny_encoder.tokenizer)
+    call = tokenizer.__call__
+    monkeypatch.setattr(tokenizer, "__call__", lambda self, text, *a, **k: seen.extend(
+        [text] if isinstance(text, str) else text) or call(self, text, *a, **k))
+    clipped = [tiny_encoder.encode(texts[:-1], "mean", max_length=16)]
+    longest = max(map(len, tiny_encoder.tokenizer.get_vocab()))
+    assert max(map(len, seen)) < 1000  # not the 150,000 characters
+    assert max(map(len, seen)) <= module.CLIP * 16 * longest
+    clipped.append(tiny_encoder.encode(texts[-1:], "mean", max_length=16))
+    monkeypatch.setattr(module, "clipped", lambda text, width, enough: text)
+    whole = [tiny_encoder.encode(part, "mean", max_length=16) for part in (texts[:-1],
+                                                                        texts[-1:])]
+    assert all(np.array_equal(*pair) for pair in zip(clipped, whole, strict=True))
 
 
 def test_positions_numbered_after_the_padding_id_are_counted(tiny_mpnet_dir):
@@ -368,6 +393,22 @@ def test_weights_that_do_not_fill_their_config_are_refused(tiny_encoder_dir, tmp
                  str(tmp_path / "e.npy"), "--no-cache"]) == 1
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["edited", "s.txt"]
+
+
+def test_a_config_far_larger_than_its_weights_is_refused_before_the_model_is_built(
+        tiny_encoder_dir, tmp_path, monkeypatch):
+    """hidden 65,536 and 48 layers over the tiny weights: transformers would allocate tens of
+    GB of random weights before the shapes are compared."""
+    import transformers
+
+    folder = _edit_config(tiny_encoder_dir, tmp_path / "huge", hidden_size=65536,
+                          num_hidden_layers=48)
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the model was built"))
+    held = (folder / "model.safetensors").stat().st_size
+    with pytest.raises(BertflowError, match=f"huge: its config.json asks for [0-9,]+ weights, "
+                       f"its weights files hold {held:,} bytes: a config.json from another"):
+        load_encoder(folder, device="cpu")
 
 
 def test_a_checkpoint_without_a_pooler_loads_the_same_every_time(tmp_path):

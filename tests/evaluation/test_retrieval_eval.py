@@ -11,9 +11,12 @@ from bertflow import BertflowError
 from bertflow.cli.main import main
 from bertflow.cli.parser import upgrade
 from bertflow.embeddings.cache import EmbeddingCache
+from bertflow.evaluation import retrieval
 from bertflow.evaluation.retrieval import (
     MEASURES,
     MTEB_K,
+    PAIR_BYTES,
+    SCORE_BUDGET,
     evaluate_retrieval,
     format_retrieval_table,
     ignores_identical_ids,
@@ -67,11 +70,16 @@ def task(beir):
     return load_task(beir, "test")
 
 
-def test_top_hits_is_exact_cosine_search_ties_by_row():
+def test_top_hits_is_exact_cosine_search_ties_by_row(monkeypatch):
     rng = np.random.default_rng(0)
     docs, queries = rng.normal(size=(50, 8)), rng.normal(size=(7, 8))
     docs[10] = docs[3] * 2  # the same direction: a tie, broken by row
-    scores, rows = top_hits(queries, docs, top=20, block=3)
+    blocks = []
+    select = retrieval._first_top
+    monkeypatch.setattr(retrieval, "_first_top", lambda s, top: blocks.append(s.shape) or
+                        select(s, top))
+    scores, rows = top_hits(queries, docs, top=20, budget=3 * 50 * PAIR_BYTES)
+    assert blocks == [(3, 50), (3, 50), (1, 50)]
     unit = docs / np.linalg.norm(docs, axis=1, keepdims=True)
     cosine = (queries / np.linalg.norm(queries, axis=1, keepdims=True)) @ unit.T
     for q in range(7):
@@ -80,7 +88,10 @@ def test_top_hits_is_exact_cosine_search_ties_by_row():
         np.testing.assert_allclose(scores[q], cosine[q, order], atol=1e-5)
     all_scores, all_rows = top_hits(queries, docs, top=1000)
     assert all_rows.shape == (7, 50) and (all_rows[:, :20] == rows).all()
-    assert (top_hits(queries, docs, top=20)[1] == rows).all()  # blocks change nothing
+    for budget in (1, SCORE_BUDGET):  # a query a block, all of them in one: the same top
+        other_scores, other_rows = top_hits(queries, docs, top=20, budget=budget)
+        assert (other_rows == rows).all()
+        np.testing.assert_allclose(other_scores, scores, rtol=0, atol=1e-6)
     with pytest.raises(BertflowError, match="width"):
         top_hits(queries, docs[:, :4])
 
@@ -92,7 +103,8 @@ def test_ties_at_the_cut_keep_the_lowest_rows():
     docs[[7, 30]] = np.eye(4)[1]  # better for the query below
     query = np.array([[1.0, 2.0, 0, 0]], np.float32)
     for top in (1, 2, 3, 5, 40):
-        scores, rows = top_hits(np.repeat(query, 3, 0), docs, top=top, block=2)
+        scores, rows = top_hits(np.repeat(query, 3, 0), docs, top=top,
+                                budget=2 * 60 * PAIR_BYTES)
         rest = [r for r in range(60) if r not in (7, 30)][: max(0, top - 2)]
         assert (rows == [[7, 30, *rest][:top]] * 3).all(), (top, rows)
 

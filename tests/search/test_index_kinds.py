@@ -47,7 +47,8 @@ def test_trained_kinds_find_what_flat_finds(easy):
     assert (truth // SIZE == np.arange(GROUPS)[:, None]).all()
     assert flat.nprobe is None and flat.config["trained_on"] == 0
     ivf = Index.from_embeddings(x, items, pooling="mean", kind="IVF16,Flat")
-    assert ivf.nprobe == 1 and ivf.config["trained_on"] == len(x)  # 2000 < 256 × 16
+    assert ivf.config["trained_on"] == len(x)  # 2000 < 256 × 16
+    assert ivf.nprobe == ivf.config["nprobe"] == 4  # the square root of its 16 lists
     ivf.nprobe = 16  # every list: exhaustive, the flat index's answer
     got_scores, got = ivf.search_embeddings(queries, 10)
     np.testing.assert_allclose(got_scores, scores, atol=1e-5)
@@ -112,7 +113,14 @@ def test_a_trained_kind_saves_and_loads(tmp_path, tiny_encoder):
         edit_config(tmp_path / "idx", kind=kind)
         with pytest.raises(BertflowError, match=message):
             Index.load(tmp_path / "idx")
-    edit_config(tmp_path / "idx", **config)
+    edit_config(tmp_path / "idx", **{**config, "nprobe": 5})
+    with pytest.raises(BertflowError, match="malformed .nprobe must be an integer from 1 to 4"):
+        Index.load(tmp_path / "idx")
+    edit_config(tmp_path / "idx", **{**config, "nprobe": 2})
+    assert Index.load(tmp_path / "idx").nprobe == 2  # the config's, not the file's 3
+    del config["nprobe"]  # written before nprobe was recorded: the file's own
+    (tmp_path / "idx" / "config.json").write_text(json.dumps(config))
+    write_manifest(tmp_path / "idx", "bertflow-index")
     assert Index.load(tmp_path / "idx").nprobe == 3
 
 
@@ -130,7 +138,13 @@ def test_refusals(easy, tiny_encoder, monkeypatch):
             *((kind, "sizes must be at least 1, an HNSW graph's neighbours at least 2 and an "
                      "NSG graph's at least 8")
               for kind in ("IVF0,Flat", "PCA0,Flat", "IVF4,PQ8x0", "HNSW0", "HNSW1",
-                           "IVF4_HNSW0,Flat", "NSG0", "NSG7"))):
+                           "IVF4_HNSW0,Flat", "NSG0", "NSG7")),
+            *((kind, "its sizes must be at most 1048576, a graph's neighbours at most 512 and "
+                     "a code's bits at most 16")
+              for kind in ("HNSW100000000", "HNSW513", "IVF2000000,Flat", "PQ4x17",
+                           "IMI2x9,Flat", "IVF4,PQ1x30")),
+            *((kind, "a vector transform gives 100000-d vectors from 16-d ones; at most 16")
+              for kind in ("RR100000,Flat", "PCA100000,Flat", "OPQ4_100000,IVF4,PQ4"))):
         with pytest.raises(BertflowError, match=message) as caught:
             Index.from_embeddings(x, items, pooling="mean", kind=kind)
         assert "\n" not in str(caught.value) and ".cpp" not in str(caught.value)
@@ -146,7 +160,9 @@ def test_refusals(easy, tiny_encoder, monkeypatch):
     for options, message in (({"kind": "IVF64,Flat"}, "needs at least 2496 vectors .*; got 8"),
                              ({"kind": "IVF2,Flat", "dims": 9},
                               "dims must be 16 .all. or between 1 and 8"),
-                             ({"kind": "PQ3"}, "multiple of")):
+                             ({"kind": "PQ3"}, "multiple of"),
+                             ({"kind": "RR100000,Flat"}, "gives 100000-d vectors from 16-d"),
+                             ({"kind": "HNSW100000000"}, "at most 1048576")):
         with pytest.raises(BertflowError, match=message):
             Index.build(SENTENCES, tiny_encoder, **options)
 
@@ -159,6 +175,15 @@ def test_index_and_search_commands_with_a_trained_kind(tmp_path, capsys, tiny_en
     assert main(["index", str(corpus), "--out", str(out), "--kind", "IVF4,Flat", *encoder]) == 0
     assert "256 items, IVF4,Flat (trained on 256), 16-d" in capsys.readouterr().out
     query = ["search", "--index", str(out), "--query", "a man in the park", "--json", *encoder]
+    assert json.loads((out / "config.json").read_text())["nprobe"] == 2  # of its 4 lists
+    assert main([*query, "--top", "256"]) == 0  # 2 lists hold fewer than all 256 lines
+    hits, err = (lambda c: (json.loads(c.out)["hits"], c.err))(capsys.readouterr())
+    assert len(hits) < 256 and err == ("bertflow: note: 1 of 1 queries got fewer than 256 "
+                                       "hits: its nprobe 2 visits too few of its lists "
+                                       "(--nprobe)\n")
+    assert main([*query, "--top", "256", "--nprobe", "4"]) == 0
+    hits, err = (lambda c: (json.loads(c.out)["hits"], c.err))(capsys.readouterr())
+    assert len(hits) == 256 and err == ""
     assert main([*query, "--nprobe", "4"]) == 0
     exhaustive = json.loads(capsys.readouterr().out)["hits"]
     assert len(exhaustive) == 10
@@ -167,6 +192,9 @@ def test_index_and_search_commands_with_a_trained_kind(tmp_path, capsys, tiny_en
     capsys.readouterr()
     assert main([*query[:2], str(flat), *query[3:]]) == 0
     hits = json.loads(capsys.readouterr().out)["hits"]
+    assert main([*query[:2], str(flat), *query[3:], "--top", "300"]) == 0
+    assert capsys.readouterr().err == ("bertflow: note: 1 of 1 queries got fewer than 300 "
+                                       "hits: the index holds 256 items\n")
     assert [h["id"] for h in hits] == [h["id"] for h in exhaustive]
     assert [h["score"] for h in hits] == pytest.approx([h["score"] for h in exhaustive], abs=1e-5)
     for args, message in (
@@ -246,8 +274,9 @@ def test_hnsw_graph_settings_are_set_recorded_and_checked(tmp_path, easy):
     assert Index.load(tmp_path / "old").ef_search == 16
     for options, message in (
             ({"kind": "flat", "hnsw": {"M": 8}}, "are set for kind hnsw; this index is 'flat'"),
-            ({"kind": "hnsw", "hnsw": {"M": 1}}, "HNSW's M must be an integer of at least 2"),
-            ({"kind": "hnsw", "hnsw": {"ef_search": 0}}, "ef_search must be an integer of at")):
+            ({"kind": "hnsw", "hnsw": {"M": 1}}, "HNSW's M must be an integer from 2 to 512"),
+            ({"kind": "hnsw", "hnsw": {"M": 10**8}}, "M must be an integer from 2 to 512"),
+            ({"kind": "hnsw", "hnsw": {"ef_search": 0}}, "ef_search must be an integer from 1 to")):
         with pytest.raises(BertflowError, match=message):
             Index.from_embeddings(x[:50], items[:50], pooling="mean", **options)
     with pytest.raises(BertflowError, match="efSearch applies to kinds with an HNSW graph"):

@@ -110,7 +110,7 @@ def test_refusals(tmp_path, head, tiny_encoder, items, other_encoder_dir, wide_e
     edit_config(folder, sha256={**sums, "items.json": sha256_file(folder / "items.json")})
     with pytest.raises(BertflowError, match="inconsistent"):
         Index.load(folder)
-    (folder / "index.faiss").write_bytes(b"garbage")
+    (folder / "index.faiss").write_bytes(b"garbage" * 4096)  # as large as its vectors
     edit_config(folder, sha256={"index.faiss": sha256_file(folder / "index.faiss"),
                                 "items.json": sha256_file(folder / "items.json")})
     with pytest.raises(BertflowError, match="not a valid FAISS index"):
@@ -256,6 +256,77 @@ def test_a_tampered_index_is_refused(saved, tiny_encoder, items):
         saved / "index.faiss")})
     with pytest.raises(BertflowError, match="inconsistent"):
         Index.load(saved)
+
+
+def test_an_index_binds_the_head_its_vectors_went_through(saved, tiny_encoder):
+    import shutil
+
+    config = json.loads((saved / "config.json").read_text())
+    shutil.rmtree(saved / "head")  # another head of the same encoder and pooling in its place
+    fit_tiny_head(tiny_encoder, "mean", seed=1).save(saved / "head")
+    edit_config(saved)
+    with pytest.raises(BertflowError, match="its head/ folder is not the head its vectors went "
+                       "through .its config records weights [0-9a-f]{12}, the folder holds "
+                       "[0-9a-f]{12}.") as caught:
+        Index.load(saved)
+    edit_config(saved, head=True)  # written before the head's weights were recorded
+    assert Index.load(saved).head is not None
+    from bertflow.heads.format import weights_sha256
+
+    assert config["head"] != weights_sha256(Index.load(saved).head)
+    assert config["head"].startswith(str(caught.value).split("weights ")[1][:12])
+    shutil.rmtree(saved / "head")
+    edit_config(saved, head=config["head"])
+    with pytest.raises(BertflowError, match="disagree on a head"):
+        Index.load(saved)
+    edit_config(saved, head=7)
+    with pytest.raises(BertflowError, match="malformed .bad head record"):
+        Index.load(saved)
+
+
+def test_an_index_file_too_small_for_its_config_is_refused_before_faiss_reads_it(
+        saved, items, monkeypatch):
+    import faiss
+
+    from bertflow.storage.files import sha256_file
+
+    config = json.loads((saved / "config.json").read_text())
+    few = faiss.IndexFlatIP(16)  # 3 vectors in a file whose config says many more
+    few.add(np.zeros((3, 16), np.float32))
+    faiss.write_index(few, str(saved / "index.faiss"))
+    edit_config(saved, sha256={**config["sha256"], "index.faiss": sha256_file(
+        saved / "index.faiss")})
+    monkeypatch.setattr(faiss, "read_index", lambda *a: pytest.fail("FAISS read the file"))
+    size = (saved / "index.faiss").stat().st_size
+    with pytest.raises(BertflowError, match=f"index.faiss holds {size} bytes, fewer than the "
+                       f"{len(items)} vectors its config describes take .{len(items) * 64}."):
+        Index.load(saved)
+
+
+def test_an_index_file_declaring_more_than_it_holds_is_refused_before_faiss_allocates_it(
+        saved, items, monkeypatch):
+    import struct
+
+    import faiss
+
+    from bertflow.storage.files import sha256_file
+
+    config = json.loads((saved / "config.json").read_text())
+    data = bytearray((saved / "index.faiss").read_bytes())
+    size = struct.pack("<Q", len(items) * 16)  # the flat vectors' floats, before them
+    assert data.count(size) == 1
+    at = data.index(size)
+    data[at : at + 8] = struct.pack("<Q", 1 << 29)  # 2 GB declared in a few KB
+    (saved / "index.faiss").write_bytes(bytes(data))
+    edit_config(saved, sha256={**config["sha256"], "index.faiss": sha256_file(
+        saved / "index.faiss")})
+    read = faiss.read_index
+    monkeypatch.setattr(faiss, "read_index", lambda given, *a: pytest.fail(
+        "FAISS read the file") if isinstance(given, str) else read(given, *a))
+    with pytest.raises(BertflowError, match="index.faiss is not a valid FAISS index .'nread "
+                       "== .size.' failed: read error in : [0-9]+ != 2147483648") as caught:
+        Index.load(saved)
+    assert "\n" not in str(caught.value) and ".cpp" not in str(caught.value)
 
 
 def test_save_keeps_foreign_folders_and_the_previous_index_on_failure(

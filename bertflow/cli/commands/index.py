@@ -40,6 +40,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
     quiet(p)
 
 
+def check(args: argparse.Namespace, launched: bool) -> None:
+    """Refuse the sizes of --kind that no index can have, before anything is encoded."""
+    from ...search.kinds import check_sizes
+
+    check_sizes(args.kind)
+
+
 def run(args: argparse.Namespace) -> None:
     from ...embeddings.cache import EmbeddingCache
     from ...search.index import Index

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 
 from ...constants import DEFAULT_BATCH_SIZE
-from ...errors import BertflowError
+from ...errors import BertflowError, BertflowWarning
 from ..options import CACHE_HELP, Refused, device_options, positive, quiet
 from ..shared import load_encoder_of, printable
 
@@ -56,6 +57,13 @@ def run(args: argparse.Namespace) -> None:
     hits_per_query = index.search(list(queries.values()), load_encoder_of(args, index), args.top,
                                   args.encode_batch_size, cache=EmbeddingCache(args.cache),
                                   progress=args.progress)
+    short = sum(len(hits) < args.top for hits in hits_per_query)
+    if short:
+        why = (f"the index holds {len(index.items)} items" if len(index.items) < args.top else
+               f"its nprobe {index.nprobe} visits too few of its lists (--nprobe)"
+               if index.nprobe is not None else "the index found no more")
+        warnings.warn(f"{short} of {len(queries)} queries got fewer than {args.top} hits: {why}",
+                      BertflowWarning, stacklevel=1)
     for (key, query), hits in zip(queries.items(), hits_per_query, strict=True):
         if args.json:
             print(json.dumps({"id": key, "query": query, "hits": [
