@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ..config import nll_text
 from ..constants import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_ENCODER_NAME,
@@ -34,7 +35,7 @@ from .proxy import Proxy, build_proxy
 from .recipes import choose, close_call, rule_note
 from .spec import MethodSpec
 from .tensorboard import RunLogs
-from .trainer import TrainState, fit_head, nll_text
+from .trainer import TrainState, fit_head
 
 __all__ = ["FitJob", "FittedHead", "run_fit"]
 

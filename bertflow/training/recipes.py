@@ -19,11 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..config import FlowConfig, TrainConfig
 from ..constants import BEFORE, POOLINGS
-from ..embeddings.isotropy import mean_cosine
 from ..errors import BertflowError, BertflowWarning
-from ..heads.flow import FlowConfig
-from .trainer import TrainConfig
 
 __all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "NEAR", "RECIPES", "Recipe",
            "choose", "close_call", "corpus_note", "recommended", "rule_note"]
@@ -138,6 +136,8 @@ def choose(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None, 
                                 "embeddings")
         isotropic = False
     elif isotropic is None and x is not None:
+        from ..embeddings.isotropy import mean_cosine
+
         cosine = mean_cosine(x)
         isotropic = cosine < ISOTROPIC
     if close_call(cosine):
