@@ -90,20 +90,22 @@ assert all(RECIPES[p].before == "whiten" and r.before != "whiten"
 
 
 def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike],
-                kind: str | None = None) -> str | None:
+                kind: str | None = None, options: bool = True) -> str | None:
     """What to say when a flow of `pooling` is fit on `fit_on` (``"target"`` and text files, as
     `bertflow eval --fit-on` takes them) but its recipe was chosen on other text, `kind` (one of
-    `CORPORA`; default: the recommended recipe's); else None."""
+    `CORPORA`; default: the recommended recipe's), with the `options` of eval that fit on it;
+    else None."""
     kind, given = kind or recommended(pooling).corpus, [str(p) for p in fit_on]
     fit = ("target" in given, any(p != "target" for p in given))  # the target, text files
     if fit == ("target" in kind, "generic" in kind):
         return None
-    wanted = {"target": "the target sentences alone (--fit-on target)",
-              "generic": "general text (--fit-on FILE, e.g. the Wikipedia sample)",
-              "target+generic": "the target sentences and general text together "
-                                "(--fit-on target FILE)"}[kind]
-    return (f"note: the {pooling} recipe was chosen fit on {wanted}; this flow was fit on "
-            f"{' '.join(given)}")
+    wanted, option = {
+        "target": ("the target sentences alone", "--fit-on target"),
+        "generic": ("general text", "--fit-on FILE, e.g. the Wikipedia sample"),
+        "target+generic": ("the target sentences and general text together",
+                           "--fit-on target FILE")}[kind]
+    return (f"note: the {pooling} recipe was chosen fit on {wanted}"
+            f"{f' ({option})' if options else ''}; this flow was fit on {' '.join(given)}")
 
 
 def recommended(pooling: str, x: Any = None, isotropic: bool | None = None) -> Recipe:
