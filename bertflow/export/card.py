@@ -150,9 +150,8 @@ def model_card(head: Head, encoder: Encoder, max_length: int, normalized: bool,
         f"3. **Head**: {summary(head)}, fit in closed form on the pooled embeddings "
         f"({head.dim}-d in, {head.out_dim}-d out)." if not flow else
         f"3. **Head**: a BERT-flow head, {_BEFORE_TEXT[_before(_record(head))]}a Glow "
-        "normalizing flow "
-        f"that maps the {head.dim}-d pooled embeddings to latents distributed as a standard "
-        "normal.",
+        f"normalizing flow that maps the {head.dim}-d pooled embeddings to latents distributed "
+        "as a standard normal.",
         *(["4. **Normalize**: each vector scaled to unit length."] if normalized else []),
         "", f"The output has {head.out_dim} dimensions; compare vectors by cosine similarity "
         "(`model.similarity`).", "",
