@@ -13,9 +13,10 @@ _WHERE = {  # module: the public names it defines
     "encoders.encoder": ("Encoder",), "encoders.loading": ("encode", "load_encoder"),
     "encoders.pooling": ("pool",),
     "encoders.identity": ("EncoderId", "default_encoder_path"),
-    "heads.flow": ("FlowConfig", "Glow"), "heads.head": ("FlowHead", "Head"),
+    "config": ("FlowConfig", "TrainConfig"), "heads.flow": ("Glow",),
+    "heads.head": ("FlowHead", "Head"),
     "embeddings.isotropy": ("mean_pair_cosine",),
-    "training.trainer": ("History", "TrainConfig", "fit", "fit_head"),
+    "training.trainer": ("History", "fit", "fit_head"),
     "training.spec": ("MethodSpec",),
 }
 _MODULES = {"lee": "data.lee", "sts": "data.sts"}  # modules served whole

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import BertflowWarning, PeerError, one_line
 from .checks import check_inputs, check_options
+from .commands import COMMANDS
 from .parser import build_parser, upgrade
 
 __all__ = ["build_parser", "main"]
@@ -46,11 +47,12 @@ def _main(args: argparse.Namespace) -> int:
         # oneDNN keeps memory for each matmul shape it has run (up to 1,024 of them), so an
         # encode's peak grew with the corpus's variety of batch shapes; unmeasurably slower off
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0")
-        from ..runtime import distributed
+        if getattr(COMMANDS[args.command], "COMPUTES", True):  # else torch is not imported
+            from ..runtime import distributed
 
-        distributed.use_available_cpus()
-        if launched:
-            args.device = distributed.join(args.device)
+            distributed.use_available_cpus()
+            if launched:  # only commands that compute run under torchrun (check_options)
+                args.device = distributed.join(args.device)
         args.run(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
     except PeerError:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import rankdata
 
 from ..constants import DEFAULT_BATCH_SIZE
 from ..data.sts import Pairs, positive_pairs, read_stsb_splits, sentences_of
@@ -38,6 +39,10 @@ STSB_SPLITS = ("dev", "test")  # the STS-B pairs of the alignment and uniformity
 Points = Mapping[str, Mapping[str, "float | None"]]
 _BEFORE, _AFTER = "#c0392b", "#2471a3"
 COMPARED = ("raw", "standardize", "whitening", "whitening-k", "abtt", "flow")  # the plots' methods
+# `isotropy_measures` as said: the name tables give each, its decimals (None: 3 significant)
+_MEASURES = {"mean_cosine": ("mean pair cosine", 3), "effective_rank": ("effective rank", 1),
+             "condition_number": ("condition number", None),
+             "isotropy": ("partition isotropy I(W)", 3)}
 
 
 def plot_all(before: np.ndarray, after: np.ndarray, out: str | os.PathLike, *,
@@ -96,7 +101,8 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
              ) -> tuple[list[Path], dict[str, float | None], dict[str, float | None]]:
     """Plot `sentences`' embeddings into `out` before and after `head` or a flow fit on them by
     `recipe`; with `data` (SentEval's layout), also every method's alignment and uniformity on
-    STS-B dev and test, which `say` reports. Returns the plots and the isotropy measures."""
+    STS-B dev and test. `say` reports those and the isotropy measures, which are returned with
+    the plots."""
     PLOTS_FOLDER.check_destination(out)  # before any work, and again when writing
     stsb = None if data is None else list(read_stsb_splits(Path(data) / "STSBenchmark",
                                                            STSB_SPLITS).values())
@@ -127,7 +133,14 @@ def diagnose(sentences: Sequence[str], out: str | os.PathLike, encoder: Encoder,
     title = f"{encoder.id.name}, {pooling} pooling, {len(sentences)} sentences"
     paths = plot_all(x, z, out, encoder=encoder, corpus=corpus or sentences, title=title,
                      points=points, points_title=about)
-    return paths, isotropy_measures(x), isotropy_measures(z)
+    before, after = isotropy_measures(x), isotropy_measures(z)
+    width = max(len(name) for name, _ in _MEASURES.values())
+    say(f"{'':{width}}{'before':>12}{'after':>12}")
+    for key, (name, digits) in _MEASURES.items():
+        cells = ["inf" if v is None else f"{v:.3g}" if digits is None else _fixed(v, digits)
+                 for v in (before[key], after[key])]
+        say(f"{name:{width}}{cells[0]:>12}{cells[1]:>12}")
+    return paths, before, after
 
 
 def method_points(x: np.ndarray, pairs: Sequence[Pairs], y: np.ndarray, head: Head,
@@ -152,7 +165,8 @@ def token_frequencies(encoder: Encoder, corpus: Sequence[str]) -> Counter[int]:
 
 
 def _spectrum(axis, sides, title):
-    """Singular values over the largest, cut at 1e-4: dead directions are counted instead."""
+    """Singular values over the largest, cut at 1e-4: dead directions are counted instead; the
+    axis spans the values drawn."""
     for x, label, colour in sides:
         s = singular_values(x)
         s = s / s[0]
@@ -160,7 +174,7 @@ def _spectrum(axis, sides, title):
         note = f", {dead} below 1e-4" if dead else ""
         axis.semilogy(np.arange(1, len(s) + 1), np.maximum(s, 1e-4), color=colour,
                       label=f"{label} (effective rank {effective_rank(x):.0f}{note})")
-    axis.set(xlabel="component", ylabel="singular value / largest", ylim=(8e-5, 1.5),
+    axis.set(xlabel="component", ylabel="singular value / largest",
              title=f"Singular spectrum of centred embeddings\n{title}")
     axis.legend()
 
@@ -169,7 +183,7 @@ def _cosines(axis, sides, title):
     bins = np.linspace(-1, 1, 81)
     for x, label, colour in sides:
         axis.hist(pair_cosines(x), bins=bins, alpha=0.6, color=colour,
-                  label=f"{label} (mean {mean_pair_cosine(x):.2f})")
+                  label=f"{label} (mean {_fixed(mean_pair_cosine(x), 2)})")
     axis.set(xlabel="cosine of a random sentence pair", ylabel="pairs",
              title=f"Random-pair cosine similarity\n{title}")
     axis.legend()
@@ -180,8 +194,8 @@ def _token_norms(axis, encoder: Encoder, weights: np.ndarray, counts: Counter[in
     ids = np.array(sorted(counts))
     norms = np.linalg.norm(weights[ids], axis=1)
     frequency = np.array([counts[i] for i in ids])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rho = np.corrcoef(np.log(frequency), norms)[0, 1]
+    with np.errstate(divide="ignore", invalid="ignore"):  # Spearman's: of the ranks
+        rho = np.corrcoef(rankdata(frequency), rankdata(norms))[0, 1]
     axis.scatter(frequency, norms, s=4, alpha=0.3, color=_BEFORE)
     edges = np.unique(np.geomspace(1, frequency.max() + 1, 12).astype(int))
     centres, medians = [], []
@@ -196,7 +210,13 @@ def _token_norms(axis, encoder: Encoder, weights: np.ndarray, counts: Counter[in
     axis.set(xlabel=f"token frequency in the corpus ({corpus_size} sentences)",
              ylabel="L2 norm of the static token embedding",
              title=f"Token embedding norm against frequency ({encoder.id.name})\n"
-                   f"{len(ids)} tokens; Pearson r(log frequency, norm) = {rho:.2f}")
+                   f"{len(ids)} tokens; Spearman ρ = {_fixed(rho, 2)}; bin medians "
+                   f"{_fixed(min(medians), 2)} to {_fixed(max(medians), 2)}")
+
+
+def _fixed(value: float, digits: int) -> str:
+    """`value` to `digits` decimals, a zero unsigned: never "-0.00"."""
+    return f"{round(value, digits) + 0.0:.{digits}f}"
 
 
 def _token_projection(axis, encoder: Encoder, weights: np.ndarray, counts: Counter[int],

@@ -8,15 +8,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import DictConfig
+from ..config import DictConfig, FlowConfig, TrainConfig
 from ..constants import METHODS
 from ..errors import BertflowError
-from ..heads.flow import FlowConfig, StandardScaler
+from ..heads.flow import StandardScaler
 from ..heads.head import Head
 from ..storage.rows import as_rows, moments
 from ..training.recipes import Recipe, choose
 from ..training.spec import MethodSpec
-from ..training.trainer import TrainConfig, fit_head
+from ..training.trainer import fit_head
 
 __all__ = ["METHODS", "Method", "flow_by_recipe", "make_method"]
 

@@ -78,6 +78,8 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
         method, encoder, pooling=pooling, max_length=max_length, name=name, progress=progress)
     if isinstance(method, Head):
         check_query_log(method, task.queries, f"{task.name}'s {task.split} queries")
+        if (method.training_info.get("corpus") or {}).get("sha256") == task.corpus.sha256:
+            labels["fit_on"] = "corpus"  # the task's documents, as a method fit on them says
     parts = [] if isinstance(method, Head) else fit_parts(fit_on, FIT_SOURCES)
     for part in parts:
         if isinstance(part, Path) and is_qrels(part):

@@ -1,11 +1,15 @@
-"""A head in words: what `bertflow info` and `fit` print of it, and a pipeline's model card."""
+"""A head in words: what `bertflow info` and `fit` print of it, and a pipeline's model card. A
+head is described by its record (its config.json), so a head folder is described without torch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..training.trainer import nll_text
+from ..config import nll_text
+from ..storage.artifacts import HEAD_FOLDER
 
 if TYPE_CHECKING:
     from ..encoders.encoder import Encoder
@@ -26,46 +30,54 @@ _BEFORE_TEXT = {"standardisation": "a standardisation per dimension, then ",
                 "fractional": "a fractional whitening, then ", "nothing": ""}
 
 
-def summary(head: Head) -> str:
-    """What the head computes, in one line."""
-    if head.glow is None:
-        options = ", ".join(f"{key} {head.training_info[key]}" for key in (
-            "k", "d", "shrinkage", "shrinkage_estimator", "gamma") if key in head.training_info)
-        return (f"{head.method}{f' ({options})' if options else ''}, a linear map {head.dim} → "
-                f"{head.out_dim}")
-    c = head.glow.config
-    before = f"{head.linear.method}, then a " if head.linear is not None else ""
-    return (f"{before}Glow: {c.levels} levels × depth {c.depth}, {c.coupling} coupling, width "
-            f"{c.hidden}, {c.linear} mixing")
+def summary(head: Head | Path) -> str:
+    """What the head (or the head folder) computes, in one line."""
+    return _summary(_record(head))
 
 
-def tagline(head: Head) -> str:
+def _summary(record: dict[str, Any]) -> str:
+    training, c = record["training"], record["flow"]
+    dim, out_dim = record["dim"], (record["linear"] or {}).get("out_dim", record["dim"])
+    if c is None:
+        options = ", ".join(f"{key} {training[key]}" for key in (
+            "k", "d", "shrinkage", "shrinkage_estimator", "gamma") if key in training)
+        return (f"{record['method']}{f' ({options})' if options else ''}, a linear map {dim} → "
+                f"{out_dim}")
+    before = f"{_mapped(record)}, then a " if record["linear"] else ""
+    return (f"{before}Glow: {c['levels']} levels × depth {c['depth']}, {c['coupling']} "
+            f"coupling, width {c['hidden']}, {c['linear']} mixing")
+
+
+def tagline(head: Head | Path) -> str:
     """Its encoder, pooling, width and training corpus size, in one line."""
-    return (f"{head.encoder.name if head.encoder else '?'}, {head.pooling} pooling, "
-            f"{head.dim}-d, fit on {head.training_info['corpus'].get('size')} sentences")
+    record = _record(head)
+    return (f"{(record['encoder'] or {}).get('name', '?')}, {record['pooling']} pooling, "
+            f"{record['dim']}-d, fit on {record['training']['corpus'].get('size')} sentences")
 
 
-def details(head: Head) -> list[tuple[str, str]]:
-    """What the head is and how it was fit, as labelled rows."""
-    training = head.training_info
+def details(head: Head | Path) -> list[tuple[str, str]]:
+    """What the head (or the head folder) is and how it was fit, as labelled rows."""
+    record = _record(head)
+    training, encoder = record["training"], record["encoder"]
+    dim, out_dim = record["dim"], (record["linear"] or {}).get("out_dim", record["dim"])
     corpus = training.get("corpus") if isinstance(training.get("corpus"), dict) else {}
     digest = next((str(corpus[k]) for k in ("sha256", "npy_sha256", "embeddings_sha256")
                    if k in corpus), "?")
     source = f"{corpus['file']}: " if corpus.get("file") else ""
     config = training.get("config") if isinstance(training.get("config"), dict) else {}
     rows = [
-        ("dim", str(head.dim) if head.out_dim == head.dim else f"{head.dim} → {head.out_dim}"),
-        ("encoder", str(head.encoder) if head.encoder else "unknown"),
-        ("pooling", head.pooling or "unknown"),
-        ("max length", str(head.max_length)),
-        ("method", summary(head)),
-        ("before", _before(head) if head.glow is not None else None),
-        ("parameters", f"{sum(t.numel() for t in head.state_dict().values()):,}"),
+        ("dim", str(dim) if out_dim == dim else f"{dim} → {out_dim}"),
+        ("encoder", f"{encoder['name']} [{encoder['fingerprint']}]" if encoder else "unknown"),
+        ("pooling", record["pooling"] or "unknown"),
+        ("max length", str(record["max_length"])),
+        ("method", _summary(record)),
+        ("before", _before(record) if record["flow"] else None),
+        ("parameters", f"{_parameters(head):,}"),
         ("corpus", f"{source}{corpus.get('size', '?')} rows, sha256 {digest[:16]}"),
         ("seed", str(training["seed"]) if "seed" in training else None),
         ("epochs", f"best {training.get('best_epoch')} of {training['epochs_run']}"
          if "epochs_run" in training else None),
-        ("val NLL", (nll_text(training) or "unknown") if head.glow is not None else None),
+        ("val NLL", (nll_text(training) or "unknown") if record["flow"] else None),
         ("training options", ", ".join(f"{k}={v}" for k, v in config.items()) or None),
         ("chosen", _chosen(training)),
         ("query log", f"{log['file']}: {log['count']} queries" if isinstance(
@@ -86,11 +98,35 @@ def _chosen(training: dict) -> str | None:
             f"{row.get('difference', 0):+.2f} nDCG@10 × 100 against the baseline")
 
 
-def _before(head: Head) -> str:
+def _before(record: dict[str, Any]) -> str:
     """What a flow head applies before its Glow: standardisation, (fractional) whitening or
     nothing."""
-    return "standardisation" if head.standardize is not None else \
-        head.linear.method if head.linear is not None else "nothing"
+    return "standardisation" if record["standardize"] else \
+        _mapped(record) if record["linear"] else "nothing"
+
+
+def _mapped(record: dict[str, Any]) -> str:
+    """A head's linear map's method (a head whose config names none whitens, as it loads)."""
+    return record["linear"].get("method") or "whitening"
+
+
+def _record(head: Head | Path) -> dict[str, Any]:
+    """The record of `head`, as its folder's config.json holds it."""
+    if isinstance(head, Path):
+        return HEAD_FOLDER.read(head)
+    from ..heads.format import head_config
+
+    return head_config(head)
+
+
+def _parameters(head: Head | Path) -> int:
+    """The count of `head`'s weights (a folder's read from its weights file's header)."""
+    if not isinstance(head, Path):
+        return sum(t.numel() for t in head.state_dict().values())
+    from safetensors import safe_open
+
+    with safe_open(head / HEAD_FOLDER.files[1], framework="numpy") as weights:
+        return sum(math.prod(weights.get_slice(k).get_shape()) for k in weights.keys())
 
 
 def model_card(head: Head, encoder: Encoder, max_length: int, normalized: bool,
@@ -113,9 +149,9 @@ def model_card(head: Head, encoder: Encoder, max_length: int, normalized: bool,
         f"2. **Pooling**: `{head.pooling}`, {_POOLING_TEXT[str(head.pooling)]}.",
         f"3. **Head**: {summary(head)}, fit in closed form on the pooled embeddings "
         f"({head.dim}-d in, {head.out_dim}-d out)." if not flow else
-        f"3. **Head**: a BERT-flow head, {_BEFORE_TEXT[_before(head)]}a Glow normalizing flow "
-        f"that maps the {head.dim}-d pooled embeddings to latents distributed as a standard "
-        "normal.",
+        f"3. **Head**: a BERT-flow head, {_BEFORE_TEXT[_before(_record(head))]}a Glow "
+        f"normalizing flow that maps the {head.dim}-d pooled embeddings to latents distributed "
+        "as a standard normal.",
         *(["4. **Normalize**: each vector scaled to unit length."] if normalized else []),
         "", f"The output has {head.out_dim} dimensions; compare vectors by cosine similarity "
         "(`model.similarity`).", "",

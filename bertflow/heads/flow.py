@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from nflows.distributions import StandardNormal
@@ -20,11 +19,10 @@ from nflows.transforms import (
 )
 from torch import Tensor, nn
 
-from ..config import FLOW_CEILINGS, MAX_FLOW_PARAMETERS, DictConfig
-from ..errors import BertflowError
+from ..config import FlowConfig
 from ..storage.rows import Moments
 
-__all__ = ["ActNorm", "AdditiveCoupling", "AffineCoupling", "Conditioner", "FlowConfig", "Glow",
+__all__ = ["ActNorm", "AdditiveCoupling", "AffineCoupling", "Conditioner", "Glow",
            "InvertibleLinear", "StandardScaler", "bits_per_dim", "live_scale", "log_likelihood",
            "robust_std"]
 
@@ -130,67 +128,6 @@ class StandardScaler(Transform):
 
     def inverse(self, inputs: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return inputs * self.std + self.mean, self.std.log().sum().expand(inputs.shape[0])
-
-
-_CHOICES = {"coupling": ("additive", "affine"), "linear": ("lu", "reverse"),
-            "factor_out": ("first", "second")}
-
-
-@dataclass(frozen=True)
-class FlowConfig(DictConfig):
-    """Architecture of a Glow; the defaults are those of the BERT-flow release.
-
-    `linear` is each step's mixing: ``"reverse"`` (the release's; needs depth ≥ 2) or ``"lu"``
-    (`InvertibleLinear`). `factor_out` is the half of a level's output sent to the base after
-    every level but the last: ``"second"`` (the release's and Glow's) or ``"first"``."""
-
-    KIND = "flow config"
-
-    levels: int = 3
-    depth: int = 3
-    coupling: str = "additive"
-    hidden: int = 32
-    linear: str = "reverse"
-    factor_out: str = "second"
-
-    def __post_init__(self) -> None:
-        for name, ceiling in FLOW_CEILINGS.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise BertflowError(f"{name} must be a positive integer, got {value!r}")
-            if value > ceiling:
-                raise BertflowError(f"{name} must be at most {ceiling}, got {value}")
-        if self.linear == "reverse" and self.depth < 2:
-            raise BertflowError("reversal mixing needs depth ≥ 2 (or use linear='lu')")
-        for name, (a, b) in _CHOICES.items():
-            if getattr(self, name) not in (a, b):
-                raise BertflowError(f"{name} must be {a!r} or {b!r}, not {getattr(self, name)!r}")
-
-    def check(self, features: int) -> None:
-        """Refuse this flow on `features`-d vectors where it cannot be built."""
-        if features >> (self.levels - 1) < 2:
-            raise BertflowError(f"{self.levels} levels halve {features} features below 2; "
-                                "use fewer levels")
-        count = self.parameters(features)
-        if count > MAX_FLOW_PARAMETERS:
-            raise BertflowError(f"a flow of {self.levels} levels × {self.depth} steps, hidden "
-                                f"width {self.hidden}, on {features} features has {count:,} "
-                                f"parameters, more than {MAX_FLOW_PARAMETERS:,}; use fewer "
-                                "levels or steps, or a narrower hidden width")
-
-    def parameters(self, features: int) -> int:
-        """The `Glow`'s parameter count on `features`-d vectors, without building it (to within
-        one conditioner output per step of an odd width with LU mixing)."""
-        width = 2 if self.coupling == "affine" else 1  # conditioner outputs per feature
-        total = 0
-        for level in range(self.levels):
-            n = features >> level
-            kept, changed = n // 2, n - n // 2
-            mixing = 2 * n * n + n if self.linear == "lu" else 0
-            conditioner = (kept + 1) * self.hidden + (self.hidden + 1) * self.hidden \
-                + (self.hidden + 1) * changed * width
-            total += self.depth * (2 * n + mixing + conditioner)
-        return total
 
 
 class Glow(Flow):

@@ -15,6 +15,7 @@ from safetensors.torch import save as save_tensors
 from torch import Tensor
 
 from .. import __version__
+from ..config import FlowConfig
 from ..encoders.batches import check_max_length
 from ..encoders.identity import EncoderId
 from ..encoders.pooling import check_pooling
@@ -22,7 +23,7 @@ from ..errors import BertflowError, first_line
 from ..storage.artifacts import HEAD_FOLDER, counts, write_manifest
 from ..storage.files import sha256_file, write_json
 from .catalog import head_folder
-from .flow import FlowConfig, Glow, StandardScaler
+from .flow import Glow, StandardScaler
 from .head import Head
 from .linear import LINEAR_METHODS, LinearMap
 
@@ -30,7 +31,7 @@ __all__ = ["CONFIG", "FORMAT", "WEIGHTS", "head_config", "load_head",
            "save_head", "weights_sha256", "write_head"]
 
 FORMAT = HEAD_FOLDER.kind
-CONFIG, WEIGHTS = HEAD_FOLDER.config, "model.safetensors"
+CONFIG, WEIGHTS = HEAD_FOLDER.files
 _DTYPES = {"torch.float32", "torch.int64", "torch.bool"}
 
 

@@ -307,7 +307,8 @@ def _checkpoint(path: Path) -> dict[str, Any] | None:
     return saved if isinstance(saved, dict) and isinstance(saved.get("run"), dict) else None
 
 
-HEAD_FOLDER = FolderFormat("bertflow-head", "a flow head", "head", 2, "config.json")
+HEAD_FOLDER = FolderFormat("bertflow-head", "a flow head", "head", 2, "config.json",
+                           ("config.json", "model.safetensors"))
 INDEX_FOLDER = FolderFormat("bertflow-index", "an index", "index", 3, "config.json")
 ONNX_PIPELINE_FOLDER = FolderFormat("bertflow-onnx-pipeline", "a bertflow ONNX pipeline",
                                     "ONNX pipeline", 1, "bertflow_onnx.json")

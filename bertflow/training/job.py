@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ..config import nll_text
 from ..constants import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_ENCODER_NAME,
@@ -31,10 +32,10 @@ from ..storage.files import check_outputs
 from .checkpoint import CheckpointFile
 from .choice import Choice, candidates, choose_head, fit_candidate, query_log
 from .proxy import Proxy, build_proxy
-from .recipes import choose, close_call, rule_note
+from .recipes import choose, close_call, corpus_note, rule_note
 from .spec import MethodSpec
 from .tensorboard import RunLogs
-from .trainer import TrainState, fit_head, nll_text
+from .trainer import TrainState, fit_head
 
 __all__ = ["FitJob", "FittedHead", "run_fit"]
 
@@ -82,8 +83,10 @@ class FittedHead(NamedTuple):
 
 def run_fit(job: FitJob, *, say: Say | None = None,
             progress: bool | None = None) -> FittedHead | None:
-    """Fit the head of `job` and save it in `job.out`; `say` gets each epoch's line. Under
-    torchrun every process calls it, and only the first gets the result."""
+    """Fit the head of `job` and save it in `job.out`; `say` gets each epoch's line and the
+    notes (the recipe the rule chose, and the text it was chosen on where that is not one file,
+    as `bertflow eval` says it). Under torchrun every process calls it, and only the first gets
+    the result."""
     say = say if distributed.is_main() else None
     HEAD_FOLDER.check_destination(job.out)
     encodes = job.source.suffix != ".npy" or job.dev_sts is not None
@@ -108,7 +111,11 @@ def run_fit(job: FitJob, *, say: Say | None = None,
         head = fit_candidate(job.method, x, **_recorded(origin))
         head.save(job.out)
         return FittedHead(head, None)
-    return _train(job, x, origin, checkpoint, dev, say, progress)
+    fitted = _train(job, x, origin, checkpoint, dev, say, progress)
+    note = corpus_note(origin["pooling"], [job.source], job.method.recipe.corpus, options=False)
+    if say is not None and note is not None:  # once the head is written, as eval's notes
+        say(note)
+    return fitted
 
 
 def _source(job: FitJob, progress: bool | None) -> tuple[Any, dict[str, Any]]:

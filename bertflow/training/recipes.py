@@ -19,11 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..config import FlowConfig, TrainConfig
 from ..constants import BEFORE, POOLINGS
-from ..embeddings.isotropy import mean_cosine
 from ..errors import BertflowError, BertflowWarning
-from ..heads.flow import FlowConfig
-from .trainer import TrainConfig
 
 __all__ = ["BEFORE", "CORPORA", "ISOTROPIC", "ISOTROPIC_RECIPES", "NEAR", "RECIPES", "Recipe",
            "choose", "close_call", "corpus_note", "recommended", "rule_note"]
@@ -92,20 +90,22 @@ assert all(RECIPES[p].before == "whiten" and r.before != "whiten"
 
 
 def corpus_note(pooling: str, fit_on: Sequence[str | os.PathLike],
-                kind: str | None = None) -> str | None:
+                kind: str | None = None, options: bool = True) -> str | None:
     """What to say when a flow of `pooling` is fit on `fit_on` (``"target"`` and text files, as
     `bertflow eval --fit-on` takes them) but its recipe was chosen on other text, `kind` (one of
-    `CORPORA`; default: the recommended recipe's); else None."""
+    `CORPORA`; default: the recommended recipe's), with the `options` of eval that fit on it;
+    else None."""
     kind, given = kind or recommended(pooling).corpus, [str(p) for p in fit_on]
     fit = ("target" in given, any(p != "target" for p in given))  # the target, text files
     if fit == ("target" in kind, "generic" in kind):
         return None
-    wanted = {"target": "the target sentences alone (--fit-on target)",
-              "generic": "general text (--fit-on FILE, e.g. the Wikipedia sample)",
-              "target+generic": "the target sentences and general text together "
-                                "(--fit-on target FILE)"}[kind]
-    return (f"note: the {pooling} recipe was chosen fit on {wanted}; this flow was fit on "
-            f"{' '.join(given)}")
+    wanted, option = {
+        "target": ("the target sentences alone", "--fit-on target"),
+        "generic": ("general text", "--fit-on FILE, e.g. the Wikipedia sample"),
+        "target+generic": ("the target sentences and general text together",
+                           "--fit-on target FILE")}[kind]
+    return (f"note: the {pooling} recipe was chosen fit on {wanted}"
+            f"{f' ({option})' if options else ''}; this flow was fit on {' '.join(given)}")
 
 
 def recommended(pooling: str, x: Any = None, isotropic: bool | None = None) -> Recipe:
@@ -138,6 +138,8 @@ def choose(recipe: Recipe | dict[str, Any] | None, pooling: str, x: Any = None, 
                                 "embeddings")
         isotropic = False
     elif isotropic is None and x is not None:
+        from ..embeddings.isotropy import mean_cosine
+
         cosine = mean_cosine(x)
         isotropic = cosine < ISOTROPIC
     if close_call(cosine):

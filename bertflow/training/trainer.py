@@ -15,67 +15,24 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..config import DictConfig
+from ..config import FlowConfig, TrainConfig
 from ..constants import BEFORE
 from ..embeddings.isotropy import mean_pair_cosine
 from ..encoders.identity import EncoderId
 from ..errors import BertflowError, first_line
-from ..heads.flow import FlowConfig, Glow, StandardScaler, bits_per_dim, log_likelihood
+from ..heads.flow import Glow, StandardScaler, bits_per_dim, log_likelihood
 from ..heads.head import Head, training_rows
 from ..heads.linear import LinearMap, fit_map
 from ..runtime import distributed
 from ..storage.rows import Rows, as_rows, moments
 
-__all__ = ["RECORD", "History", "Hook", "TrainConfig", "TrainState", "fit", "fit_head",
-           "nll_text", "split_indices"]
+__all__ = ["RECORD", "History", "Hook", "TrainState", "fit", "fit_head", "split_indices"]
 
 _EVAL_ROWS = 1024  # rows per forward pass when evaluating (the peak memory)
 _SAMPLE = 4096  # held-out rows whose latents a `Hook` gets and whose mean cosine is measured
 # what `fit` records of every epoch; a `measure` adds the rest
 RECORD = ("epoch", "train_nll", "val_nll", "val_bits_per_dim", "val_log_det", "val_cosine",
           "seconds")
-
-
-@dataclass(frozen=True)
-class TrainConfig(DictConfig):
-    """Adam at `lr` (cosine decay to 0, or `constant`), early stopping after `patience` epochs
-    (0: never) without a better NLL on the held-out `val_fraction`, keeping the best weights.
-    `init_size` rows initialise ActNorm; `noise` jitters each batch by that many times the
-    data's RMS spread; `bias_correction=False` is BERT's AdamWeightDecay (the release's)."""
-
-    KIND = "training config"
-
-    epochs: int = 1
-    batch_size: int = 64
-    lr: float = 1e-3
-    val_fraction: float = 0.1
-    patience: int = 3
-    seed: int = 0
-    init_size: int = 1024
-    max_grad_norm: float | None = None
-    schedule: str = "cosine"
-    noise: float = 0.0
-    weight_decay: float = 0.0
-    eps: float = 1e-8
-    bias_correction: bool = True
-
-    def __post_init__(self) -> None:
-        for name, valid, rule in (
-            ("epochs", self.epochs >= 1, "at least 1"),
-            ("batch_size", self.batch_size >= 1, "at least 1"),
-            ("init_size", self.init_size >= 2, "at least 2"),
-            ("patience", self.patience >= 0, "at least 0"),
-            ("seed", 0 <= self.seed < 2**32, "in [0, 2**32)"),
-            ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "positive"),
-            ("val_fraction", 0 <= self.val_fraction < 1, "in [0, 1)"),
-            ("lr", self.lr > 0, "positive"),
-            ("noise", self.noise >= 0, "≥ 0"),
-            ("schedule", self.schedule in ("cosine", "constant"), "'cosine' or 'constant'"),
-            ("weight_decay", self.weight_decay >= 0, "≥ 0"),
-            ("eps", self.eps > 0, "positive"),
-        ):
-            if not valid:
-                raise BertflowError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
 @dataclass
@@ -351,14 +308,6 @@ class _AdamWeightDecay(torch.optim.Optimizer):
                 m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
                 p.sub_(group["lr"] * (m / (v.sqrt() + group["eps"]) + group["weight_decay"] * p))
-
-
-def nll_text(record: dict[str, Any]) -> str | None:
-    """A record's held-out NLL in nats and bits per dimension, as text; None without one."""
-    nll, bits = record.get("val_nll"), record.get("val_bits_per_dim")
-    if not isinstance(nll, (int, float)) or not isinstance(bits, (int, float)):
-        return None
-    return f"{nll:.3f} nats ({bits:.4f} bits/dim)"
 
 
 def fit_head(x: np.ndarray | Tensor | Rows, *, encoder: EncoderId | None = None,

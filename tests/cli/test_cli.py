@@ -437,6 +437,21 @@ def test_ready_heads_load_by_name_and_are_listed(capsys, tmp_path):
     assert code == 0 and json.loads(out)["pooling"] == "first_last"
 
 
+def test_recipes_and_info_import_no_heavy_library():
+    """`recipes` and `info` print what JSON and a weights file's header hold: neither imports
+    torch, transformers, FAISS, scipy or scikit-learn (each costs seconds at start)."""
+    probe = ("import sys\nfrom bertflow.cli.main import main\n"
+             "for argv in (['recipes'], ['info'], ['info', 'minilm-first_last-wiki'], "
+             "['info', 'minilm-first_last-wiki', '--json']):\n"
+             "    assert main(argv) == 0, argv\n"
+             "heavy = ('torch', 'transformers', 'faiss', 'scipy', 'sklearn', 'safetensors.torch')\n"
+             "print('imported:', *sorted(set(heavy) & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "imported:"
+
+
 def test_a_head_finds_its_encoder(tmp_path, capsys, corpus_file, tiny_encoder_dir):
     """A head fit with --encoder DIR records where that encoder lives; transform, eval and
     index load it from there when --encoder is not given, and refuse a changed one."""
@@ -477,9 +492,8 @@ def test_fit_and_eval_follow_the_recipe_of_the_pooling_unless_told(
         tmp_path, capsys, corpus_file, tiny_encoder_dir, monkeypatch):
     """Options left unset take the pooling's recommended recipe (here: whitening, then a
     2-level flow for cls); a given option changes only itself."""
-    from bertflow.heads.flow import FlowConfig
+    from bertflow.config import FlowConfig, TrainConfig
     from bertflow.training import recipes
-    from bertflow.training.trainer import TrainConfig
 
     monkeypatch.setitem(recipes.RECIPES, "cls", recipes.Recipe(
         FlowConfig(levels=2, depth=2), TrainConfig(epochs=1, batch_size=16), "whiten"))

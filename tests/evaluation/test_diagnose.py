@@ -1,6 +1,10 @@
+import re
+from collections import Counter
+
 import matplotlib.image
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 
 from bertflow import BertflowError
 from bertflow.cli.main import main
@@ -48,11 +52,35 @@ def test_diagnose_with_data_writes_every_plot(tmp_path, capsys, corpus_file, tin
     assert code == 0
     assert len(PLOTS) == 7 and PLOTS[:4] == tuple(FIRST_PLOTS)
     check_pngs(out, PLOTS)
-    assert "mean_cosine" in printed and "isotropy" in printed
+    for name, number in (("mean pair cosine", r"-?\d\.\d{3}"), ("effective rank", r"\d+\.\d"),
+                         ("condition number", r"[\d.e+]+|inf"),
+                         ("partition isotropy I\(W\)", r"\d\.\d{3}")):  # one format a row
+        assert re.search(rf"^{name} +({number}) +({number})$", printed, re.MULTILINE), name
     assert "alignment and uniformity (STS-B dev+test: 8 pairs with gold ≥ 4" in printed
     for label in ("raw", "standardize", "whitening", "whitening-5", "abtt-1", "flow"):
         assert f"\n  {label} " in printed
     assert "left out" not in printed
+
+
+def test_the_pictures_say_what_they_show(tiny_encoder):
+    """The token norms' title gives a rank correlation and the binned medians (a rise then a
+    fall, which no linear r summarises), a zero unsigned; the spectrum's axis spans its data."""
+    from bertflow.evaluation.diagnose import _spectrum, _token_norms
+
+    rank = np.arange(201)
+    norms = 1.25 - 0.35 * ((rank - 100) / 100) ** 2  # Spearman's ρ -0.0007
+    counts = Counter(dict(enumerate(np.round(np.geomspace(1, 10000, 201)).astype(int))))
+    weights = np.outer(norms, [1.0, 0.0, 0.0])
+    axis = Figure().add_subplot()
+    _token_norms(axis, tiny_encoder, weights, counts, 1000)
+    title = axis.get_title()
+    assert "201 tokens; Spearman ρ = 0.00; bin medians 0.9" in title and "-0.00" not in title
+    assert re.search(r"bin medians 0\.9\d to 1\.2\d$", title), title
+    x = np.random.default_rng(0).normal(size=(500, 16)) * np.geomspace(1, 0.02, 16)
+    axis = Figure().add_subplot()
+    _spectrum(axis, ((x, "before", "red"), (x * 2, "after", "blue")), "t")
+    lowest = min(line.get_ydata().min() for line in axis.get_lines())
+    assert 1e-3 < lowest and lowest / 2 < axis.get_ylim()[0] < lowest
 
 
 def test_method_points(tiny_encoder, tmp_path):

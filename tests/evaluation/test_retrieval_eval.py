@@ -334,6 +334,27 @@ def test_cli_eval_retrieval(beir, tiny_encoder_dir, tmp_path, capsys):
     assert "| flow |" in out
 
 
+def test_a_head_fit_on_the_documents_is_labelled_as_a_method_fit_on_them(
+        beir, tiny_encoder_dir, tmp_path, capsys):
+    """"fit on" is `corpus` for the task's documents, whether a method or a head was fit on
+    them; a head fit on other text keeps its file's name."""
+    common = ["--encoder", tiny_encoder_dir, "--pooling", "mean", "--max-length", "32",
+              "--cache", tmp_path / "cache", "--quiet"]
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(" ".join(WORDS[i:i + 4]) for i in range(30)) + "\n")
+    rows = tmp_path / "rows.json"
+    labels = {}
+    for source in (beir / "corpus.jsonl", other, None):
+        head = ["--head", tmp_path / source.stem] if source else ["--method", "whitening"]
+        if source is not None:
+            assert run(capsys, "fit", source, "--out", head[1], "--method", "whitening",
+                       *common)[0] == 0
+        code, _, err = run(capsys, "eval", "retrieval", beir, *head, *common, "--out", rows)
+        assert code == 0, err
+        labels[source and source.name] = json.loads(rows.read_text())[0]["fit_on"]
+    assert labels == {"corpus.jsonl": "corpus", "other.txt": "other.txt", None: "corpus"}
+
+
 def test_cli_eval_retrieval_refusals(beir, tiny_encoder_dir, tmp_path, capsys):
     missing = tmp_path / "missing"
     cases = [

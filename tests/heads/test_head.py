@@ -306,8 +306,8 @@ def test_a_file_is_fit_a_block_at_a_time_to_the_in_memory_head(tmp_path, monkeyp
 
 
 def test_a_head_describes_itself_in_rows():
+    from bertflow.config import nll_text
     from bertflow.export.card import details, tagline
-    from bertflow.training.trainer import nll_text
 
     x = np.random.default_rng(0).normal(size=(60, 8)).astype(np.float32)
     head = fit_head(x, pooling="cls", flow=FlowConfig(levels=1, depth=2),

@@ -51,9 +51,10 @@ FIT_SCRIPT = """
 import sys
 import numpy as np, torch
 from bertflow.runtime import distributed
-from bertflow.heads.flow import FlowConfig, Glow
+from bertflow.config import FlowConfig, TrainConfig
+from bertflow.heads.flow import Glow
 from bertflow.training.tensorboard import TensorBoard
-from bertflow.training.trainer import TrainConfig, fit
+from bertflow.training.trainer import fit
 
 class Writer:
     def __init__(self):

@@ -43,4 +43,5 @@ def test_the_command_line_sets_the_threads_before_any_work(monkeypatch, tmp_path
     monkeypatch.setattr(distributed, "use_available_cpus", lambda: calls.append(1))
     assert main(["encode", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "x.npy")]) == 1
     assert calls == []  # a slip in the command fails first
-    assert main(["recipes"]) == 0 and calls == [1]
+    assert main(["recipes"]) == 0 and calls == []  # computes nothing: torch is not imported
+    assert main(["search", "--index", str(tmp_path), "--query", "a"]) == 1 and calls == [1]

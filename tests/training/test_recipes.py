@@ -151,7 +151,8 @@ def test_a_whitening_recipe_is_for_anisotropic_embeddings_only():
 
 def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys):
     """`bertflow fit` of a CLS `.npy` whitens a cone first and only standardises an isotropic
-    cloud, and says so; `eval`'s flow rows record the settings each fit used."""
+    cloud, and says so, and says where the recipe was chosen on other text than one file (as
+    `eval` does, in one line); `eval`'s flow rows record the settings each fit used."""
     from bertflow.cli.main import main
     from bertflow.data.sts import Pairs, Task
     from bertflow.evaluation.methods import flow_by_recipe
@@ -167,10 +168,16 @@ def test_fit_and_eval_apply_the_rule_to_the_embeddings_they_fit(tmp_path, capsys
         said = capsys.readouterr().err
         assert "note: these cls embeddings' mean pair cosine is" in said
         assert (", under 0.3: the cls recipe for isotropic" in said) == (name == "flat")
+        note = ("note: the cls recipe was chosen fit on the target sentences alone; this flow "
+                f"was fit on {tmp_path / 'flat.npy'}\n")  # the cone's recipe: general text
+        assert (note in said) == (name == "flat")
         head = FlowHead.load(out)
         assert (head.linear is not None, head.standardize is not None) == (
             before == "whiten", before == "standardize"), name
-    capsys.readouterr()
+    assert main(["fit", str(tmp_path / "flat.npy"), "--pooling", "mean", "--out",
+                 str(tmp_path / "mean"), "--epochs", "1", "--levels", "1", "--depth", "2"]) == 0
+    assert ("note: the mean recipe was chosen fit on the target sentences and general text "
+            f"together; this flow was fit on {tmp_path / 'flat.npy'}\n") in capsys.readouterr().err
 
     def make():
         return flow_by_recipe("cls", {"flow": {"levels": 1, "depth": 2}})

@@ -1,5 +1,6 @@
 """The commands of `bertflow`, a module each: its `SUMMARY` and `DESCRIPTION`, its
-`arguments`, where it has some its own `check` (before torch is imported), and its `run`."""
+`arguments`, where it has some its own `check` (before torch is imported), and its `run`;
+`COMPUTES = False` where the run computes nothing (torch's threads are not set for it)."""
 
 from . import diagnose, encode, eval, export, fit, index, info, recipes, search, transform
 

@@ -42,12 +42,8 @@ def run(args: argparse.Namespace) -> None:
     sentences = read_sentences(args.sentences)
     corpus = read_sentences(args.corpus) if args.corpus else None
     head, encoder = head_and_encoder(args, flow=True)
-    paths, before, after = diagnose(
+    paths = diagnose(
         sentences, args.out, encoder, head=head, pooling=args.pooling, max_length=args.max_length,
         corpus=corpus, cache=EmbeddingCache(args.cache), recipe=flow_options(args),
-        batch_size=args.encode_batch_size, progress=args.progress, data=args.data, say=print)
-    print(f"{'':18}{'before':>12}{'after':>12}")
-    for key in before:
-        cells = ["inf" if v is None else f"{v:.4g}" for v in (before[key], after[key])]
-        print(f"{key:18}{cells[0]:>12}{cells[1]:>12}")
+        batch_size=args.encode_batch_size, progress=args.progress, data=args.data, say=print)[0]
     print("wrote " + ", ".join(str(p) for p in paths))

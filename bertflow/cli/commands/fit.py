@@ -103,12 +103,12 @@ def check(args: argparse.Namespace, launched: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from ...config import nll_text
     from ...export.card import summary
     from ...training.choice import format_choice
     from ...training.job import FitJob, run_fit
     from ...training.proxy import proxy_text
     from ...training.spec import MethodSpec
-    from ...training.trainer import nll_text
 
     method = MethodSpec(args.method or "flow", args.k, args.d, args.shrinkage,
                         flow_options(args) if args.method in (None, "flow") else None, args.gamma)

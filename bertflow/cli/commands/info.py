@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 SUMMARY = "describe a head or any other output, or list the ready heads"
+COMPUTES = False
 DESCRIPTION = """\
 What a head is (encoder, pooling, flow, how it was fit), or what any other file or folder
 bertflow wrote is: embeddings, transformed vectors, an index, a training checkpoint, eval rows,
@@ -37,15 +38,14 @@ def check(args: argparse.Namespace, launched: bool) -> None:
 def run(args: argparse.Namespace) -> None:
     from ...export.card import details, tagline
     from ...heads.catalog import ready_heads
-    from ...heads.head import Head
     from ...storage.artifacts import HEAD_FOLDER, identify
 
     if args.path is None:
         heads = ready_heads()
         print("ready heads (load with Head.load(NAME) or --head NAME):" if heads else
               "no ready heads are installed")
-        for name in heads:
-            print(f"  {name}: {tagline(Head.load(name))}")
+        for name, folder in heads.items():
+            print(f"  {name}: {tagline(folder)}")
         return
     path = args.path if args.path.exists() else ready_heads()[str(args.path)]
     kind, record = identify(path)
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> None:
         return
     rows = [("path", str(args.path))]
     if kind is HEAD_FOLDER:
-        rows += details(Head.load(args.path))
+        rows += details(path)
     else:
         rows += [("kind", kind.noun), *_fields(record)]
     width = max(len(k) for k, _ in rows)

@@ -8,6 +8,7 @@ from typing import Any
 from ...constants import POOLINGS
 
 SUMMARY = "print each pooling's recommended flow recipe"
+COMPUTES = False
 DESCRIPTION = """\
 The settings `bertflow fit` and `bertflow eval --method flow` start from, per pooling
 (bertflow.training.recipes): what comes before the flow, the flow, its training, and the kind of
