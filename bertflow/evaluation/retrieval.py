@@ -42,7 +42,8 @@ MTEB_NAMES = {"arguana": "ArguAna", "climate-fever": "ClimateFEVER", "dbpedia-en
               "scifact": "SciFact", "trec-covid": "TRECCOVID", "webis-touche2020": "Touche2020"}
 # the working memory of exact search: a block of queries is scored against every document at
 # once, a float32 score, its negation and an int64 column a pair while the top is selected
-SCORE_BUDGET, PAIR_BYTES = 256 << 20, 16
+SCORE_BUDGET = 268_435_456  # 256 MiB
+PAIR_BYTES = 16
 FIT_SOURCES = ("corpus", "queries")  # the task's documents, its split's queries; else text files
 TOP = 1000  # documents ranked per query, as MTEB
 # the tasks MTEB scores with a document whose id is the query's left out of its ranking (its
