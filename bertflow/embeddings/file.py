@@ -164,8 +164,10 @@ class EmbeddingFile:
         return self
 
     def load(self) -> np.ndarray:
-        """The whole array, memory-mapped read-only."""
-        return np.load(self.path, mmap_mode="r", allow_pickle=False)
+        """The whole array, memory-mapped read-only from the file opened (and verified), not
+        from whatever is at its path now."""
+        return np.memmap(self._file, self.dtype, "r", self.offset, self.shape,
+                         "F" if self.fortran else "C")
 
     def _rows(self, start: int, stop: int) -> np.ndarray:
         """Rows `start` to `stop` in the file's dtype, C-contiguous."""

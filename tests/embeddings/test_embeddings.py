@@ -782,3 +782,14 @@ def test_embeddings_without_a_sidecar_are_read_once_and_named_by_the_files_sha25
         digest = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
         assert origin["data"] == origin["corpus"]["npy_sha256"] == digest
     assert hashed == ["f.npy", "t.npy"]
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_verified_file_loads_the_rows_it_verified_after_its_path_is_replaced(tmp_path, order):
+    path, other = tmp_path / "emb.npy", tmp_path / "other.npy"
+    rows = np.asarray(np.arange(12, dtype=np.float32).reshape(4, 3), order=order)
+    np.save(path, rows)
+    np.save(other, rows + 100)
+    file = EmbeddingFile(path).verify()
+    os.replace(other, path)
+    np.testing.assert_array_equal(file.load(), rows)
