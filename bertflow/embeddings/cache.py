@@ -72,7 +72,7 @@ class EmbeddingCache:
         missing = {p: self.path(metas[p]) for p, f in found.items() if f is None}
         if missing:
             write_embeddings(missing, corpus, encoder, max_length, batch_size, resume=True,
-                             restart=True, wait=True, progress=progress)
+                             restart=True, wait=True, progress=progress, own=True)
             found.update({p: EmbeddingFile(path) for p, path in missing.items()})
         return {p: found[p] for p in poolings}
 

@@ -207,3 +207,25 @@ def test_a_corpus_rewritten_after_it_was_hashed_is_not_cached_under_the_old_hash
         cache.files(corpus, counting, "cls")
     assert cache.get(embeddings_meta(corpus, counting, "cls", 128)) is None
     assert not list((tmp_path / "cache").glob("*.meta.json"))
+
+
+@pytest.mark.parametrize("debris", ["damaged sidecar", "no sidecar", "foreign partial",
+                                    "foreign record"])
+def test_a_cache_entry_that_fails_its_check_is_replaced(tmp_path, counting, debris):
+    """The cache folder is bertflow's own: what fails its check there is encoded again, never
+    a refusal that blocks every later command on that corpus."""
+    cache = EmbeddingCache(tmp_path)
+    good = np.array(cache.encode(SENTENCES, counting, "cls"))
+    path = entry(cache, counting)
+    if debris == "damaged sidecar":
+        meta_path(path).write_text("{")
+    elif debris == "no sidecar":
+        meta_path(path).unlink()
+    else:
+        path.unlink()
+        meta_path(path).unlink()
+        name = ".partial" if debris == "foreign partial" else ".progress-0-of-1.json"
+        path.with_name(path.name + name).write_text("not ours")
+    np.testing.assert_array_equal(cache.encode(SENTENCES, counting, "cls"), good)
+    assert len(counting.calls) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [meta_path(path).name, path.name]
