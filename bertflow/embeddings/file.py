@@ -41,7 +41,7 @@ def embeddings_meta(corpus: Corpus, encoder: Encoder, pooling: str,
 
 def other_request(stored: dict[str, Any], meta: dict[str, Any]) -> str | None:
     """What differs between `stored` (a sidecar or a record's request) and the request `meta`
-    (an encoder by its weights' fingerprint, wherever they were loaded from), or None."""
+    (an encoder by its fingerprint, wherever it was loaded from), or None."""
     for key, ours in meta.items():
         theirs = stored.get(key)
         if key == "encoder":
