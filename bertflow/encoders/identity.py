@@ -38,7 +38,7 @@ def default_encoder_path() -> Path:
 
 @dataclass(frozen=True)
 class EncoderId:
-    """An encoder's name and `fingerprint` (`fingerprint`'s); `source` (``package:NAME`` or
+    """An encoder's name and fingerprint (`fingerprint`'s); `source` (``package:NAME`` or
     ``folder:/absolute/path``), where it was loaded from, is not compared."""
 
     name: str
