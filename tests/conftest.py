@@ -169,6 +169,24 @@ def fit_tiny_head(encoder, pooling: str, seed: int = 0, max_length: int = 32):
                         train=TrainConfig(epochs=2, seed=seed))
 
 
+def swap_after(monkeypatch, module, name: str, a: Path, b: Path, when=lambda *args: True):
+    """Make `module.name` exchange folders `a` and `b` (a folder replaced by another) just after
+    its first call whose arguments `when` accepts: a reader caught between two versions."""
+    real, swapped = getattr(module, name), []
+
+    def call(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if not swapped and when(*args):
+            swapped.append(True)
+            a.rename(a.with_name("swapping"))
+            b.rename(a)
+            a.with_name("swapping").rename(b)
+        return result
+
+    monkeypatch.setattr(module, name, call)
+    return swapped
+
+
 @pytest.fixture(autouse=True, scope="session")
 def private_cache(tmp_path_factory):
     """Commands that default to the user's embedding cache use a throwaway one in tests."""

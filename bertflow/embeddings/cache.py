@@ -27,7 +27,7 @@ __all__ = ["EmbeddingCache", "encode_to"]
 
 
 class EmbeddingCache:
-    """A folder of embeddings keyed by (encoder weights, precision, pooling, max_length,
+    """A folder of embeddings keyed by (encoder fingerprint, precision, pooling, max_length,
     corpus). An entry is used only when its sidecar matches the request and the file its
     checksum; anything else is encoded again by the streaming writer, which continues an
     interrupted entry where it can and lets two processes asking for one entry encode it once.
@@ -72,7 +72,7 @@ class EmbeddingCache:
         missing = {p: self.path(metas[p]) for p, f in found.items() if f is None}
         if missing:
             write_embeddings(missing, corpus, encoder, max_length, batch_size, resume=True,
-                             restart=True, wait=True, progress=progress)
+                             restart=True, wait=True, progress=progress, own=True)
             found.update({p: EmbeddingFile(path) for p, path in missing.items()})
         return {p: found[p] for p in poolings}
 

@@ -41,7 +41,7 @@ def embeddings_meta(corpus: Corpus, encoder: Encoder, pooling: str,
 
 def other_request(stored: dict[str, Any], meta: dict[str, Any]) -> str | None:
     """What differs between `stored` (a sidecar or a record's request) and the request `meta`
-    (an encoder by its weights' fingerprint, wherever they were loaded from), or None."""
+    (an encoder by its fingerprint, wherever it was loaded from), or None."""
     for key, ours in meta.items():
         theirs = stored.get(key)
         if key == "encoder":
@@ -164,8 +164,10 @@ class EmbeddingFile:
         return self
 
     def load(self) -> np.ndarray:
-        """The whole array, memory-mapped read-only."""
-        return np.load(self.path, mmap_mode="r", allow_pickle=False)
+        """The whole array, memory-mapped read-only from the file opened (and verified), not
+        from whatever is at its path now."""
+        return np.memmap(self._file, self.dtype, "r", self.offset, self.shape,
+                         "F" if self.fortran else "C")
 
     def _rows(self, start: int, stop: int) -> np.ndarray:
         """Rows `start` to `stop` in the file's dtype, C-contiguous."""

@@ -23,7 +23,7 @@ from ..encoders.batches import check_batch_size
 from ..encoders.encoder import CHUNK_SIZE, Encoder
 from ..errors import BertflowError, PeerError
 from ..runtime import distributed
-from ..storage.artifacts import PROGRESS
+from ..storage.artifacts import EMBEDDINGS, PROGRESS
 from ..storage.corpus import Corpus
 from ..storage.files import (
     disk_errors,
@@ -43,16 +43,21 @@ __all__ = ["write_embeddings"]
 def write_embeddings(targets: Mapping[str, str | os.PathLike], corpus: Corpus, encoder: Encoder,
                      max_length: int = 128, batch_size: int = 32, *, resume: bool = False,
                      restart: bool = False, wait: bool = False, progress: bool | None = None,
-                     copies: Mapping[str, EmbeddingFile] | None = None) -> dict[str, dict]:
+                     copies: Mapping[str, EmbeddingFile] | None = None,
+                     own: bool = False) -> dict[str, dict]:
     """Encode `corpus` once per pooling in `targets` (pooling → `.npy` path); return the sidecars.
 
     A stopped run at a target is refused unless `resume` continues it (its records must be of
     this request and agree with the partial file) or `restart` discards it; one with every row
     in is finished either way; both (the cache's way) continue what can be, else start afresh.
-    With `resume`, a complete target is kept. `copies` maps a pooling to a finished file of the
-    same request, put at its target instead; `wait` waits for another writer of a target rather
-    than refusing. Under torchrun rank 0 prepares and finishes the files (its errors raised on
-    every rank) and each rank encodes its share of the chunks."""
+    With `resume`, a complete target is kept. A stopped run that wrote no row (it failed on its
+    first chunk) holds nothing to continue: it is replaced whatever its request, and a run that
+    fails before its first row removes what it made. `copies` maps a pooling to a finished file
+    of the same request, put at its target instead; `wait` waits for another writer of a target
+    rather than refusing; `own` says the targets lie in bertflow's own folder (the cache), where
+    whatever fails its check (a damaged or missing sidecar, a partial file or record that is
+    not bertflow's) is replaced, not refused. Under torchrun rank 0 prepares and finishes the
+    files (its errors raised on every rank) and each rank encodes its share of the chunks."""
     rank, world = distributed.rank(), distributed.world_size()
     encoder.check_max_length(max_length)
     check_batch_size(batch_size)
@@ -65,7 +70,7 @@ def write_embeddings(targets: Mapping[str, str | os.PathLike], corpus: Corpus, e
         def prepare() -> None:
             for p, output in sorted(outputs.items(), key=lambda item: item[1].path):
                 locks.enter_context(lock(output.path, wait))
-                output.prepare(resume, restart, copy=copies.get(p))
+                output.prepare(resume, restart, copy=copies.get(p), own=own)
 
         def finish() -> None:
             for output in pending.values():
@@ -73,7 +78,14 @@ def write_embeddings(targets: Mapping[str, str | os.PathLike], corpus: Corpus, e
 
         _on_rank_0(prepare)
         pending = {p: o for p, o in outputs.items() if o.record_path(rank).exists()}
-        _encode_share(pending, corpus, encoder, max_length, batch_size, rank, world, progress)
+        try:
+            _encode_share(pending, corpus, encoder, max_length, batch_size, rank, world, progress)
+        except BaseException:
+            if world == 1:  # under torchrun another process may have written rows
+                for output in pending.values():
+                    with contextlib.suppress(OSError):
+                        output.discard(unstarted=True)
+            raise
         distributed.barrier()
         _on_rank_0(finish)
     return {p: o.meta for p, o in outputs.items()}
@@ -152,10 +164,14 @@ class _Output:
         return self.path.with_name(
             f"{self.path.name}.progress-{rank}-of-{self.layout['world']}.json")
 
-    def prepare(self, resume: bool, restart: bool, copy: EmbeddingFile | None = None) -> None:
+    def prepare(self, resume: bool, restart: bool, copy: EmbeddingFile | None = None,
+                own: bool = False) -> None:
         """Make the partial file and records of a run (rank 0, under the lock), or keep those a
         stopped run of this request left, once checked; or put the finished `copy` in place,
-        removing them where they would be continued or discarded."""
+        removing them where they would be continued or discarded. With `own`, what fails its
+        check at the target is removed first (`write_embeddings`)."""
+        if own:
+            self._remove_debris()
         check_destination(self.path)
         remove_stale_temporaries(self.path)  # left by a kill as the cache linked it, say
         for litter in self.path.parent.glob(f".{self.path.name}.progress-*.json.*.tmp"):
@@ -168,7 +184,7 @@ class _Output:
         if self.partial.exists() and not records:
             raise BertflowError(f"{self.partial} exists but was not left by bertflow; "
                                 "remove it or choose another output")
-        if records and (resume or not restart):
+        if records and not _unstarted(records) and (resume or not restart):
             try:
                 self._check_records(records, resume)
                 if copy is None:
@@ -179,13 +195,34 @@ class _Output:
                     raise
         if copy is None and not records and resume and finished(self.path, self.meta):
             return
-        self.partial.unlink(missing_ok=True)  # first: records without it are litter
-        for record in records:
-            record.unlink()
+        self.discard()
         if copy is not None:
             place(copy, self.path, copy=True)
         else:
             self._start()
+
+    def discard(self, unstarted: bool = False) -> None:
+        """Remove the partial file and its records; with `unstarted`, only a run's that wrote
+        no row."""
+        records = {record: PROGRESS.record(record) for record in record_paths(self.path)}
+        if unstarted and not (records and _unstarted(records)):
+            return
+        self.partial.unlink(missing_ok=True)  # first: records without it are litter
+        for record in records:
+            record.unlink()
+
+    def _remove_debris(self) -> None:
+        """Remove what fails its check at the target: the pair where its sidecar is damaged or
+        missing, the partial file where no record is bertflow's, every record where one is
+        not (its partial file with them)."""
+        try:
+            EMBEDDINGS.check_destination(self.path)
+        except BertflowError:
+            self.path.unlink(missing_ok=True)
+            meta_path(self.path).unlink(missing_ok=True)
+        records = [PROGRESS.record(record) for record in record_paths(self.path)]
+        if not records or None in records:
+            self.discard()
 
     def _start(self) -> None:
         """Write a record per process and the partial file, preallocated at its final size."""
@@ -303,6 +340,12 @@ class _Output:
                     raise BertflowError(f"{record} does not agree with {self.partial}: rows "
                                         f"{start} to {done} are not the ones it recorded; "
                                         "start afresh with --restart")
+
+
+def _unstarted(records: Mapping[Path, Any]) -> bool:
+    """Whether `records` are a run's that wrote no row: nothing to continue or to lose."""
+    return all(isinstance(v, dict) and _well_formed(v) and v["done"] == v["rows"][0]
+               for v in records.values())
 
 
 def _well_formed(record: dict[str, Any]) -> bool:

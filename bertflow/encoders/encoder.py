@@ -50,7 +50,8 @@ _PROBE = ("The old lighthouse keeper climbed the narrow spiral stairs every even
 
 class Encoder:
     """A frozen Hugging Face encoder and tokenizer on `device` in `dtype`; embeddings are float32
-    and the identity (of the float32 weights) depends on neither."""
+    and the identity (`identity.fingerprint`: of the float32 weights, the config and the
+    tokenizer) depends on neither."""
 
     def __init__(self, model: Any, tokenizer: Any, name: str,
                  device: str | torch.device | None = "auto",
@@ -61,7 +62,7 @@ class Encoder:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         model = model.eval().requires_grad_(False).float()
-        self.id = EncoderId(name, fingerprint(model), source)
+        self.id = EncoderId(name, fingerprint(model, tokenizer), source)
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.tokenizer.padding_side = "right"

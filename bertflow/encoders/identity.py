@@ -1,10 +1,12 @@
-"""Which encoder made an embedding: its name, a fingerprint of its weights, and where it lives."""
+"""Which encoder made an embedding: its name, a fingerprint of its weights, config and tokenizer,
+and where it lives."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import importlib.resources
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ def default_encoder_path() -> Path:
 
 @dataclass(frozen=True)
 class EncoderId:
-    """An encoder's name and weights' fingerprint; `source` (``package:NAME`` or
+    """An encoder's name and fingerprint (`fingerprint`'s); `source` (``package:NAME`` or
     ``folder:/absolute/path``), where it was loaded from, is not compared."""
 
     name: str
@@ -58,13 +60,33 @@ class EncoderId:
         return cls(str(value["name"]), str(value["fingerprint"]), str(source) if source else None)
 
 
-def fingerprint(model: torch.nn.Module) -> str:
-    """The first 16 hex digits of the sha256 of the float32 weights, by parameter name."""
+def fingerprint(model: torch.nn.Module, tokenizer: Any = None) -> str:
+    """The first 16 hex digits of the sha256 of what makes an encoder's output: the float32
+    weights, by parameter name; the model's config as transformers read it (attention heads,
+    activation, ...), less `_VOLATILE`; and the tokenizer's whole pipeline (a fast tokenizer's:
+    normalizer, lower-casing among it, pre-tokenizer, vocabulary, special tokens), less the
+    truncation and padding each call sets."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    config = {k: v for k, v in model.config.to_dict().items()
+              if not k.startswith("_") and k not in _VOLATILE}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        pipeline = {k: v for k, v in json.loads(backend.to_str()).items()
+                    if k not in ("truncation", "padding")}
+    else:  # a slow tokenizer: its vocabulary and settings, less where its files were
+        pipeline = {"vocab": getattr(tokenizer, "get_vocab", dict)(), **{
+            k: v for k, v in getattr(tokenizer, "init_kwargs", {}).items()
+            if not k.endswith("_file") and k != "name_or_path"}}
+    for part in (config, pipeline):
+        digest.update(json.dumps(part, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
+
+
+# what a config records of where and how it was saved, not of what the model computes
+_VOLATILE = ("transformers_version", "torch_dtype", "dtype", "architectures")
 
 
 def locate(name_or_path: str | os.PathLike | None) -> tuple[str, str, str]:

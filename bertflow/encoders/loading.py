@@ -192,8 +192,8 @@ def resolve_encoder(encoder: Encoder | str | os.PathLike | None,
         return load_encoder(encoder, device, dtype)
     loaded = load_encoder(recorded_location(recorded), device, dtype)
     if loaded.id.fingerprint != recorded.fingerprint:
-        raise BertflowError(f"the encoder at {recorded.source} has changed since: its weights "
-                            f"are {loaded.id}, not {recorded}")
+        raise BertflowError(f"the encoder at {recorded.source} has changed since (its weights, "
+                            f"config or tokenizer): it is {loaded.id}, not {recorded}")
     return loaded
 
 

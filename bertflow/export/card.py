@@ -143,7 +143,7 @@ def model_card(head: Head, encoder: Encoder, max_length: int, normalized: bool,
                                   else f"post-processed by a linear map ({head.method})") +
         f", exported by bertflow {__version__} as a sentence-transformers pipeline of these "
         "modules:", "",
-        f"1. **Encoder**: `{identity.name}` (weights fingerprint `{identity.fingerprint}`), "
+        f"1. **Encoder**: `{identity.name}` (fingerprint `{identity.fingerprint}`), "
         f"frozen: {encoder.num_layers} layers, {encoder.dim}-d hidden states, input cut at "
         f"{max_length} tokens.",
         f"2. **Pooling**: `{head.pooling}`, {_POOLING_TEXT[str(head.pooling)]}.",

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 from torch import Tensor
 
@@ -74,9 +75,10 @@ def _weights(head: Head) -> bytes:
     return save_tensors(tensors, metadata={"format": FORMAT})
 
 
-def load_head(path: str | os.PathLike) -> Head:
-    """Rebuild a head from its folder, or a ready head by name; nothing is unpickled."""
-    head, tensors = _read(head_folder(path))
+def load_head(path: str | os.PathLike, within: Mapping[str, bytes] | None = None) -> Head:
+    """Rebuild a head from its folder, or a ready head by name; nothing is unpickled. `within`:
+    the folder's files, already read and checked (a head inside an index folder)."""
+    head, tensors = _read(head_folder(path) if within is None else Path(path), within)
     try:
         head.load_state_dict(tensors, strict=True)
     except RuntimeError as e:
@@ -87,10 +89,10 @@ def load_head(path: str | os.PathLike) -> Head:
     return head.eval()
 
 
-def _read(path: Path) -> tuple[Head, dict[str, Tensor]]:
+def _read(path: Path, within: Mapping[str, bytes] | None) -> tuple[Head, dict[str, Tensor]]:
     """A head of the shape the config at `path` describes (checked field by field), with
-    placeholder weights, and the tensors of its weights file."""
-    config = HEAD_FOLDER.read(path)
+    placeholder weights, and the tensors of its weights file: the bytes its manifest checked."""
+    config, files = HEAD_FOLDER.load(path, within)
     try:
         weights = config["weights"]
         if not isinstance(weights, dict) or weights.get("file") != WEIGHTS:
@@ -119,18 +121,17 @@ def _read(path: Path) -> tuple[Head, dict[str, Tensor]]:
     except (KeyError, TypeError, ValueError) as e:
         problem = f"{type(e).__name__}: {first_line(e)}"
         raise BertflowError(f"{path / CONFIG} is malformed ({problem})") from None
-    file = path / WEIGHTS
-    if not file.is_file():
+    file, data = path / WEIGHTS, files.get(WEIGHTS)
+    if data is None:
         raise BertflowError(f"{path} is missing {WEIGHTS}")
     # refuse a config asking for far more weights than the file holds
     count = (flow.parameters(dim) if flow is not None else 0) + 2 * dim * standardized
     count += dim * (out_dim + 1) * (mapped is not None)
-    size = file.stat().st_size
-    if 4 * count > 2 * size + (1 << 20):
-        raise BertflowError(f"{file} does not fit its config: it holds {size:,} bytes, the "
-                            f"config asks for {count:,} weights")
+    if 4 * count > 2 * len(data) + (1 << 20):
+        raise BertflowError(f"{file} does not fit its config: it holds {len(data):,} bytes, "
+                            f"the config asks for {count:,} weights")
     try:
-        tensors = load_file(str(file))
+        tensors = load_tensors(data)
     except Exception as e:
         raise BertflowError(f"{file} is not a valid safetensors file ({first_line(e)})") from None
     kinds = sorted({str(t.dtype) for t in tensors.values()} - _DTYPES)

@@ -19,7 +19,7 @@ from ..encoders.identity import EncoderId
 from ..encoders.loading import resolve_encoder
 from ..encoders.pooling import check_pooling
 from ..errors import BertflowError, first_line
-from ..heads.format import weights_sha256
+from ..heads.format import load_head, weights_sha256
 from ..heads.head import Head
 from ..runtime import distributed
 from ..storage.artifacts import INDEX_FOLDER, counts
@@ -228,7 +228,9 @@ class Index:
         path = Path(path)
         if not (path / _INDEX).is_file():
             raise BertflowError(f"no index at {path} (no {_INDEX})")
-        config = INDEX_FOLDER.read(path)
+        config, files = INDEX_FOLDER.load(path)
+        if not {_INDEX, _ITEMS} <= files.keys():
+            raise BertflowError(f"{path}'s manifest does not list {_INDEX} and {_ITEMS}")
         try:
             dim, dims, count = counts(config, "dim", "dims", "count")
             encoder = EncoderId.from_dict(config["encoder"]) if config["encoder"] else None
@@ -245,7 +247,7 @@ class Index:
             expected, least = kinds.structure(made), count * kinds.code_size(made)
         except (KeyError, TypeError, ValueError, BertflowError) as e:
             raise BertflowError(f"{path / _CONFIG} is malformed ({first_line(e)})") from None
-        stored = read_json(path / _ITEMS)
+        stored = read_json(path / _ITEMS, files[_ITEMS])
         items, ids = stored.get("items"), stored.get("ids")
         if not all(isinstance(v, list) and all(isinstance(i, str) for i in v)
                    for v in (items, ids)):
@@ -254,13 +256,14 @@ class Index:
             _check_ids(ids, len(items))
         except BertflowError as e:
             raise BertflowError(f"{path / _ITEMS}: {e}") from None
-        size = (path / _INDEX).stat().st_size
-        if size < least:  # before FAISS allocates what the file declares
-            raise BertflowError(f"{path / _INDEX} holds {size} bytes, fewer than the {count} "
-                                f"vectors its config describes take ({least}): a damaged index")
-        kinds.check_declared_sizes(path / _INDEX)
+        data = np.frombuffer(files[_INDEX], dtype=np.uint8)
+        if data.size < least:  # before FAISS allocates what the file declares
+            raise BertflowError(f"{path / _INDEX} holds {data.size} bytes, fewer than the "
+                                f"{count} vectors its config describes take ({least}): a "
+                                "damaged index")
+        kinds.check_declared_sizes(data, path / _INDEX)
         try:
-            index = faiss.read_index(str(path / _INDEX))
+            index = faiss.deserialize_index(data)
         except RuntimeError as e:
             raise BertflowError(f"{path / _INDEX} is not a valid FAISS index ({first_line(e)})") \
                 from None
@@ -277,9 +280,11 @@ class Index:
             except BertflowError as e:
                 raise BertflowError(f"{path / _CONFIG} is malformed ({e})") from None
         record = config["head"]  # True: written before the head's weights were recorded
-        if bool(record) != (path / _HEAD).is_dir():
+        head_files = {name.removeprefix(f"{_HEAD}/"): data for name, data in files.items()
+                      if name.startswith(f"{_HEAD}/")}
+        if bool(record) != bool(head_files):
             raise BertflowError(f"{path}: the config and the {_HEAD}/ folder disagree on a head")
-        head = Head.load(path / _HEAD) if record else None
+        head = load_head(path / _HEAD, head_files) if record else None
         if isinstance(record, str) and weights_sha256(head) != record:
             raise BertflowError(f"{path}: its {_HEAD}/ folder is not the head its vectors went "
                                 f"through (its config records weights {record[:12]}, the "

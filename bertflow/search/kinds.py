@@ -111,19 +111,18 @@ def check_sizes(kind: str, dims: int | None = None) -> None:
                             f"vectors from {dims}-d ones; at most {dims}")
 
 
-def check_declared_sizes(path: str | os.PathLike) -> None:
-    """Parse the FAISS file at `path` through FAISS's zero-copy reader over the mapped file,
-    which views its vectors rather than copying them: a vector it declares past the file's
-    end is refused there, where `faiss.read_index` would first allocate it (2^29 floats
+def check_declared_sizes(data: np.ndarray, where: str | os.PathLike) -> None:
+    """Parse `data`, the bytes (uint8) of the FAISS file `where`, through FAISS's zero-copy
+    reader, which views its vectors rather than copying them: a vector it declares past the
+    file's end is refused there, where `faiss.read_index` would first allocate it (2^29 floats
     declared in a file of 7.8 KB took 2.4 GB before the read failed)."""
     faiss = faiss_module()
-    if not os.path.getsize(path):
-        return  # nothing to map; FAISS's own read says what is wrong
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    if not data.size:
+        return  # nothing to view; FAISS's own read says what is wrong
     try:
         faiss.read_index(faiss.ZeroCopyIOReader(faiss.swig_ptr(data), data.size))
     except RuntimeError as e:
-        raise BertflowError(f"{path} is not a valid FAISS index ({faiss_reason(e)})") from None
+        raise BertflowError(f"{where} is not a valid FAISS index ({faiss_reason(e)})") from None
 
 
 def code_size(index: Any) -> int:

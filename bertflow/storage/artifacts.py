@@ -10,10 +10,11 @@ file's sha256; a non-empty folder without one listing everything in it is the us
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -116,35 +117,55 @@ class FolderFormat(_Format):
             write_manifest(tmp, self.kind)
         return path
 
-    def verify(self, path: str | os.PathLike) -> dict[str, str] | None:
-        """Check every file the manifest lists and return the listing; None without one."""
+    def verify(self, path: str | os.PathLike) -> dict[str, bytes] | None:
+        """The bytes of every file the manifest lists, by name (`load`); None without one."""
+        verified = self._verified(Path(path))
+        return None if verified is None else verified[1]
+
+    def load(self, path: str | os.PathLike, within: Mapping[str, bytes] | None = None,
+             ) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """The record of the folder at `path` (its config, else its manifest), its stamp
+        checked, and the bytes of every file its manifest lists, each file read once and
+        checked against its checksum: what a loader parses are the bytes checked, never a file
+        opened again by path, so that a folder replaced meanwhile is refused, not read half old
+        and half new. `within` holds the folder's files, already read and checked (a folder
+        inside another), by their names in the folder."""
         path = Path(path)
-        if not (path / MANIFEST).is_file():
+        verified = self._verified(path, within)
+        if verified is None:
+            raise BertflowError(f"{path} has no {MANIFEST}: the {self.noun} is incomplete or "
+                                "altered")
+        manifest, files = verified
+        if self.config is None:
+            return manifest, files
+        if self.config not in files:
+            raise BertflowError(f"{path} is missing {self.config}, which its manifest lacks")
+        return self.check(read_json(path / self.config, files[self.config]), path), files
+
+    def _verified(self, path: Path, within: Mapping[str, bytes] | None = None,
+                  ) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+        if not ((path / MANIFEST).is_file() if within is None else MANIFEST in within):
             return None
-        manifest = _manifest(path)
+        manifest = _manifest(path, None if within is None else within[MANIFEST])
         if manifest.get("kind") != self.kind:
             raise BertflowError(f"{path} is {_name(str(manifest.get('kind')))}, not {self.name}")
+        files = {}
         for name, digest in manifest["files"].items():
             file = path / str(name)
             if Path(name).is_absolute() or ".." in Path(name).parts or file.is_symlink():
                 raise BertflowError(f"{path / MANIFEST} lists a file outside the folder: {name}")
-            if not file.is_file():
+            data = _read_file(file) if within is None else within.get(str(name))
+            if data is None:
                 raise BertflowError(f"{path} is missing {name}, which its manifest lists")
-            if sha256_file(file) != digest:
+            if hashlib.sha256(data).hexdigest() != digest:
                 raise BertflowError(f"{file} does not match the checksum in {MANIFEST}: "
-                                    "altered or truncated")
-        return {str(k): str(v) for k, v in manifest["files"].items()}
+                                    "altered or truncated (or replaced as it was read)")
+            files[str(name)] = data
+        return manifest, files
 
     def read(self, path: str | os.PathLike) -> dict[str, Any]:
-        """The record of the folder at `path` (its config, else its manifest), after checking
-        the manifest and the config's stamp."""
-        path = Path(path)
-        if self.verify(path) is None:
-            raise BertflowError(f"{path} has no {MANIFEST}: the {self.noun} is incomplete or "
-                                "altered")
-        if self.config is None:
-            return _manifest(path)
-        return self.check(read_json(path / self.config), path)
+        """The record of the folder at `path` (`load`'s)."""
+        return self.load(path)[0]
 
 
 @dataclass(frozen=True)
@@ -229,12 +250,20 @@ def _name(kind: str) -> str:
     return _FOLDERS[kind].name if kind in _FOLDERS else f"a {kind} folder"
 
 
-def _manifest(path: Path) -> dict[str, Any]:
-    """The manifest of `path`, checked to be a bertflow one."""
-    manifest = read_json(path / MANIFEST)
+def _manifest(path: Path, data: bytes | None = None) -> dict[str, Any]:
+    """The manifest of `path` (or its bytes, `data`), checked to be a bertflow one."""
+    manifest = read_json(path / MANIFEST, data)
     if manifest.get("format") != _FORMAT or not isinstance(manifest.get("files"), dict):
         raise BertflowError(f"{path / MANIFEST} is not a bertflow manifest")
     return manifest
+
+
+def _read_file(file: Path) -> bytes | None:
+    """The bytes of `file`, or None where no file is."""
+    try:
+        return file.read_bytes() if file.is_file() else None
+    except FileNotFoundError:
+        return None
 
 
 def _files(folder: Path) -> set[str]:

@@ -23,20 +23,27 @@ def corpus_sha256(sentences: Iterable[str]) -> str:
     sentence holding a line break (a document) as `\\r` and its JSON string, which no line of
     a text file can be, so that no two lists share a digest."""
     digest = hashlib.sha256()
-    for sentence in sentences:
-        if "\n" in sentence or "\r" in sentence:
-            sentence = "\r" + json.dumps(sentence)
-        digest.update(sentence.encode("utf-8"))
-        digest.update(b"\n")
+    for _ in _hashed(sentences, digest):
+        pass
     return digest.hexdigest()
+
+
+def _hashed(sentences: Iterable[str], digest: Any) -> Iterator[str]:
+    """`sentences`, each added to `digest` (as `corpus_sha256` hashes them) as it is given."""
+    for sentence in sentences:
+        line = "\r" + json.dumps(sentence) if "\n" in sentence or "\r" in sentence else sentence
+        digest.update(line.encode("utf-8"))
+        digest.update(b"\n")
+        yield sentence
 
 
 class Corpus:
     """Sentences whose `count` and `sha256` are known before they are encoded: a list, or a file
-    hashed in one streaming pass and read again chunk by chunk, never held whole. `ids` names
-    each item (a BEIR corpus's document ids) or is None (a text file: its items are lines)."""
+    hashed in one streaming pass and read again chunk by chunk, never held whole (`read()`
+    gives them all, from the first). `ids` names each item (a BEIR corpus's document ids) or is
+    None (a text file: its items are lines)."""
 
-    def __init__(self, count: int, sha256: str, read: Callable[[int], Iterator[str]], name: str,
+    def __init__(self, count: int, sha256: str, read: Callable[[], Iterator[str]], name: str,
                  ids: list[str] | None = None):
         if count < 1:
             raise BertflowError(f"{name} is empty: expected one sentence per line")
@@ -54,14 +61,14 @@ class Corpus:
         # zip draws from `counter` once per sentence read: after the pass it holds the count
         counted = zip(iter_sentences(path), counter, strict=False)
         digest = corpus_sha256(s for s, _ in counted)
-        return cls(next(counter), digest, lambda start: iter_sentences(path, start), str(path))
+        return cls(next(counter), digest, lambda: iter_sentences(path), str(path))
 
     @classmethod
     def from_sentences(cls, sentences: Sequence[str], name: str = "sentences") -> Corpus:
         if isinstance(sentences, str):
             raise BertflowError("expected a list of sentences, not one string")
         return cls(len(sentences), corpus_sha256(sentences),
-                   lambda start: iter(sentences[start:]), name)
+                   lambda: iter(sentences), name)
 
     def __len__(self) -> int:
         return self.count
@@ -71,12 +78,22 @@ class Corpus:
             yield from chunk
 
     def chunks(self, start: int, stop: int, size: int) -> Iterator[list[str]]:
-        """Sentences `start` to `stop` in lists of `size` (the last may be shorter)."""
-        sentences = self._read(start)
+        """Sentences `start` to `stop` in lists of `size` (the last may be shorter). Every
+        sentence is read and hashed again, and the last list is given only once the digest is
+        `sha256`'s: the sentences given are those the digest names."""
+        digest = hashlib.sha256()
+        sentences = _hashed(self._read(), digest)
+        for _ in itertools.islice(sentences, start):
+            pass
         for first in range(start, stop, size):
             chunk = list(itertools.islice(sentences, min(size, stop - first)))
-            if len(chunk) < min(size, stop - first):
-                raise BertflowError(f"{self.name} changed while it was being read")
+            whole = len(chunk) == min(size, stop - first)
+            if whole and first + size >= stop:  # the last: the rest read, then all of it checked
+                rest = sum(1 for _ in sentences)
+                whole = (stop + rest, digest.hexdigest()) == (self.count, self.sha256)
+            if not whole:
+                raise BertflowError(f"{self.name} changed while it was being read; "
+                                    "encode it again")
             yield chunk
 
 
@@ -98,8 +115,8 @@ def read_corpus(path: str | os.PathLike) -> Corpus:
     digest = corpus_sha256(counted())
     if not ids:
         raise BertflowError(f"{path} is empty: expected one JSON document per line")
-    return Corpus(len(ids), digest, lambda start: (_document(path, number, record)
-                                                   for number, record in records(path, start)),
+    return Corpus(len(ids), digest, lambda: (_document(path, number, record)
+                                             for number, record in records(path)),
                   str(path), ids=list(ids))
 
 

@@ -97,10 +97,13 @@ def meta_path(npy: str | os.PathLike) -> Path:
     return npy.with_name(npy.name.removesuffix(".npy") + ".meta.json")
 
 
-def read_json(path: str | os.PathLike) -> dict[str, Any]:
-    path = _check_file(path)
+def read_json(path: str | os.PathLike, data: bytes | None = None) -> dict[str, Any]:
+    """The JSON object in file `path`, or in `data` (its bytes, already read)."""
+    if data is None:
+        path = _check_file(path)
+        data = path.read_bytes()
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BertflowError(f"{path} is not valid JSON ({first_line(e)})") from None
     value = parse_json(text, str(path))

@@ -5,6 +5,7 @@ import pytest
 
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.embeddings.file import embeddings_meta
+from bertflow.errors import BertflowError
 from bertflow.storage.corpus import Corpus, corpus_sha256
 from bertflow.storage.files import meta_path
 
@@ -178,10 +179,53 @@ def test_the_same_weights_loaded_from_a_copy_of_their_folder_reuse_what_they_mad
 
 
 def test_encode_to_refuses_a_bad_destination_before_making_anything(tmp_path, tiny_encoder):
-    from bertflow import BertflowError
     from bertflow.embeddings.cache import encode_to
 
     out = tmp_path / "new" / "e.txt"
     with pytest.raises(BertflowError, match=f"^--out {out} must end in .npy$"):
         encode_to(out, Corpus.from_sentences(SENTENCES), tiny_encoder, "cls")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_corpus_rewritten_after_it_was_hashed_is_not_cached_under_the_old_hash(
+        tmp_path, counting):
+    """The corpus is hashed in one pass and read again to encode: rows that changed between the
+    two are refused, not filed under the old text's digest."""
+    from bertflow.storage.corpus import read_corpus
+
+    path = tmp_path / "corpus.jsonl"
+
+    def write(texts):
+        path.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n"
+                                for i, t in enumerate(texts)), encoding="utf-8")
+
+    write(SENTENCES)
+    corpus = read_corpus(path)
+    write(SENTENCES[:4] + [s.upper() for s in SENTENCES[4:]])  # in place, after the hash
+    cache = EmbeddingCache(tmp_path / "cache")
+    with pytest.raises(BertflowError, match="changed while it was being read"):
+        cache.files(corpus, counting, "cls")
+    assert cache.get(embeddings_meta(corpus, counting, "cls", 128)) is None
+    assert not list((tmp_path / "cache").glob("*.meta.json"))
+
+
+@pytest.mark.parametrize("debris", ["damaged sidecar", "no sidecar", "foreign partial",
+                                    "foreign record"])
+def test_a_cache_entry_that_fails_its_check_is_replaced(tmp_path, counting, debris):
+    """The cache folder is bertflow's own: what fails its check there is encoded again, never
+    a refusal that blocks every later command on that corpus."""
+    cache = EmbeddingCache(tmp_path)
+    good = np.array(cache.encode(SENTENCES, counting, "cls"))
+    path = entry(cache, counting)
+    if debris == "damaged sidecar":
+        meta_path(path).write_text("{")
+    elif debris == "no sidecar":
+        meta_path(path).unlink()
+    else:
+        path.unlink()
+        meta_path(path).unlink()
+        name = ".partial" if debris == "foreign partial" else ".progress-0-of-1.json"
+        path.with_name(path.name + name).write_text("not ours")
+    np.testing.assert_array_equal(cache.encode(SENTENCES, counting, "cls"), good)
+    assert len(counting.calls) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [meta_path(path).name, path.name]

@@ -782,3 +782,36 @@ def test_embeddings_without_a_sidecar_are_read_once_and_named_by_the_files_sha25
         digest = hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
         assert origin["data"] == origin["corpus"]["npy_sha256"] == digest
     assert hashed == ["f.npy", "t.npy"]
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_verified_file_loads_the_rows_it_verified_after_its_path_is_replaced(tmp_path, order):
+    path, other = tmp_path / "emb.npy", tmp_path / "other.npy"
+    rows = np.asarray(np.arange(12, dtype=np.float32).reshape(4, 3), order=order)
+    np.save(path, rows)
+    np.save(other, rows + 100)
+    file = EmbeddingFile(path).verify()
+    os.replace(other, path)
+    np.testing.assert_array_equal(file.load(), rows)
+
+
+def test_a_run_that_wrote_no_row_leaves_nothing_in_the_way(tmp_path, tiny_encoder,
+                                                          tiny_encoder_dir, kill_setup,
+                                                          small_chunks, monkeypatch):
+    """A run that fails before its first row removes its partial file and records; one killed
+    then leaves a partial file with nothing to continue, which a run with other settings
+    replaces without --restart."""
+    corpus, whole = kill_setup
+    out, real = tmp_path / "out" / "e.npy", type(tiny_encoder).encode_chunk
+    crash_after(tiny_encoder, monkeypatch, 0)
+    with pytest.raises(Crash):
+        write_embeddings({"cls": out}, Corpus.from_file(corpus), tiny_encoder)
+    monkeypatch.setattr(type(tiny_encoder), "encode_chunk", real)
+    assert listing(out.parent) == []
+    killed_at(r"bertflow.embeddings.writer:fsync:out:after",
+              *encode_args(corpus, out, tiny_encoder_dir, "--no-cache", "--pooling", "cls"))
+    (out.parent / ".e.npy.lock").unlink()  # the killed run's
+    assert listing(out.parent) == ["e.npy.partial", "e.npy.progress-0-of-1.json"]
+    encode_in_process(*encode_args(corpus, out, tiny_encoder_dir, "--no-cache"))
+    assert out.read_bytes() == whole.read_bytes()
+    assert listing(out.parent) == ["e.meta.json", "e.npy"]

@@ -1,3 +1,4 @@
+import json
 import shutil
 
 import numpy as np
@@ -78,6 +79,39 @@ def test_fingerprint_tells_encoders_apart(tiny_encoder, tiny_encoder_dir, other_
     assert load_encoder(other_encoder_dir).id.fingerprint != tiny_encoder.id.fingerprint
     copy = shutil.copytree(tiny_encoder_dir, tmp_path / "renamed-copy")
     assert load_encoder(copy).id.fingerprint == tiny_encoder.id.fingerprint
+    for part in (tiny_encoder.model, tiny_encoder.tokenizer):  # saved again by transformers
+        part.save_pretrained(tmp_path / "saved")
+    assert load_encoder(tmp_path / "saved").id.fingerprint == tiny_encoder.id.fingerprint
+
+
+def edit_json(path, edit):
+    value = json.loads(path.read_text())
+    edit(value)
+    path.write_text(json.dumps(value))
+
+
+@pytest.mark.parametrize("change", ["tokenizer keeps case", "heads and activation"])
+def test_fingerprint_covers_the_config_and_the_tokenizer(tiny_encoder, tiny_encoder_dir,
+                                                         tmp_path, change):
+    """A folder whose tokenizer or config changes what it makes (its weights the same) is
+    another encoder: the cache does not give it the old folder's vectors."""
+    from bertflow.embeddings.cache import EmbeddingCache
+
+    folder = shutil.copytree(tiny_encoder_dir, tmp_path / "changed")
+    if change == "tokenizer keeps case":
+        edit_json(folder / "tokenizer_config.json", lambda c: c.update(do_lower_case=False))
+        edit_json(folder / "tokenizer.json", lambda t: t["normalizer"].update(lowercase=False))
+    else:
+        edit_json(folder / "config.json", lambda c: c.update(num_attention_heads=4,
+                                                             hidden_act="relu"))
+    changed = load_encoder(folder)
+    sentences = [s.title() for s in SENTENCES]
+    own = changed.encode(sentences, "mean")
+    assert np.abs(own - tiny_encoder.encode(sentences, "mean")).max() > 1e-3
+    assert changed.id.fingerprint != tiny_encoder.id.fingerprint
+    cache = EmbeddingCache(tmp_path / "cache")
+    cache.encode(sentences, tiny_encoder, "mean")
+    np.testing.assert_allclose(cache.encode(sentences, changed, "mean"), own, atol=1e-6)
 
 
 def test_default_encoder_keeps_its_name_when_given_by_path():

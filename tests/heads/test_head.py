@@ -12,7 +12,7 @@ from bertflow import BertflowError, EncoderId, FlowConfig, FlowHead, TrainConfig
 from bertflow.export.card import details
 from bertflow.storage.artifacts import write_manifest
 
-from ..conftest import REPO, SENTENCES
+from ..conftest import REPO, SENTENCES, swap_after
 
 ENCODER = EncoderId("tiny", "0123456789abcdef")
 
@@ -36,6 +36,26 @@ def test_save_load_round_trip_gives_identical_outputs(head, tmp_path):
     assert loaded.glow.config == head.glow.config
     for key, value in head.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_a_head_replaced_as_it_loads_is_one_version_whole(head, tmp_path, monkeypatch):
+    """What is parsed is the bytes the manifest checked: a folder replaced by another head
+    between the config's read and the weights' gives the first whole, never the first's config
+    over the other's weights."""
+    import bertflow.storage.artifacts
+
+    x = np.random.default_rng(2).normal(size=(300, 12)).astype(np.float32)
+    other = fit_head(x, encoder=ENCODER, pooling="mean", max_length=64,
+                     flow=FlowConfig(levels=2, depth=2), train=TrainConfig(epochs=2, seed=4))
+    head.save(tmp_path / "head")
+    other.save(tmp_path / "other")
+    swapped = swap_after(monkeypatch, bertflow.storage.artifacts, "read_json",
+                         tmp_path / "head", tmp_path / "other",
+                         when=lambda path, *_: path.name == "config.json")
+    loaded = FlowHead.load(tmp_path / "head")
+    assert swapped and FlowHead.load(tmp_path / "head").pooling == "mean"
+    assert loaded.pooling == "cls"
+    np.testing.assert_array_equal(loaded.transform(x[:20]), head.transform(x[:20]))
 
 
 def test_config_describes_the_head(head, tmp_path):

@@ -12,7 +12,7 @@ from bertflow.cli.main import main
 from bertflow.data.sts import Pairs
 from bertflow.search.index import Hit, Index
 
-from ..conftest import REPO, SENTENCES, WORDS, fit_tiny_head
+from ..conftest import REPO, SENTENCES, WORDS, fit_tiny_head, swap_after
 
 
 @pytest.fixture(scope="module")
@@ -327,6 +327,25 @@ def test_an_index_file_declaring_more_than_it_holds_is_refused_before_faiss_allo
                        "== .size.' failed: read error in : [0-9]+ != 2147483648") as caught:
         Index.load(saved)
     assert "\n" not in str(caught.value) and ".cpp" not in str(caught.value)
+
+
+def test_an_index_replaced_as_it_loads_pairs_ids_with_their_own_vectors(tmp_path, monkeypatch):
+    """What is parsed is the bytes the manifest checked: an index folder replaced by another
+    between the items' read and the FAISS file's gives the first whole, never the first's ids
+    over the other's vectors."""
+    import bertflow.search.index
+
+    rng = np.random.default_rng(3)
+    first, other = (rng.normal(size=(8, 16)).astype(np.float32) for _ in range(2))
+    Index.from_embeddings(first, SENTENCES, ids=[f"a{i}" for i in range(8)]).save(
+        tmp_path / "index")
+    Index.from_embeddings(other, SENTENCES, ids=[f"b{i}" for i in range(8)]).save(
+        tmp_path / "other")
+    swapped = swap_after(monkeypatch, bertflow.search.index, "read_json", tmp_path / "index",
+                         tmp_path / "other", when=lambda path, *_: path.name == "items.json")
+    loaded = Index.load(tmp_path / "index")
+    assert swapped and loaded.ids[0] == "a0"
+    np.testing.assert_allclose(loaded.faiss_index.reconstruct_n(0, 8), unit(first), atol=1e-6)
 
 
 def test_save_keeps_foreign_folders_and_the_previous_index_on_failure(
