@@ -15,6 +15,10 @@ With a data folder holding STSBenchmark/ (default data/, `make data`), it also f
 pooling on the STS-B sentences, unlabeled (train+dev+test: the paper's "target" setting), and
 scores the STS-B test pairs.
 
+Sentences are encoded at the encoder folder's own max length (all-MiniLM-L6-v2: 256), as the
+command line's are, into the embedding cache the command line uses (`bertflow eval sts data/`
+then reads the STS-B sentences from there), so a second run encodes nothing.
+
     python experiments/demo.py [--data DIR] [--out checkpoints/demo]
 """
 
@@ -30,6 +34,7 @@ import torch
 from common import REPO, parser
 
 from bertflow import POOLINGS, Head, fit_head, lee, load_encoder, mean_pair_cosine, sts
+from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.export.graphs import export_onnx
 from bertflow.training.choice import candidates, choose_head, fit_candidate
 from bertflow.training.proxy import build_proxy
@@ -46,13 +51,18 @@ def main() -> None:
     began = time.perf_counter()
     print("loading the encoder", flush=True)
     encoder = load_encoder()
-    print(f"encoder: {encoder.id}, {encoder.dim}-d")
+    max_length = encoder.defaults(POOLINGS[0])[1]
+    print(f"encoder: {encoder.id}, {encoder.dim}-d, max length {max_length}")
+    cache = EmbeddingCache()
+
+    def embed(sentences: list[str], progress: bool = False) -> dict[str, np.ndarray]:
+        return cache.encode(sentences, encoder, args.poolings, max_length, progress=progress)
 
     def fit_export_reload(x: np.ndarray, pooling: str, name: str, corpus: str) -> Head:
         recipe = recommended(pooling, x).updated(train={"seed": args.seed})
         print(f"fitting the {pooling} head on {len(x)} {name} sentences ({recipe.before}, then "
               f"{recipe.train.epochs} epoch(s) of the flow)", flush=True)
-        head = fit_head(x, encoder=encoder.id, pooling=pooling, max_length=128,
+        head = fit_head(x, encoder=encoder.id, pooling=pooling, max_length=max_length,
                             corpus={"name": corpus}, progress=True, **recipe.fit_options())
         folder = head.save(args.out / f"{name}-{pooling}")
         onnx = export_onnx(head, args.out / f"{name}-{pooling}.onnx")
@@ -76,13 +86,13 @@ def main() -> None:
         (`bertflow fit --for sts`), and its score."""
         proxy = build_proxy("sts", (("", s) for s in sentences), name="the corpus")
         [(queries, items)] = proxy.groups.values()
-        crops = {id(t): encoder.encode(t, args.poolings) for t in (queries, items)}
+        crops = {id(t): embed(t) for t in (queries, items)}
         rows = []
         for pooling in args.poolings:
             x = np.asarray(train[pooling])
             recipe = recommended(pooling, x).updated(train={"seed": args.seed})
             fit = functools.partial(fit_candidate, x=x, recipe=recipe, encoder=encoder.id,
-                                    pooling=pooling, max_length=128)
+                                    pooling=pooling, max_length=max_length)
             choice = choose_head(candidates(x.shape[1]), fit, proxy, functools.partial(
                 lambda texts, p: np.asarray(crops[id(texts)][p]), p=pooling))
             rows.append((pooling, choice.label,
@@ -98,12 +108,12 @@ def main() -> None:
 
     print(f"encoding the {len(corpus)} Lee background and {len(rated)} rated sentences",
           flush=True)
-    x_corpus = encoder.encode(corpus, args.poolings, progress=True)
-    rows = compare(x_corpus, encoder.encode(rated, args.poolings, progress=True), "lee",
+    x_corpus = embed(corpus, progress=True)
+    rows = compare(x_corpus, embed(rated, progress=True), "lee",
                    "lee_background.cor", lee_score)
     print(f"choosing a head per pooling without labels on the {len(corpus)} background "
           "sentences (bertflow fit --for sts)", flush=True)
-    x_rated = encoder.encode(rated, args.poolings)
+    x_rated = embed(rated)
     chosen = choose(corpus, x_corpus, x_rated, lee_score)
     print(f"\nLee: heads fit on {len(corpus)} background sentences; cosine over the {len(rated)} "
           "sentences of the 50 rated documents, Spearman over their 1,225 rated pairs; the "
@@ -115,7 +125,7 @@ def main() -> None:
         splits = sts.read_stsb_splits(stsb)
         sentences = sts.sentences_of(splits.values())
         print(f"\nencoding the {len(sentences)} STS-B sentences", flush=True)
-        x = encoder.encode(sentences, args.poolings, progress=True)
+        x = embed(sentences, progress=True)
         stsb_score = functools.partial(sts.pair_spearman, splits["test"], sentences)
         rows = compare(x, x, "stsb", "STS-B train+dev+test sentences", stsb_score)
         print("choosing a head per pooling without labels on them", flush=True)
