@@ -149,9 +149,12 @@ def _fresh_clone(folder: Path, data: bool) -> Path:
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
                              check=True).stdout.decode().split("\0")
     for name in filter(None, tracked):
-        if (REPO / name).is_file():
-            (folder / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, folder / name)
+        source, copy = REPO / name, folder / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # as git keeps a link: the link itself
+            copy.symlink_to(os.readlink(source))
+        elif source.is_file():
+            shutil.copy2(source, copy)
     if data:
         subprocess.run(["make", "--no-print-directory", "data",
                         f"BERTFLOW_DATA={data_dir().resolve()}"], cwd=folder, check=True,
