@@ -75,9 +75,10 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
     document is ranked by cosine for each query (its `top`), less the document whose id is the
     query's where `ignore_identical_ids` (None: MTEB's default for the task,
     `ignores_identical_ids`); with `feedback`, each query moved towards its first search's top
-    documents first (`Feedback`). The row holds `MEASURES`, the labels of
-    `bertflow.evaluation.sts`'s rows, ``ignore_identical_ids`` and ``feedback`` where given;
-    with `every_k`, also ``mteb``: MTEB's measures at `MTEB_K` (`mteb_scores`)."""
+    documents first (`Feedback`; that document left out of them too). The row holds
+    `MEASURES`, the labels of `bertflow.evaluation.sts`'s rows, ``ignore_identical_ids`` and
+    ``feedback`` where given; with `every_k`, also ``mteb``: MTEB's measures at `MTEB_K`
+    (`mteb_scores`)."""
     if feedback is not None:
         feedback.check_count(len(task.corpus))
     make, pooling, max_length, labels = method_maker(
@@ -104,14 +105,15 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
         fitted.fit(np.concatenate([given[p] if isinstance(p, str) else embed(Corpus.from_file(p))
                                    for p in parts]))
         labels["fit_on"] = " + ".join(p if isinstance(p, str) else p.name for p in parts)
-    queries, documents = fitted.transform(queries), fitted.transform(documents)
-    if feedback is not None:  # searched exactly, block by block, as `ranking` searches
-        unit = unit_rows(documents, np.float32)
-        queries = feedback.refine(unit_rows(queries, np.float32),
-                                  lambda q, k: top_hits(q, unit, k), unit.__getitem__)
-    run = ranking(queries, documents, list(task.queries), task.corpus.ids, top)
     if ignore_identical_ids is None:
         ignore_identical_ids = ignores_identical_ids(task.name)
+    queries, documents = fitted.transform(queries), fitted.transform(documents)
+    if feedback is not None:  # searched exactly, block by block, as `ranking` searches
+        unit, row = unit_rows(documents, np.float32), {d: i for i, d in enumerate(task.corpus.ids)}
+        own = np.array([row.get(q, -1) for q in task.queries]) if ignore_identical_ids else None
+        queries = feedback.refine(unit_rows(queries, np.float32),
+                                  lambda q, k: top_hits(q, unit, k), unit.__getitem__, own=own)
+    run = ranking(queries, documents, list(task.queries), task.corpus.ids, top)
     if ignore_identical_ids:
         run = without_identical_ids(run)
     return [{"encoder": encoder.id.name, "pooling": pooling, "max_length": max_length, **labels,

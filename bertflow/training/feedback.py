@@ -77,15 +77,19 @@ class Feedback:
         return unit_rows(moved, np.float32)
 
     def refine(self, queries: np.ndarray, search: Search,
-               vectors: Callable[[np.ndarray], np.ndarray], block: int = BLOCK) -> np.ndarray:
+               vectors: Callable[[np.ndarray], np.ndarray], block: int = BLOCK,
+               own: np.ndarray | None = None) -> np.ndarray:
         """`queries` (unit rows) moved by feedback, `block` at a time: `search(q, k)` gives
         their first hits' scores and rows (−1: none), `vectors(rows)` those rows' unit
-        vectors."""
+        vectors; `own`, each query's row left out of its hits (−1: none)."""
         moved = np.empty(queries.shape, np.float32)
         for start in range(0, len(queries), block):
             q = queries[start:start + block]
-            scores, rows = search(q, self.k)
+            scores, rows = search(q, self.k + (own is not None))
             found = rows >= 0
+            if own is not None:
+                found &= rows != own[start:start + block, None]
+                found &= np.cumsum(found, 1) <= self.k
             hits = vectors(np.where(found, rows, 0).ravel()).reshape(*rows.shape, -1)
             moved[start:start + block] = self.expand(q, hits, scores, found)
         return moved

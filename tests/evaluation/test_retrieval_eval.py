@@ -483,3 +483,32 @@ def test_cli_eval_retrieval_with_feedback(beir, tiny_encoder_dir, tmp_path, caps
         code, _, err = run(capsys, *common, *options, "--out", tmp_path / "no.json")
         assert code == 1 and err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "no.json").exists()
+
+
+def test_feedback_leaves_the_querys_own_document_out_where_the_ranking_does(task, tiny_encoder,
+                                                                           tmp_path):
+    """A query that is a document (as ArguAna's): where its own document is left out of its
+    ranking, it is left out of the documents fed back too."""
+    import dataclasses
+
+    texts = list(task.corpus)
+    asked = dataclasses.replace(task, queries={"d5": texts[5], "d9": texts[9], "q0": texts[2]},
+                                qrels={"d5": {"d7": 1}, "d9": {"d1": 1}, "q0": {"d3": 1}})
+    cache = EmbeddingCache(tmp_path / "cache")
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    docs = unit(np.asarray(cache.encode(texts, tiny_encoder, "mean", 32), float))
+    queries = docs[[5, 9, 2]]
+    for ignore in (True, False):
+        [row] = evaluate_retrieval(asked, "raw", tiny_encoder, cache, pooling="mean",
+                                   max_length=32, ignore_identical_ids=ignore,
+                                   feedback=Feedback(2, 1.0))
+        cosines = queries @ docs.T
+        if ignore:
+            cosines[[0, 1], [5, 9]] = -np.inf  # d5 and d9 left out; q0 is no document's id
+        first = np.argsort(-cosines, axis=1)[:, :2]
+        run = ranking(unit(queries + docs[first].mean(1)), docs, list(asked.queries),
+                      task.corpus.ids)
+        run = without_identical_ids(run) if ignore else run
+        for name, value in score_run(asked.qrels, run).items():
+            assert row[name] == pytest.approx(value, abs=1e-6), (ignore, name)
+        assert (5 in first[0]) != ignore

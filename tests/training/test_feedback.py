@@ -54,6 +54,12 @@ def test_refine_searches_each_block_and_moves_each_query():
         top = np.argsort(-(docs @ q))[:3]
         np.testing.assert_allclose(m, unit(q + 0.7 * docs[top].mean(0)), atol=1e-6)
     np.testing.assert_array_equal(feedback.refine(queries, search, docs.__getitem__), moved)
+    own = np.array([np.argmax(docs @ q) for q in queries[:-1]] + [-1])  # each one's best, left out
+    left_out = feedback.refine(queries, search, docs.__getitem__, block=4, own=own)
+    assert asked[-1] == (1, 4)  # one more hit, for the one left out
+    for q, m, mine in zip(queries, left_out, own, strict=True):
+        top = [r for r in np.argsort(-(docs @ q)) if r != mine][:3]
+        np.testing.assert_allclose(m, unit(q + 0.7 * docs[top].mean(0)), atol=1e-6)
 
 
 @pytest.mark.parametrize("k,beta,message", [
