@@ -51,11 +51,6 @@ def feedback_of(args: argparse.Namespace, recorded: Any = None, early: bool = Fa
     """The `Feedback` the options ask for: --feedback-k, --feedback-beta and
     --feedback-weighted over `recorded` (an index's), none with --no-feedback (search's);
     `early`, before search reads the index's, any feedback stands in for it."""
-    from ..training.feedback import Feedback
-
-    if early and hasattr(args, "no_feedback"):
-        recorded = Feedback(1)
-
     given = {name: getattr(args, f"feedback_{name}") for name in FEEDBACK_FIELDS
              if getattr(args, f"feedback_{name}", None) is not None}
     flags = ", ".join(f"--feedback-{name}" for name in given)
@@ -65,6 +60,10 @@ def feedback_of(args: argparse.Namespace, recorded: Any = None, early: bool = Fa
         return None
     if not given:
         return recorded
+    from ..training.feedback import Feedback
+
+    if early and hasattr(args, "no_feedback"):
+        recorded = Feedback(1)
     if "k" not in given and recorded is None:
         raise BertflowError(f"{flags} apply with --feedback-k" + (
             " (this index records no feedback)" if hasattr(args, "no_feedback") else ""))
