@@ -26,8 +26,8 @@ LINEAR_OPTIONS = {"k": ("whitening", "whitening-k", "fractional", "pca"), "d": (
                   "gamma": ("fractional",)}
 SHRINKAGE_ESTIMATORS = ("ledoit-wolf", "oas", "likelihood")
 TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
-# `hnsw`'s graph: neighbours a node (FAISS's M; 2M on the ground layer), candidates kept while
-# it is built (efConstruction) and while it is searched (efSearch); FAISS's defaults but M
 # how far pseudo-relevance feedback moves a query towards its first hits (its β)
 FEEDBACK_BETA = 0.5
+# `hnsw`'s graph: neighbours a node (FAISS's M; 2M on the ground layer), candidates kept while
+# it is built (efConstruction) and while it is searched (efSearch); FAISS's defaults but M
 HNSW_DEFAULTS = {"M": 32, "ef_construction": 40, "ef_search": 16}

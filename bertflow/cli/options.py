@@ -23,8 +23,7 @@ from ..constants import (
 
 __all__ = ["CACHE_HELP", "CORPUS_HELP", "HEAD_HELP", "Formatter", "Parser", "Refused",
            "baseline_options", "ceiling", "device_options", "encoder_options", "feedback_options",
-           "flow_arguments",
-           "head_or_flow_options", "integer", "positive", "quiet", "typed"]
+           "flow_arguments", "head_or_flow_options", "integer", "positive", "quiet", "typed"]
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
