@@ -94,8 +94,9 @@ class Index:
 
     @property
     def feedback(self) -> Feedback | None:
-        """The pseudo-relevance feedback every search applies (`bertflow.search.feedback`);
-        None: plain search. Saved with the index."""
+        """The pseudo-relevance feedback (`Feedback`) every search applies, in the space of
+        the vectors the index stores (`bertflow.search.feedback`); None: plain search. Saved
+        with the index."""
         value = self.config.get("feedback")
         return None if value is None else Feedback.from_dict(value)
 

@@ -28,7 +28,7 @@ class Feedback:
     """Rocchio in embedding space: a query q̂ (unit length) whose first search ranks the unit
     vectors d̂_1 … d̂_k first is searched again as q' = normalise(q̂ + β Σ_i w_i d̂_i), with
     w_i = 1/k, or with `weighted` each hit's cosine over the k cosines' sum (a negative one
-    counts 0; all of them: no move). β = 0 is the plain search."""
+    counts 0; where all are, the query stays). β = 0 is the plain search."""
 
     k: int
     beta: float = FEEDBACK_BETA

@@ -73,9 +73,10 @@ def test_beta_zero_is_the_plain_search(vectors, kind, options):
     assert (index.search_embeddings(queries, 10)[1] != plain[1]).any()
 
 
-def test_the_recorded_feedback_is_saved_and_repeated(tmp_path, vectors):
+@pytest.mark.parametrize("kind", ["hnsw", "IVF8,Flat"])  # IVF: with the map it reads back by
+def test_the_recorded_feedback_is_saved_and_repeated(tmp_path, vectors, kind):
     x, items, queries = vectors
-    index = built(x, items, "hnsw", feedback=Feedback(2, 0.25, weighted=True))
+    index = built(x, items, kind, feedback=Feedback(2, 0.25, weighted=True))
     assert index.config["feedback"] == {"k": 2, "beta": 0.25, "weighted": True}
     folder = index.save(tmp_path / "idx")
     loaded = Index.load(folder)
@@ -86,7 +87,7 @@ def test_the_recorded_feedback_is_saved_and_repeated(tmp_path, vectors):
     loaded.feedback = None
     assert "feedback" not in loaded.config
     np.testing.assert_array_equal(loaded.search_embeddings(queries)[1],
-                                  built(x, items, "hnsw").search_embeddings(queries)[1])
+                                  built(x, items, kind).search_embeddings(queries)[1])
     for bad in ({"k": 0, "beta": 0.5, "weighted": False}, {"k": 2}, "k=2"):
         edit_config(folder, feedback=bad)
         with pytest.raises(BertflowError, match="config.json is malformed"):
