@@ -2,8 +2,8 @@
 their defaults, in a module that imports nothing heavy, so that `bertflow --help` is instant."""
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_ENCODER_NAME", "DEFAULT_MAX_LENGTH", "DEFAULT_POOLING",
-           "DTYPES", "LINEAR_METHODS", "LINEAR_OPTIONS", "METHODS", "POOLINGS", "PROGRESS_FROM",
-           "PROXY_KINDS",
+           "DTYPES", "FEEDBACK_BETA", "LINEAR_METHODS", "LINEAR_OPTIONS", "METHODS", "POOLINGS",
+           "PROGRESS_FROM", "PROXY_KINDS",
            "SHRINKAGE_ESTIMATORS", "TASKS"]
 
 POOLINGS = ("cls", "mean", "first_last", "last2", "static")
@@ -26,6 +26,8 @@ LINEAR_OPTIONS = {"k": ("whitening", "whitening-k", "fractional", "pca"), "d": (
                   "gamma": ("fractional",)}
 SHRINKAGE_ESTIMATORS = ("ledoit-wolf", "oas", "likelihood")
 TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
+# how far pseudo-relevance feedback moves a query towards its first hits (its β)
+FEEDBACK_BETA = 0.5
 # `hnsw`'s graph: neighbours a node (FAISS's M; 2M on the ground layer), candidates kept while
 # it is built (efConstruction) and while it is searched (efSearch); FAISS's defaults but M
 HNSW_DEFAULTS = {"M": 32, "ef_construction": 40, "ef_search": 16}

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 from ..constants import DEFAULT_BATCH_SIZE, LINEAR_OPTIONS
 from ..errors import BertflowError
 
-__all__ = ["FLOW_FIELDS", "TRAIN_FIELDS", "check_inputs", "check_no_encoding", "check_options",
-           "check_paths", "fit_on_files", "flow_flags", "given_flags"]
+__all__ = ["FEEDBACK_FIELDS", "FLOW_FIELDS", "TRAIN_FIELDS", "check_inputs", "check_no_encoding",
+           "check_options", "check_paths", "feedback_of", "fit_on_files", "flow_flags",
+           "given_flags"]
 
 FLOW_FIELDS = ("levels", "depth", "coupling", "hidden", "linear")
 TRAIN_FIELDS = ("seed", "epochs", "batch_size", "lr", "val_fraction", "patience")
+FEEDBACK_FIELDS = ("k", "beta", "weighted")  # `Feedback`'s, given as --feedback-FIELD
 # The encoder's options, and the values allowed where nothing is encoded: the defaults, and
 # what happens anyway (the CPU, where a flow trains; float32).
 _WITHOUT_ENCODING = {"device": ("auto", "cpu"), "dtype": ("float32",),
@@ -34,12 +38,36 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
     given += given_flags(args, ("checkpoint", "resume", "logdir", "dev_sts"))  # fit's
     if given and method != "flow":
         raise BertflowError(f"{', '.join(given)} apply to --method flow only")
+    feedback_of(args, early=True)
     if getattr(args, "check", None) is not None:  # the command's own
         args.check(args, launched)
     for dest, flag in (("k", "--dims"), ("d", "--d"), ("shrinkage", "--shrinkage"),
                        ("gamma", "--gamma")):
         if getattr(args, dest, None) is not None and method not in LINEAR_OPTIONS[dest]:
             raise BertflowError(f"{flag} applies to --method {', '.join(LINEAR_OPTIONS[dest])}")
+
+
+def feedback_of(args: argparse.Namespace, recorded: Any = None, early: bool = False) -> Any:
+    """The `Feedback` the options ask for: --feedback-k, --feedback-beta and
+    --feedback-weighted over `recorded` (an index's), none with --no-feedback (search's);
+    `early`, before search reads the index's, any feedback stands in for it."""
+    given = {name: getattr(args, f"feedback_{name}") for name in FEEDBACK_FIELDS
+             if getattr(args, f"feedback_{name}", None) is not None}
+    flags = ", ".join(f"--feedback-{name}" for name in given)
+    if getattr(args, "no_feedback", False):
+        if given:
+            raise BertflowError(f"{flags} cannot apply with --no-feedback")
+        return None
+    if not given:
+        return recorded
+    from ..training.feedback import Feedback
+
+    if early and hasattr(args, "no_feedback"):
+        recorded = Feedback(1)
+    if "k" not in given and recorded is None:
+        raise BertflowError(f"{flags} apply with --feedback-k" + (
+            " (this index records no feedback)" if hasattr(args, "no_feedback") else ""))
+    return dataclasses.replace(recorded, **given) if recorded else Feedback(**given)
 
 
 def fit_on_files(args: argparse.Namespace) -> list[str]:

@@ -16,13 +16,14 @@ from ..constants import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_POOLING,
     DTYPES,
+    FEEDBACK_BETA,
     POOLINGS,
     SHRINKAGE_ESTIMATORS,
 )
 
 __all__ = ["CACHE_HELP", "CORPUS_HELP", "HEAD_HELP", "Formatter", "Parser", "Refused",
-           "baseline_options", "ceiling", "device_options", "encoder_options", "flow_arguments",
-           "head_or_flow_options", "integer", "positive", "quiet", "typed"]
+           "baseline_options", "ceiling", "device_options", "encoder_options", "feedback_options",
+           "flow_arguments", "head_or_flow_options", "integer", "positive", "quiet", "typed"]
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -73,6 +74,25 @@ def baseline_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=typed(float, "in [0, 2]", lambda v: 0 <= v <= 2), default=None,
                    help="fractional's power: the covariance to −γ/2, γ in [0, 2], 1 being "
                         "whitening (default: 0.5)")
+
+
+def feedback_options(p: argparse.ArgumentParser, recorded: bool = False) -> None:
+    """Pseudo-relevance feedback (`bertflow.training.feedback`, which checks it); none by
+    default, or where an index is `recorded`, the index's (--no-feedback: none)."""
+    default = "the index's" if recorded else "none"
+    g = p.add_argument_group(
+        "feedback", "Vector pseudo-relevance feedback: each query q̂ searched again as "
+        "normalise(q̂ + β · the mean unit vector of its first search's top K), after the head "
+        f"(default: {default})")
+    g.add_argument("--feedback-k", type=int, default=None, metavar="K",
+                   help="feed back the top K documents of the first search, K ≥ 1")
+    g.add_argument("--feedback-beta", type=float, default=None, metavar="BETA",
+                   help=f"β ≥ 0, how far the query moves (with --feedback-k: {FEEDBACK_BETA})")
+    g.add_argument("--feedback-weighted", action=argparse.BooleanOptionalAction, default=None,
+                   help="weigh each document by its cosine (negative ones by 0)")
+    if recorded:
+        g.add_argument("--no-feedback", action="store_true",
+                       help="a plain search, whatever feedback the index records")
 
 
 def head_or_flow_options(p: argparse.ArgumentParser) -> None:

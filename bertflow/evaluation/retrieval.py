@@ -20,6 +20,7 @@ from ..storage.artifacts import mteb_file
 from ..storage.corpus import Corpus
 from ..storage.files import read_json, write_json
 from ..training.choice import check_query_log
+from ..training.feedback import Feedback
 from ..training.proxy import unit_rows
 from ..training.spec import MethodSpec
 from .sts import FitOn, fit_parts, method_maker, row_key
@@ -65,16 +66,21 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
                        name: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
                        progress: bool | None = None, top: int = TOP,
                        ignore_identical_ids: bool | None = None,
-                       every_k: bool = False) -> list[dict[str, Any]]:
+                       every_k: bool = False,
+                       feedback: Feedback | None = None) -> list[dict[str, Any]]:
     """One row scoring `task`: a method (a `MethodSpec`, or the name of one) fit on `fit_on`
     (``"corpus"``, ``"queries"``, text files, or several: their embeddings together), or a
     fitted head (labelled `name`, not fit again); documents and queries are embedded once
     through `cache` with the pooling and max length (the head's), transformed, and every
     document is ranked by cosine for each query (its `top`), less the document whose id is the
     query's where `ignore_identical_ids` (None: MTEB's default for the task,
-    `ignores_identical_ids`). The row holds `MEASURES`, the labels of
-    `bertflow.evaluation.sts`'s rows and ``ignore_identical_ids``; with `every_k`, also
-    ``mteb``: MTEB's measures at `MTEB_K` (`mteb_scores`)."""
+    `ignores_identical_ids`); with `feedback`, each query moved towards its first search's top
+    documents first (`Feedback`; that document left out of them too). The row holds
+    `MEASURES`, the labels of `bertflow.evaluation.sts`'s rows, ``ignore_identical_ids`` and
+    ``feedback`` where given; with `every_k`, also ``mteb``: MTEB's measures at `MTEB_K`
+    (`mteb_scores`)."""
+    if feedback is not None:
+        feedback.check_count(len(task.corpus))
     make, pooling, max_length, labels = method_maker(
         method, encoder, pooling=pooling, max_length=max_length, name=name, progress=progress)
     if isinstance(method, Head):
@@ -99,16 +105,22 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
         fitted.fit(np.concatenate([given[p] if isinstance(p, str) else embed(Corpus.from_file(p))
                                    for p in parts]))
         labels["fit_on"] = " + ".join(p if isinstance(p, str) else p.name for p in parts)
-    run = ranking(fitted.transform(queries), fitted.transform(documents), list(task.queries),
-                  task.corpus.ids, top)
     if ignore_identical_ids is None:
         ignore_identical_ids = ignores_identical_ids(task.name)
+    queries, documents = fitted.transform(queries), fitted.transform(documents)
+    if feedback is not None:  # searched exactly, block by block, as `ranking` searches
+        unit, row = unit_rows(documents, np.float32), {d: i for i, d in enumerate(task.corpus.ids)}
+        own = np.array([row.get(q, -1) for q in task.queries]) if ignore_identical_ids else None
+        queries = feedback.refine(unit_rows(queries, np.float32),
+                                  lambda q, k: top_hits(q, unit, k), unit.__getitem__, own=own)
+    run = ranking(queries, documents, list(task.queries), task.corpus.ids, top)
     if ignore_identical_ids:
         run = without_identical_ids(run)
     return [{"encoder": encoder.id.name, "pooling": pooling, "max_length": max_length, **labels,
              **fitted.settled(),  # what the rule chose (`Method.settle`)
              "task": task.name, "split": task.split, "queries": len(task.queries),
              "documents": len(task.corpus), "ignore_identical_ids": ignore_identical_ids,
+             **({"feedback": feedback.to_dict()} if feedback is not None else {}),
              **score_run(task.qrels, run),
              **({"mteb": mteb_scores(task.qrels, run)} if every_k else {})}]
 
@@ -254,11 +266,15 @@ def write_mteb(folder: str | os.PathLike, row: dict[str, Any],
 
 def format_retrieval_table(rows: list[dict[str, Any]]) -> str:
     """A markdown table of retrieval rows: the labels of `row_key`, the task, its split and
-    `MEASURES` × 100."""
+    `MEASURES` × 100; a method with feedback says so (``raw + feedback (k=3, beta=0.5)``)."""
     lines = ["| encoder | pooling | method | fit on | task | split | nDCG@10 | MAP@100 | MRR@10 "
              "| recall@100 |", "|---|---|---|---|---|---|---:|---:|---:|---:|"]
     for row in rows:
-        cells = [*row_key(row), row["task"], row["split"],
+        encoder, pooling, method, fit_on = row_key(row)
+        if row.get("feedback"):
+            method += " + feedback ({})".format(", ".join(
+                f"{name}={value}" for name, value in row["feedback"].items() if value is not False))
+        cells = [encoder, pooling, method, fit_on, row["task"], row["split"],
                  *(f"{100 * row[m]:.2f}" for m in MEASURES)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

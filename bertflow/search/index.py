@@ -25,7 +25,9 @@ from ..runtime import distributed
 from ..storage.artifacts import INDEX_FOLDER, counts
 from ..storage.corpus import Corpus
 from ..storage.files import check_finite, read_json, sha256_file, write_json
+from ..training.feedback import Feedback
 from . import kinds
+from .feedback import check_index, search_index
 
 __all__ = ["Hit", "Index"]
 
@@ -90,18 +92,37 @@ class Index:
         if "hnsw" in self.config:
             self.config["hnsw"] = {**self.config["hnsw"], "ef_search": int(value)}
 
+    @property
+    def feedback(self) -> Feedback | None:
+        """The pseudo-relevance feedback (`Feedback`) every search applies, in the space of
+        the vectors the index stores (`bertflow.search.feedback`); None: plain search. Saved
+        with the index."""
+        value = self.config.get("feedback")
+        return None if value is None else Feedback.from_dict(value)
+
+    @feedback.setter
+    def feedback(self, value: Feedback | None) -> None:
+        if value is None:
+            self.config.pop("feedback", None)
+            return
+        value.check_count(len(self.items))
+        check_index(self.faiss_index, self.config["kind"])
+        self.config["feedback"] = value.to_dict()
+
     @classmethod
     def from_embeddings(cls, x: np.ndarray, items: Sequence[str], *,
                         ids: Sequence[str] | None = None, head: Head | None = None,
                         encoder: EncoderId | None = None,
                         pooling: str = DEFAULT_POOLING, max_length: int = DEFAULT_MAX_LENGTH,
                         kind: str = "flat", dims: int | None = None,
-                        hnsw: dict[str, int] | None = None) -> Index:
+                        hnsw: dict[str, int] | None = None,
+                        feedback: Feedback | None = None) -> Index:
         """Index pooled embeddings `x` of `items` (named by `ids`, by default their lines),
         after `head`, keeping `dims` components. A trained `kind` (IVF, PQ) learns from a
         seeded sample of the vectors (`kinds.training_rows`); kind `hnsw` builds its graph
         with `hnsw` (M, ef_construction, ef_search; `kinds.HNSW_DEFAULTS`), and an IVF kind
-        visits `kinds.default_nprobe` lists a query: each recorded."""
+        visits `kinds.default_nprobe` lists a query: each recorded, as is `feedback`, which its
+        searches then apply (`Index.feedback`)."""
         x = np.asarray(x)
         if x.ndim != 2 or x.shape[0] != len(items) or not len(items):
             raise BertflowError(f"need one embedding row per item: {x.shape} for {len(items)}")
@@ -113,7 +134,7 @@ class Index:
         else:
             check_finite(x, "the embeddings to index")
         dim = x.shape[1]
-        index, rows = _plan(kind, dim, dims, len(items), hnsw)
+        index, rows = _plan(kind, dim, dims, len(items), hnsw, feedback)
         z, rows = np.ascontiguousarray(x, dtype=np.float32), 0 if index.is_trained else rows
         try:
             if rows:
@@ -135,7 +156,9 @@ class Index:
         if nprobe is not None:
             kinds.set_nprobe(index, kind, nprobe)
             config["nprobe"] = nprobe
-        return cls(index, list(items), config, head, ids)
+        made = cls(index, list(items), config, head, ids)
+        made.feedback = feedback
+        return made
 
     @classmethod
     def build(cls, sentences: Sequence[str] | Corpus,
@@ -155,7 +178,8 @@ class Index:
         if not isinstance(sentences, Corpus | list | tuple):
             sentences = list(sentences)
         _plan(options.get("kind", "flat"), head.out_dim if head is not None else
-              encoder.width(pooling), options.get("dims"), len(sentences), options.get("hnsw"))
+              encoder.width(pooling), options.get("dims"), len(sentences), options.get("hnsw"),
+              options.get("feedback"))
         corpus = sentences if isinstance(sentences, Corpus) else None
         if ids is None and corpus is not None:
             ids = corpus.ids
@@ -171,7 +195,8 @@ class Index:
                                    pooling=pooling, max_length=max_length, **options)
 
     def search_embeddings(self, x: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
-        """Cosine scores and item ids (rows, k), best first, for pooled query embeddings."""
+        """Cosine scores and item ids (rows, k), best first, for pooled query embeddings;
+        with the index's `feedback`, those of the queries it moves."""
         if k < 1:
             raise BertflowError(f"k must be at least 1, got {k}")
         x = np.asarray(x)
@@ -182,8 +207,10 @@ class Index:
             x = self.head.transform(x)  # checks its input and output
         else:
             check_finite(x, "the query embeddings")
-        return self.faiss_index.search(np.ascontiguousarray(x, dtype=np.float32),
-                                       min(k, len(self.items)))
+        x, k = np.ascontiguousarray(x, dtype=np.float32), min(k, len(self.items))
+        if self.feedback is not None:
+            return search_index(self.faiss_index, self.config["kind"], self.feedback, x, k)
+        return self.faiss_index.search(x, k)
 
     def search(self, queries: Sequence[str], encoder: Encoder | str | os.PathLike | None = None,
                k: int = 10, batch_size: int = DEFAULT_BATCH_SIZE, *,
@@ -243,6 +270,8 @@ class Index:
             hnsw = config.get("hnsw")  # absent: written before M was settable, which was 32
             if hnsw is not None and (not isinstance(hnsw, dict) or set(hnsw) != set(HNSW_DEFAULTS)):
                 raise ValueError("bad hnsw settings")
+            if config.get("feedback") is not None:
+                Feedback.from_dict(config["feedback"])
             made = kinds.make(config["kind"], dim, dims, hnsw and {"M": hnsw["M"]})
             expected, least = kinds.structure(made), count * kinds.code_size(made)
         except (KeyError, TypeError, ValueError, BertflowError) as e:
@@ -300,9 +329,12 @@ class Index:
 
 
 def _plan(kind: str, dim: int, dims: int | None, count: int,
-          hnsw: dict[str, int] | None = None) -> tuple[Any, int]:
+          hnsw: dict[str, int] | None = None,
+          feedback: Feedback | None = None) -> tuple[Any, int]:
     """The empty index of `kind` for `count` vectors of `dim` dimensions, PCA to `dims`, and
-    how many of them it is trained on; refused where that cannot be."""
+    how many of them it is trained on; refused where that cannot be (`feedback` too)."""
+    if feedback is not None:
+        feedback.check_count(count)
     dims = None if dims == dim else dims  # all of them: no PCA to train
     if dims is not None and not 1 <= dims <= min(dim, count):
         raise BertflowError(f"dims must be {dim} (all) or between 1 and {min(dim, count)} "

@@ -65,6 +65,18 @@ def test_missing_inputs_and_bad_options_are_refused_before_torch_is_imported(tmp
         (["search", "--index", missing, "--query", "a"], f"no index folder at {missing}"),
         (["search", "--index", tmp_path, "--queries", missing], f"no such file: {missing}"),
         (["info", missing], f"nothing at {missing}, nor a ready head of that name"),
+        (["index", missing, "--out", out, "--feedback-k", "0"],
+         "feedback's k (--feedback-k) must be an integer of at least 1, got 0"),
+        (["index", missing, "--out", out, "--feedback-beta", "0.3"],
+         "--feedback-beta apply with --feedback-k"),
+        (["search", "--index", missing, "--query", "a", "--feedback-beta", "-0.5"],
+         "feedback's beta (--feedback-beta) must be a finite number of at least 0, got -0.5"),
+        (["search", "--index", missing, "--query", "a", "--no-feedback", "--feedback-k", "2"],
+         "--feedback-k cannot apply with --no-feedback"),
+        (["eval", "retrieval", missing, "--feedback-k", "2", "--feedback-beta", "nan"],
+         "(--feedback-beta) must be a finite number of at least 0, got nan"),
+        (["eval", "retrieval", missing, "--feedback-k", "-1", "--feedback-beta", "inf"],
+         "(--feedback-k) must be an integer of at least 1, got -1"),
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = json.dumps([[str(a) for a in args] for args, _ in cases])

@@ -27,6 +27,7 @@ from bertflow.evaluation.retrieval import (
     top_hits,
     without_identical_ids,
 )
+from bertflow.training.feedback import Feedback
 from bertflow.training.spec import MethodSpec
 
 from ..conftest import WORDS, fit_tiny_head
@@ -437,3 +438,77 @@ def test_the_last_releases_eval_forms_still_run_and_say_what_to_use(beir, tiny_e
     assert upgrade(["eval", "sts", "d", "--k", "3"]) == (["eval", "sts", "d", "--dims", "3"],
                                                          [note])
     assert upgrade(["search", "--k", "3"]) == (["search", "--k", "3"], [])
+
+
+def test_feedback_moves_each_query_towards_its_first_exact_hits(task, tiny_encoder, tmp_path):
+    """Each query q̂ is ranked as normalise(q̂ + β · the mean unit vector of its first exact
+    search's top k), by hand here; β = 0 scores as the plain search."""
+    cache = EmbeddingCache(tmp_path / "cache")
+    options = {"pooling": "mean", "max_length": 32}
+    [raw] = evaluate_retrieval(task, "raw", tiny_encoder, cache, **options)
+    [zero] = evaluate_retrieval(task, "raw", tiny_encoder, cache, **options,
+                                feedback=Feedback(2, 0))
+    assert {m: zero[m] for m in MEASURES} == {m: raw[m] for m in MEASURES}
+    [row] = evaluate_retrieval(task, "raw", tiny_encoder, cache, **options,
+                               feedback=Feedback(2, 0.5))
+    assert row["feedback"] == {"k": 2, "beta": 0.5, "weighted": False} and "feedback" not in raw
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    docs = unit(np.asarray(cache.encode(list(task.corpus), tiny_encoder, "mean", 32), float))
+    queries = unit(np.asarray(cache.encode(list(task.queries.values()), tiny_encoder, "mean",
+                                           32), float))
+    first = np.argsort(-(queries @ docs.T), axis=1)[:, :2]
+    moved = unit(queries + 0.5 * docs[first].mean(1))
+    run = ranking(moved, docs, list(task.queries), task.corpus.ids)
+    assert run != ranking(queries, docs, list(task.queries), task.corpus.ids)
+    for name, value in score_run(task.qrels, run).items():
+        assert row[name] == pytest.approx(value, abs=1e-6), name
+    assert "| raw + feedback (k=2, beta=0.5) |" in format_retrieval_table([row])
+    empty = EmbeddingCache(tmp_path / "empty")
+    with pytest.raises(BertflowError, match=r"--feedback-k 25\) is more than the 24 documents"):
+        evaluate_retrieval(task, "raw", tiny_encoder, empty, **options, feedback=Feedback(25))
+    assert not list(empty.root.glob("*.npy"))  # refused before anything is embedded
+
+
+def test_cli_eval_retrieval_with_feedback(beir, tiny_encoder_dir, tmp_path, capsys):
+    common = ["eval", "retrieval", beir, "--method", "raw", "--encoder", tiny_encoder_dir,
+              "--pooling", "mean", "--max-length", "32", "--cache", tmp_path / "cache", "--quiet"]
+    code, out, err = run(capsys, *common, "--feedback-k", "3", "--feedback-weighted",
+                         "--out", tmp_path / "rows.json")
+    assert code == 0, err
+    assert "| raw + feedback (k=3, beta=0.5, weighted=True) |" in out
+    [row] = json.loads((tmp_path / "rows.json").read_text())
+    assert row["feedback"] == {"k": 3, "beta": 0.5, "weighted": True}
+    for options, message in ((["--feedback-k", "25"], "is more than the 24 documents"),
+                             (["--feedback-beta", "1"], "--feedback-beta apply with --feedback-k")):
+        code, _, err = run(capsys, *common, *options, "--out", tmp_path / "no.json")
+        assert code == 1 and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "no.json").exists()
+
+
+def test_feedback_leaves_the_querys_own_document_out_where_the_ranking_does(task, tiny_encoder,
+                                                                           tmp_path):
+    """A query that is a document (as ArguAna's): where its own document is left out of its
+    ranking, it is left out of the documents fed back too."""
+    import dataclasses
+
+    texts = list(task.corpus)
+    asked = dataclasses.replace(task, queries={"d5": texts[5], "d9": texts[9], "q0": texts[2]},
+                                qrels={"d5": {"d7": 1}, "d9": {"d1": 1}, "q0": {"d3": 1}})
+    cache = EmbeddingCache(tmp_path / "cache")
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    docs = unit(np.asarray(cache.encode(texts, tiny_encoder, "mean", 32), float))
+    queries = docs[[5, 9, 2]]
+    for ignore in (True, False):
+        [row] = evaluate_retrieval(asked, "raw", tiny_encoder, cache, pooling="mean",
+                                   max_length=32, ignore_identical_ids=ignore,
+                                   feedback=Feedback(2, 1.0))
+        cosines = queries @ docs.T
+        if ignore:
+            cosines[[0, 1], [5, 9]] = -np.inf  # d5 and d9 left out; q0 is no document's id
+        first = np.argsort(-cosines, axis=1)[:, :2]
+        run = ranking(unit(queries + docs[first].mean(1)), docs, list(asked.queries),
+                      task.corpus.ids)
+        run = without_identical_ids(run) if ignore else run
+        for name, value in score_run(asked.qrels, run).items():
+            assert row[name] == pytest.approx(value, abs=1e-6), (ignore, name)
+        assert (5 in first[0]) != ignore

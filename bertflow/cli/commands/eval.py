@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ...constants import METHODS, TASKS
 from ...errors import BertflowError
-from ..checks import check_paths
-from ..options import Formatter, Parser, baseline_options, head_or_flow_options
+from ..checks import check_paths, feedback_of
+from ..options import Formatter, Parser, baseline_options, feedback_options, head_or_flow_options
 from ..shared import flow_options, head_and_encoder
 
 SUMMARY = "score STS tasks (eval sts) or a BEIR retrieval task (eval retrieval)"
@@ -59,6 +59,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                            "task name) into this folder of a model's results")
     _eval_options(retrieval, "'corpus' (the documents), 'queries' (the split's), "
                   "text files, or several together (default: corpus)")
+    feedback_options(retrieval)
 
 
 def check(args: argparse.Namespace, launched: bool) -> None:
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         rows = evaluate_retrieval(task, method, encoder, EmbeddingCache(args.cache), **options,
                                   ignore_identical_ids=args.ignore_identical_ids,
-                                  every_k=args.mteb is not None)
+                                  every_k=args.mteb is not None, feedback=feedback_of(args))
         if args.mteb is not None:
             say(f"wrote {write_mteb(args.mteb, rows[0], time.perf_counter() - started)}")
             rows[0].pop("mteb")

@@ -6,8 +6,16 @@ import argparse
 from pathlib import Path
 
 from ...constants import HNSW_DEFAULTS
-from ..checks import check_paths
-from ..options import CACHE_HELP, CORPUS_HELP, encoder_options, integer, positive, quiet
+from ..checks import check_paths, feedback_of
+from ..options import (
+    CACHE_HELP,
+    CORPUS_HELP,
+    encoder_options,
+    feedback_options,
+    integer,
+    positive,
+    quiet,
+)
 from ..shared import head_and_encoder
 
 SUMMARY = "build a FAISS index of a corpus for search"
@@ -36,6 +44,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ef-search", type=positive, default=None, metavar="N",
                    help=f"candidates kept while searching, saved with the index (default: "
                    f"{HNSW_DEFAULTS['ef_search']})")
+    feedback_options(p)  # recorded: every search of the index repeats it
     p.add_argument("--cache", type=Path, default=None, help=CACHE_HELP)
     quiet(p)
 
@@ -62,6 +71,7 @@ def run(args: argparse.Namespace) -> None:
     index = Index.build(corpus, encoder, head=head, pooling=args.pooling,
                         max_length=args.max_length, cache=EmbeddingCache(args.cache),
                         kind=args.kind, dims=args.dims, hnsw=hnsw or None,
+                        feedback=feedback_of(args),
                         batch_size=args.encode_batch_size, progress=args.progress)
     if index is None:  # another process of a torchrun job builds it
         return
@@ -69,6 +79,8 @@ def run(args: argparse.Namespace) -> None:
     c = index.config
     trained = f" (trained on {c['trained_on']})" if c["trained_on"] else ""
     graph = ", ".join(f"{k} {v}" for k, v in c["hnsw"].items()) if "hnsw" in c else ""
+    feedback = ", ".join(f"{k} {v}" for k, v in c["feedback"].items()) if "feedback" in c else ""
     print(f"wrote {args.out}: {c['count']} items, {c['kind']}{trained}"
           f"{f' ({graph})' if graph else ''}, {c['dims']}-d, {c['pooling']} pooling, "
-          f"{'with' if head is not None else 'without'} a head")
+          f"{'with' if head is not None else 'without'} a head"
+          f"{f', feedback ({feedback})' if feedback else ''}")

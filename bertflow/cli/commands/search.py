@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ...constants import DEFAULT_BATCH_SIZE
 from ...errors import BertflowError, BertflowWarning
-from ..options import CACHE_HELP, Refused, device_options, positive, quiet
+from ..checks import feedback_of
+from ..options import CACHE_HELP, Refused, device_options, feedback_options, positive, quiet
 from ..shared import load_encoder_of, printable
 
 SUMMARY = "query an index built by `bertflow index`"
@@ -29,6 +30,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="inverted lists visited per query, IVF kinds (default: the index's)")
     p.add_argument("--ef-search", type=positive, default=None, metavar="N",
                    help="candidates kept while searching an HNSW graph (default: the index's)")
+    feedback_options(p, recorded=True)
     p.add_argument("--k", action=Refused, nargs="?", help=argparse.SUPPRESS,
                    const="hits per query are --top")
     p.add_argument("--encoder", default=None, help="encoder (default: the index's)")
@@ -54,6 +56,9 @@ def run(args: argparse.Namespace) -> None:
         index.nprobe = args.nprobe
     if args.ef_search is not None:
         index.ef_search = args.ef_search
+    feedback = feedback_of(args, index.feedback)
+    if feedback != index.feedback:
+        index.feedback = feedback
     hits_per_query = index.search(list(queries.values()), load_encoder_of(args, index), args.top,
                                   args.encode_batch_size, cache=EmbeddingCache(args.cache),
                                   progress=args.progress)
