@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..constants import DEFAULT_BATCH_SIZE
+from ..cosine import TOP, top_hits, unit_rows
 from ..data.beir import BeirTask, is_qrels
 from ..embeddings.cache import EmbeddingCache
 from ..encoders.encoder import Encoder
@@ -21,15 +22,14 @@ from ..storage.corpus import Corpus
 from ..storage.files import read_json, write_json
 from ..training.choice import check_query_log
 from ..training.feedback import Feedback
-from ..training.proxy import unit_rows
 from ..training.spec import MethodSpec
 from .sts import FitOn, fit_parts, method_maker, row_key
 
 __all__ = ["FIT_SOURCES", "IDENTICAL_IDS_IGNORED", "MEASURES", "MTEB_K", "MTEB_NAMES",
-           "PAIR_BYTES", "SCORE_BUDGET", "TOP", "check_mteb_destination", "evaluate_retrieval",
+           "TOP", "check_mteb_destination", "evaluate_retrieval",
            "format_retrieval_table",
            "ignores_identical_ids", "mteb_name", "mteb_result", "mteb_scores", "ranking",
-           "score_run", "top_hits", "without_identical_ids", "write_mteb"]
+           "score_run", "without_identical_ids", "write_mteb"]
 
 # the measures of a row (MTEB's names) and the pytrec_eval measure each is the query mean of;
 # MRR@10 is `recip_rank` on each query's top 10, as MTEB's own loop computes it
@@ -41,12 +41,7 @@ MTEB_NAMES = {"arguana": "ArguAna", "climate-fever": "ClimateFEVER", "dbpedia-en
               "fever": "FEVER", "fiqa": "FiQA2018", "hotpotqa": "HotpotQA", "msmarco": "MSMARCO",
               "nfcorpus": "NFCorpus", "nq": "NQ", "quora": "QuoraRetrieval", "scidocs": "SCIDOCS",
               "scifact": "SciFact", "trec-covid": "TRECCOVID", "webis-touche2020": "Touche2020"}
-# the working memory of exact search: a block of queries is scored against every document at
-# once, a float32 score, its negation and an int64 column a pair while the top is selected
-SCORE_BUDGET = 268_435_456  # 256 MiB
-PAIR_BYTES = 16
 FIT_SOURCES = ("corpus", "queries")  # the task's documents, its split's queries; else text files
-TOP = 1000  # documents ranked per query, as MTEB
 # the tasks MTEB scores with a document whose id is the query's left out of its ranking (its
 # `ignore_identical_ids`, set per task since MTEB 2): BEIR's folder names and MTEB's task names
 IDENTICAL_IDS_IGNORED = frozenset({"arguana", "quora", "quoraretrieval", "fiqa", "fiqa2018",
@@ -123,45 +118,6 @@ def evaluate_retrieval(task: BeirTask, method: str | MethodSpec | Head, encoder:
              **({"feedback": feedback.to_dict()} if feedback is not None else {}),
              **score_run(task.qrels, run),
              **({"mteb": mteb_scores(task.qrels, run)} if every_k else {})}]
-
-
-def top_hits(queries: np.ndarray, documents: np.ndarray, top: int = TOP,
-             budget: int = SCORE_BUDGET) -> tuple[np.ndarray, np.ndarray]:
-    """Exact cosine search: for each query, the scores and the rows of its `top` documents
-    (every one if fewer), by score descending, ties by row; (queries × top) arrays, computed
-    a block of queries at a time: 256, or fewer where scoring every document would take more
-    than `budget` bytes (`PAIR_BYTES` a query and document; at least one query),
-    deterministic."""
-    if queries.ndim != 2 or documents.ndim != 2 or queries.shape[1] != documents.shape[1]:
-        raise BertflowError(f"queries {queries.shape} and documents {documents.shape} "
-                            "differ in width")
-    if top < 1 or not len(documents):
-        raise BertflowError("nothing to search: no documents, or top < 1")
-    d, top = unit_rows(documents, np.float32), min(top, len(documents))
-    scores = np.empty((len(queries), top), np.float32)
-    rows = np.empty((len(queries), top), np.int64)
-    block = max(1, min(256, budget // (PAIR_BYTES * len(documents))))
-    for start in range(0, len(queries), block):
-        s = unit_rows(queries[start:start + block], np.float32) @ d.T
-        kept = (_first_top(s, top) if top < s.shape[1]
-                else np.broadcast_to(np.arange(s.shape[1]), s.shape))
-        kept_scores = np.take_along_axis(s, kept, axis=1)
-        order = np.lexsort((kept, -kept_scores), axis=1)
-        rows[start:start + block] = np.take_along_axis(kept, order, axis=1)
-        scores[start:start + block] = np.take_along_axis(kept_scores, order, axis=1)
-    return scores, rows
-
-
-def _first_top(s: np.ndarray, top: int) -> np.ndarray:
-    """The columns of each row's `top` highest scores, unordered; of the scores tied with the
-    last one kept, those of the lowest columns (`argpartition` keeps arbitrary ones)."""
-    kept = np.argpartition(-s, top - 1, axis=1)[:, :top]
-    cut = np.take_along_axis(s, kept, axis=1).min(1, keepdims=True)
-    for row in np.flatnonzero((s >= cut).sum(1) > top):  # ties straddle the cut: rare
-        above = np.flatnonzero(s[row] > cut[row])
-        tied = np.flatnonzero(s[row] == cut[row])[: top - len(above)]
-        kept[row] = np.concatenate([above, tied])
-    return kept
 
 
 def ranking(queries: np.ndarray, documents: np.ndarray, query_ids: Sequence[str],

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..constants import FEEDBACK_BETA
+from ..cosine import unit_rows
 from ..errors import BertflowError
-from .proxy import unit_rows
 
 __all__ = ["BLOCK", "Feedback"]
 

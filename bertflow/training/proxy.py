@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..constants import PROXY_KINDS
+from ..cosine import unit_rows
 from ..errors import BertflowError
 
-__all__ = ["MIN_PAIRS", "Proxy", "build_proxy", "proxy_ndcg", "proxy_text", "unit_rows"]
+__all__ = ["MIN_PAIRS", "Proxy", "build_proxy", "proxy_ndcg", "proxy_text"]
 
 MIN_PAIRS = 100  # fewer pairs than this give no interval worth the name
 MIN_PART = 20  # characters in each half of a split document
@@ -118,13 +119,6 @@ def proxy_ndcg(queries: np.ndarray, items: np.ndarray, block: int = 1024) -> np.
         own = s[np.arange(len(s)), np.arange(start, start + len(s))]
         ranks[start:start + block] = (s >= own[:, None]).sum(1)  # ties and itself
     return np.where(ranks <= 10, 1 / np.log2(1 + ranks), 0.0)
-
-
-def unit_rows(x: np.ndarray, dtype: type = np.float64) -> np.ndarray:
-    """The rows of `x` in `dtype` scaled to unit length (a zero row stays zero)."""
-    x = np.asarray(x, dtype=dtype)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.where(norms > 0, norms, 1)
 
 
 def proxy_text(described: dict[str, object]) -> str:

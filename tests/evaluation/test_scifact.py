@@ -13,7 +13,8 @@ import pytest
 
 from bertflow import FlowHead, default_encoder_path, load_encoder
 from bertflow.embeddings.cache import EmbeddingCache
-from bertflow.evaluation.retrieval import MEASURES, evaluate_retrieval, ranking, top_hits
+from bertflow.cosine import top_hits
+from bertflow.evaluation.retrieval import MEASURES, evaluate_retrieval, ranking
 
 from ..conftest import data_dir
 
