@@ -12,6 +12,11 @@ the head would refuse); and at a third of the dimensions (`--dims`), with PCA th
 the index bytes of the raw and the chosen head (`bertflow index --head`). No qrels are read
 before every choice is made.
 
+Pseudo-relevance feedback settings are candidates beside the heads (`bertflow.training.choice`):
+their proxy score leaves each proxy query's own item out of what it feeds back. Each feedback
+row also shows the proxy score with the own item fed back ("own kept"), the self-retrieval
+that the choice's proxy avoids, so the two can be set against the test scores.
+
 Writes experiments/results/choice.{json,md}.
 
     python experiments/choice.py [--encoder DIR --max-length N]... [--split test]
@@ -34,9 +39,16 @@ from bertflow.data.beir import load_task
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.evaluation.retrieval import evaluate_retrieval
 from bertflow.search.index import Index
+from bertflow.storage.corpus import Corpus, titled
 from bertflow.storage.files import write_json
-from bertflow.training.choice import format_choice, query_key
+from bertflow.training.choice import (
+    format_choice,
+    proxy_feedback,
+    query_key,
+    recorded_feedback,
+)
 from bertflow.training.job import FitJob, run_fit
+from bertflow.training.proxy import build_proxy, proxy_ndcg
 
 
 def main() -> None:
@@ -73,9 +85,11 @@ def run(args: argparse.Namespace, work: Path) -> None:
                          encoder=folder, pooling="mean", max_length=max_length,
                          cache=args.cache, choose_for="retrieval", queries=queries, dims=dims)
             choice = run_fit(job, progress=False).choice
+            _own_kept(choice, args.beir / "corpus.jsonl", encoder, max_length, cache)
             for row in choice.rows:  # only now: the qrels
-                [scores] = evaluate_retrieval(scored, choice.heads[row["candidate"]], encoder,
-                                              cache, progress=False)
+                head = choice.heads[row["candidate"]]
+                [scores] = evaluate_retrieval(scored, head, encoder, cache, progress=False,
+                                              feedback=recorded_feedback(head))
                 row["test_ndcg_at_10"] = round(100 * scores["ndcg_at_10"], 4)
             raw = raw if raw is not None else choice.rows[0]["test_ndcg_at_10"]
             proxy = [r["proxy_ndcg_at_10"] for r in choice.rows]
@@ -117,6 +131,24 @@ def run(args: argparse.Namespace, work: Path) -> None:
                                                    ""]), encoding="utf-8")
 
 
+def _own_kept(choice: Any, corpus: Path, encoder: Any, max_length: int,
+              cache: EmbeddingCache) -> None:
+    """Each feedback row's proxy nDCG@10 × 100 with the proxy query's own item fed back as
+    any other hit (``proxy_own_kept``): the self-retrieval the choice leaves out."""
+    proxy = build_proxy("retrieval", titled(corpus), name=str(corpus))
+    queries, items = proxy.embed(lambda texts: cache.files(
+        Corpus.from_sentences(texts, "a proxy"), encoder, "mean", max_length,
+        progress=False)["mean"].load())
+    for row in choice.rows:
+        feedback = recorded_feedback(choice.heads[row["candidate"]])
+        if feedback is None:
+            continue
+        head = choice.heads[row["candidate"]]
+        z_items = head.transform(items)
+        moved = proxy_feedback(feedback, head.transform(queries), z_items, own_kept=True)
+        row["proxy_own_kept"] = round(100 * float(proxy_ndcg(moved, z_items).mean()), 4)
+
+
 def _summary_row(r: dict[str, Any]) -> str:
     share = 100 * r["chosen_test"] / r["raw_test"]
     return (f"| {r['encoder']} | {r['setting']} | {r['chosen']} | {r['chosen_test']:.2f} "
@@ -126,11 +158,16 @@ def _summary_row(r: dict[str, Any]) -> str:
 
 
 def _with_test(table: str, rows: list[dict[str, Any]]) -> str:
-    """The choice's table with each candidate's test nDCG@10 as a last column."""
+    """The choice's table with each candidate's test nDCG@10 as a last column, and a
+    feedback row's proxy score with its own item kept before it."""
     head, rule, *body = table.splitlines()
-    return "\n".join([head + " test nDCG@10 |", rule + "---:|",
-                      *(f"{line} {row['test_ndcg_at_10']:.2f} |"
+    return "\n".join([head + " proxy, own kept | test nDCG@10 |", rule + "---:|---:|",
+                      *(f"{line} {_kept(row)} | {row['test_ndcg_at_10']:.2f} |"
                         for line, row in zip(body, rows, strict=True))])
+
+
+def _kept(row: dict[str, Any]) -> str:
+    return f"{row['proxy_own_kept']:.2f}" if "proxy_own_kept" in row else ""
 
 
 def _index_bytes(task: Any, encoder: Any, head: Any, max_length: int,

@@ -47,10 +47,12 @@ def check_options(args: argparse.Namespace, launched: bool) -> None:
             raise BertflowError(f"{flag} applies to --method {', '.join(LINEAR_OPTIONS[dest])}")
 
 
-def feedback_of(args: argparse.Namespace, recorded: Any = None, early: bool = False) -> Any:
+def feedback_of(args: argparse.Namespace, recorded: Any = None, early: bool = False,
+                source: str | None = None) -> Any:
     """The `Feedback` the options ask for: --feedback-k, --feedback-beta and
-    --feedback-weighted over `recorded` (an index's), none with --no-feedback (search's);
-    `early`, before search reads the index's, any feedback stands in for it."""
+    --feedback-weighted over `recorded` (what `source`, an index or a head, records), none
+    with --no-feedback; `early`, before the index or head is read, any feedback stands in for
+    it."""
     given = {name: getattr(args, f"feedback_{name}") for name in FEEDBACK_FIELDS
              if getattr(args, f"feedback_{name}", None) is not None}
     flags = ", ".join(f"--feedback-{name}" for name in given)
@@ -62,11 +64,11 @@ def feedback_of(args: argparse.Namespace, recorded: Any = None, early: bool = Fa
         return recorded
     from ..training.feedback import Feedback
 
-    if early and hasattr(args, "no_feedback"):
+    if early and any(getattr(args, owner, None) is not None for owner in ("index", "head")):
         recorded = Feedback(1)
     if "k" not in given and recorded is None:
         raise BertflowError(f"{flags} apply with --feedback-k" + (
-            " (this index records no feedback)" if hasattr(args, "no_feedback") else ""))
+            f" ({source} records no feedback)" if source else ""))
     return dataclasses.replace(recorded, **given) if recorded else Feedback(**given)
 
 

@@ -76,10 +76,11 @@ def baseline_options(p: argparse.ArgumentParser) -> None:
                         "whitening (default: 0.5)")
 
 
-def feedback_options(p: argparse.ArgumentParser, recorded: bool = False) -> None:
+def feedback_options(p: argparse.ArgumentParser, recorded: str | None = None) -> None:
     """Pseudo-relevance feedback (`bertflow.training.feedback`, which checks it); none by
-    default, or where an index is `recorded`, the index's (--no-feedback: none)."""
-    default = "the index's" if recorded else "none"
+    default, or the feedback that `recorded` (the index, the head) records, where it records
+    one (--no-feedback: none)."""
+    default = f"{recorded}, where it records one, else none" if recorded else "none"
     g = p.add_argument_group(
         "feedback", "Vector pseudo-relevance feedback: each query q̂ searched again as "
         "normalise(q̂ + β · the mean unit vector of its first search's top K), after the head "
@@ -92,7 +93,7 @@ def feedback_options(p: argparse.ArgumentParser, recorded: bool = False) -> None
                    help="weigh each document by its cosine (negative ones by 0)")
     if recorded:
         g.add_argument("--no-feedback", action="store_true",
-                       help="a plain search, whatever feedback the index records")
+                       help=f"a plain search, whatever feedback {recorded} records")
 
 
 def head_or_flow_options(p: argparse.ArgumentParser) -> None:

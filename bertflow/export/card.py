@@ -82,6 +82,8 @@ def details(head: Head | Path) -> list[tuple[str, str]]:
         ("chosen", _chosen(training)),
         ("query log", f"{log['file']}: {log['count']} queries" if isinstance(
             log := training.get("query_log"), dict) else None),
+        ("feedback", ", ".join(f"{k} {v}" for k, v in feedback.items()) + " (searches)"
+         if isinstance(feedback := training.get("feedback"), dict) else None),
     ]
     return [(k, v) for k, v in rows if v is not None]
 

@@ -1,10 +1,14 @@
 """A head chosen without labels: every candidate fit on the corpus (and an optional query log),
 scored on a proxy task built from the corpus itself (`bertflow.training.proxy`), and the
 baseline (the identity; PCA at reduced dimensions) kept unless a candidate beats it by more than
-the joint 95% bootstrap interval of their paired difference (joint: for all candidates at once)."""
+the joint 95% bootstrap interval of their paired difference (joint: for all candidates at once).
+For retrieval, vector pseudo-relevance feedback settings are candidates too, on the baseline's
+vectors: a proxy query feeds back its first hits less its own item, so that finding its own
+text first cannot make feedback look good (`feedback_candidates`)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 from collections.abc import Callable, Mapping
@@ -14,19 +18,23 @@ from typing import Any
 
 import numpy as np
 
+from ..cosine import top_hits, unit_rows
 from ..errors import BertflowError
 from ..heads.head import Head
 from ..heads.linear import LinearMap
 from ..storage.corpus import Corpus
+from .feedback import Feedback
 from .proxy import Proxy, proxy_ndcg
 from .recipes import Recipe
 from .spec import MethodSpec
 from .trainer import fit_head
 
-__all__ = ["RESAMPLES", "Choice", "candidates", "check_query_log", "choose_head",
-           "fit_candidate", "format_choice", "query_key", "query_log"]
+__all__ = ["FEEDBACK_BETAS", "FEEDBACK_K", "RESAMPLES", "Choice", "candidates",
+           "check_query_log", "choose_head", "feedback_candidates", "fit_candidate",
+           "format_choice", "proxy_feedback", "query_key", "query_log", "recorded_feedback"]
 
 RESAMPLES = 1000  # bootstrap resamples of the proxy's queries
+FEEDBACK_K, FEEDBACK_BETAS = (1, 3, 5, 10), (0.25, 0.5, 1.0)  # feedback's candidate settings
 
 
 def candidates(dim: int, dims: int | None = None) -> list[tuple[str, MethodSpec]]:
@@ -49,6 +57,32 @@ def candidates(dim: int, dims: int | None = None) -> list[tuple[str, MethodSpec]
             ("whitening, α by ledoit-wolf", MethodSpec("whitening", shrinkage="ledoit-wolf")),
             *((f"fractional γ={g}", MethodSpec("fractional", gamma=g)) for g in (0.1, 0.25, 0.5)),
             ("flow (the pooling's recipe)", MethodSpec("flow"))]
+
+
+def feedback_candidates() -> list[tuple[str, Feedback]]:
+    """(label, feedback) of each pseudo-relevance feedback setting tried: k in `FEEDBACK_K`
+    documents fed back, moved by β in `FEEDBACK_BETAS`."""
+    return [(f"feedback k={k} β={beta}", Feedback(k, beta))
+            for k in FEEDBACK_K for beta in FEEDBACK_BETAS]
+
+
+def proxy_feedback(feedback: Feedback, queries: np.ndarray, items: np.ndarray,
+                   own_kept: bool = False) -> np.ndarray:
+    """The proxy's `queries` moved by `feedback` over its `items` (row i: query i's own item,
+    the one relevant to it), with each query's own item left out of the documents it feeds
+    back: it is still ranked, but cannot pull the query towards itself, so feedback scores
+    only by what the query's neighbours bring (a pseudo-query finds its own text far more
+    often than a real query finds a relevant document). `own_kept`: fed back as any other
+    hit, to measure that self-retrieval."""
+    unit = unit_rows(items, np.float32)
+    return feedback.refine(unit_rows(queries, np.float32), lambda q, k: top_hits(q, unit, k),
+                           unit.__getitem__, own=None if own_kept else np.arange(len(queries)))
+
+
+def recorded_feedback(head: Head | None) -> Feedback | None:
+    """The feedback a head chosen with it records (`choose_head`), checked; else None."""
+    value = None if head is None else head.training_info.get("feedback")
+    return None if value is None else Feedback.from_dict(value)
 
 
 def fit_candidate(spec: MethodSpec, x: Any, recipe: Recipe | None = None,
@@ -85,16 +119,30 @@ class Choice:
         return {"chosen": self.label, "rule": "the baseline unless a candidate's joint 95% "
                 "bootstrap interval of its proxy nDCG@10 difference lies above 0",
                 "proxy": self.proxy,
+                **({"feedback": "each proxy query's own item left out of the documents it "
+                    "feeds back"} if any("feedback" in r for r in self.rows) else {}),
                 "resamples": RESAMPLES, "candidates": self.rows}
+
+    def reason(self) -> str:
+        """Why the chosen candidate was chosen, in one line."""
+        row = next(r for r in self.rows if r["chosen"])
+        if row is self.rows[0]:
+            return f"kept {self.label}: no candidate beat it beyond its joint 95% interval"
+        low, high = row["interval"]
+        return (f"chose {self.label}: proxy nDCG@10 {row['difference']:+.2f} over "
+                f"{self.rows[0]['candidate']}, joint 95% interval [{low:+.2f}, {high:+.2f}]")
 
 
 def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec], Head],
                 proxy: Proxy, embed: Callable[[list[str]], np.ndarray], *,
-                after: Callable[[Head], Head] | None = None, seed: int = 0,
+                after: Callable[[Head], Head] | None = None,
+                feedback: list[tuple[str, Feedback]] = (), seed: int = 0,
                 say: Callable[[str], None] | None = None) -> Choice:
     """Fit each of `specs` (the baseline first) by `fit`, and with `after` a flow after the
-    bijective linear map best on the proxy (`after(that head)`); score each on `proxy` (its
-    texts embedded by `embed`) and choose: of the candidates whose interval lies above 0, the
+    bijective linear map best on the proxy (`after(that head)`); each of `feedback` (label,
+    setting) is a candidate too, the baseline's head searched with it (`proxy_feedback`; a
+    copy of the head that records it). Score each on `proxy` (its texts embedded by `embed`)
+    and choose: of the candidates whose interval lies above 0, the
     best on the proxy; else the baseline. The intervals hold jointly, at 95% for all the
     candidates at once (a bootstrap of the largest standardised deviation among them), so that
     trying more candidates does not make a chance winner likelier. A candidate that cannot be
@@ -103,13 +151,15 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
     queries, items = proxy.embed(embed)
     picks = np.random.default_rng(seed).integers(0, len(queries), (RESAMPLES, len(queries)))
     heads, rows, scores = {}, [], {}
-    total = len(specs) + (after is not None)
+    total = len(specs) + (after is not None) + len(feedback)
     say = say or (lambda line: None)
 
     def score(label: str, method: str, make: Callable[[], Head]) -> None:
         try:
             head = make()
             z_queries, z_items = head.transform(queries), head.transform(items)  # finite
+            if (moves := recorded_feedback(head)) is not None:
+                z_queries = proxy_feedback(moves, z_queries, z_items)
         except BertflowError as e:  # too few rows for it: a row saying so, never chosen
             if not scores:
                 raise
@@ -118,6 +168,7 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
             return
         heads[label], scores[label] = head, proxy_ndcg(z_queries, z_items)
         rows.append({"candidate": label, "method": method, "out_dim": head.out_dim,
+                     **({"feedback": moves.to_dict()} if moves else {}),
                      "proxy_ndcg_at_10": round(100 * float(scores[label].mean()), 4)})
         say(f"candidate {len(rows)}/{total}: {label}, proxy nDCG@10 "
             f"{rows[-1]['proxy_ndcg_at_10']:.2f}")
@@ -129,6 +180,9 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
     if after is not None and maps:
         best = max(maps, key=lambda r: r["proxy_ndcg_at_10"])["candidate"]
         score(f"flow after {best}", "flow", functools.partial(after, heads[best]))
+    baseline = heads[rows[0]["candidate"]]
+    for label, setting in feedback:
+        score(label, rows[0]["method"], functools.partial(_searched_with, baseline, setting))
     base = next(iter(scores.values()))
     differences = {label: score - base for label, score in scores.items()}
     boots = {label: d[picks].mean(1) for label, d in differences.items()}
@@ -147,6 +201,13 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
     for row in rows:
         row["chosen"] = row is chosen
     return Choice(heads, chosen["candidate"], rows, proxy.describe())
+
+
+def _searched_with(head: Head, feedback: Feedback) -> Head:
+    """A copy of `head` that records `feedback` as its searches' (`recorded_feedback`)."""
+    head = copy.deepcopy(head)
+    head.training_info["feedback"] = feedback.to_dict()
+    return head
 
 
 def format_choice(rows: list[dict[str, Any]]) -> str:

@@ -30,7 +30,7 @@ from ..storage.artifacts import HEAD_FOLDER
 from ..storage.corpus import Corpus, titled
 from ..storage.files import check_outputs
 from .checkpoint import CheckpointFile
-from .choice import Choice, candidates, choose_head, fit_candidate, query_log
+from .choice import Choice, candidates, choose_head, feedback_candidates, fit_candidate, query_log
 from .proxy import Proxy, build_proxy
 from .recipes import choose, close_call, corpus_note, rule_note
 from .spec import MethodSpec
@@ -267,7 +267,8 @@ def _choose(job: FitJob, proxy: Proxy, log_corpus: Corpus | None, x: Any,
 
     specs = candidates(loaded.width(pooling), job.dims)
     after = functools.partial(fit, MethodSpec("flow")) if job.dims is None else None
-    choice = choose_head(specs, fit, proxy, embed, say=say, after=after)
+    feedback = feedback_candidates() if job.choose_for == "retrieval" else []
+    choice = choose_head(specs, fit, proxy, embed, say=say, after=after, feedback=feedback)
     choice.head.training_info["choice"] = choice.evidence()
     choice.head.save(job.out)
     return choice

@@ -8,8 +8,16 @@ import pytest
 
 from bertflow import Head, MethodSpec
 from bertflow.errors import BertflowError
-from bertflow.training.choice import candidates, choose_head, format_choice
-from bertflow.training.proxy import MIN_PAIRS, build_proxy, proxy_ndcg, proxy_text
+from bertflow.training.choice import (
+    candidates,
+    choose_head,
+    feedback_candidates,
+    format_choice,
+    proxy_feedback,
+    recorded_feedback,
+)
+from bertflow.training.feedback import Feedback
+from bertflow.training.proxy import MIN_PAIRS, Proxy, build_proxy, proxy_ndcg, proxy_text
 
 from ..cli.test_cli import assert_refused, run
 from ..conftest import WORDS
@@ -188,7 +196,8 @@ def test_fit_for_retrieval_writes_the_chosen_head_with_its_evidence(
     assert code == 0, err
     lines = out.strip().splitlines()
     assert lines[0].startswith("| candidate | dims | proxy nDCG@10 |")
-    assert len(lines) == 2 + len(candidates(16)) + 1 + 1  # and a flow after the best map
+    # and a flow after the best map, and the feedback settings on the baseline
+    assert len(lines) == 2 + len(candidates(16)) + 1 + len(feedback_candidates()) + 1
     assert [line for line in lines if line.startswith("| flow after ")]
     assert lines[-1].startswith(f"wrote {head}: ") and "first sentence → rest" in lines[-1]
     config = json.loads((head / "config.json").read_text())
@@ -301,3 +310,103 @@ def test_fit_for_refuses_torchrun_and_a_library_job_what_cannot_apply(tmp_path, 
         with pytest.raises(BertflowError, match=message):
             run_fit(job)
     assert not (tmp_path / "h").exists()
+
+
+def test_a_proxy_query_feeds_back_its_first_hits_less_its_own_item():
+    """Its own item is ranked, but never pulls it: q' = normalise(q̂ + β · its first hit that
+    is not its own)."""
+    items = np.eye(6, dtype=np.float32)
+    queries = items + np.array([0, 0.5, 0.2, 0, 0, 0], np.float32)  # item 1 then 2: first
+    moved = proxy_feedback(Feedback(1, 1.0), queries, items)
+    unit = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    np.testing.assert_allclose(moved[0], _unit(unit[0] + items[1]), atol=1e-6)
+    np.testing.assert_allclose(moved[1], _unit(unit[1] + items[2]), atol=1e-6)  # not item 1
+    np.testing.assert_allclose(moved[2], _unit(unit[2] + items[1]), atol=1e-6)  # not item 2
+
+
+def _unit(v):
+    return v / np.linalg.norm(v)
+
+
+def _scenes(count=10):
+    """Per plane of two dimensions, items at 40° (A), 30° (H) and ten from −35° to −39.5°,
+    each item's query at its own angle but A's, at 0°: A ranks 12th, below the ten, until
+    its query feeds back H, its first hit that is not its own, and passes them."""
+    angles = np.radians([40, 30, *np.linspace(-35, -39.5, 10)])
+    items = np.zeros((count * len(angles), 2 * count), np.float32)
+    for scene in range(count):
+        rows = slice(scene * len(angles), (scene + 1) * len(angles))
+        items[rows, 2 * scene], items[rows, 2 * scene + 1] = np.cos(angles), np.sin(angles)
+    queries = items.copy()
+    queries[::len(angles)] = np.eye(2 * count, dtype=np.float32)[::2]  # A's, at 0°
+    return queries, items
+
+
+def _choose_feedback(queries, items):
+    texts = [f"q{i}" for i in range(len(queries))], [f"i{i}" for i in range(len(items))]
+    proxy = Proxy("retrieval", {"first sentence → rest": texts}, items=len(queries))
+    vectors = dict(zip(texts[0], queries, strict=True)) | dict(zip(texts[1], items, strict=True))
+    return choose_head([("identity (raw)", MethodSpec("identity"))],
+                       lambda spec: Head.fit_linear(np.concatenate([items, queries]), spec.name),
+                       proxy, lambda t: np.stack([vectors[x] for x in t]),
+                       feedback=feedback_candidates())
+
+
+def test_feedback_that_beats_the_plain_search_beyond_its_interval_is_chosen_and_recorded():
+    choice = _choose_feedback(*_scenes())
+    assert [r["candidate"] for r in choice.rows] == ["identity (raw)", *(
+        label for label, _ in feedback_candidates())]
+    assert choice.rows[0]["proxy_ndcg_at_10"] == pytest.approx(100 * 11 / 12, abs=1e-3)
+    assert choice.label == "feedback k=1 β=0.25" and choice.rows[1]["interval"][0] > 0
+    assert recorded_feedback(choice.head) == Feedback(1, 0.25)
+    assert choice.rows[1]["feedback"] == {"k": 1, "beta": 0.25, "weighted": False}
+    assert recorded_feedback(choice.heads["identity (raw)"]) is None  # a copy records it
+    assert choice.reason().startswith("chose feedback k=1 β=0.25: proxy nDCG@10 +5.26 over "
+                                      "identity (raw), joint 95% interval [+")
+    assert "own item left out" in choice.evidence()["feedback"]
+
+
+def test_feedback_on_isotropic_pairs_is_not_chosen():
+    """One relevant item a query and nothing that its neighbours know better: feedback only
+    pulls the query towards items that are not its own."""
+    rng = np.random.default_rng(1)
+    items = rng.normal(size=(300, 12)).astype(np.float32)
+    queries = (items + rng.normal(scale=0.8, size=items.shape)).astype(np.float32)
+    choice = _choose_feedback(queries, items)
+    assert choice.label == "identity (raw)" and recorded_feedback(choice.head) is None
+    assert choice.reason() == ("kept identity (raw): no candidate beat it beyond its joint 95% "
+                               "interval")
+    assert all(r["difference"] < 0 for r in choice.rows[1:])
+
+
+def test_a_head_chosen_with_feedback_has_index_and_eval_retrieval_apply_it(
+        tmp_path, capsys, documents, tiny_encoder_dir):
+    pytest.importorskip("faiss")
+    pytest.importorskip("pytrec_eval")
+    common = ["--encoder", tiny_encoder_dir, "--cache", tmp_path / "c"]
+    plain = tmp_path / "plain"
+    assert run(capsys, "fit", documents, "--method", "identity", "--pooling", "mean",
+               "--out", plain, *common)[0] == 0
+    head = Head.load(plain)
+    head.training_info["feedback"] = Feedback(3, 0.5).to_dict()
+    head.save(tmp_path / "head")
+    assert "feedback    k 3, beta 0.5, weighted False (searches)" in \
+        run(capsys, "info", tmp_path / "head")[1]
+    code, out, err = run(capsys, "index", documents, "--head", tmp_path / "head", "--out",
+                         tmp_path / "index", *common, "--quiet")
+    assert code == 0 and "feedback (k 3, beta 0.5, weighted False)" in out, (out, err)
+    config = json.loads((tmp_path / "index" / "config.json").read_text())
+    assert config["feedback"] == {"k": 3, "beta": 0.5, "weighted": False}
+    code, out, err = run(capsys, "index", documents, "--head", tmp_path / "head", "--out",
+                         tmp_path / "plain-index", "--no-feedback", *common, "--quiet")
+    assert code == 0 and "feedback" not in json.loads(
+        (tmp_path / "plain-index" / "config.json").read_text())
+    beir = write_beir(tmp_path / "tiny", documents=24)
+    code, out, err = run(capsys, "eval", "retrieval", beir, "--head", tmp_path / "head",
+                         "--feedback-beta", "0.25", "--json", *common, "--quiet")
+    assert code == 0, err
+    assert json.loads(out)[0]["feedback"] == {"k": 3, "beta": 0.25, "weighted": False}
+    code, out, err = run(capsys, "eval", "retrieval", beir, "--head", plain,
+                         "--feedback-beta", "0.25", *common, "--quiet")
+    assert code != 0 and "--feedback-beta apply with --feedback-k (the head records no " \
+        "feedback)" in err, err

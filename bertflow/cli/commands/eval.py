@@ -59,7 +59,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                            "task name) into this folder of a model's results")
     _eval_options(retrieval, "'corpus' (the documents), 'queries' (the split's), "
                   "text files, or several together (default: corpus)")
-    feedback_options(retrieval)
+    feedback_options(retrieval, recorded="the head")
 
 
 def check(args: argparse.Namespace, launched: bool) -> None:
@@ -112,11 +112,14 @@ def run(args: argparse.Namespace) -> None:
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
     if args.retrieval is not None:
         from ...evaluation.retrieval import evaluate_retrieval, format_retrieval_table, write_mteb
+        from ...training.choice import recorded_feedback
 
         started = time.perf_counter()
         rows = evaluate_retrieval(task, method, encoder, EmbeddingCache(args.cache), **options,
                                   ignore_identical_ids=args.ignore_identical_ids,
-                                  every_k=args.mteb is not None, feedback=feedback_of(args))
+                                  every_k=args.mteb is not None,
+                                  feedback=feedback_of(args, recorded_feedback(head),
+                                                       source=args.head and "the head"))
         if args.mteb is not None:
             say(f"wrote {write_mteb(args.mteb, rows[0], time.perf_counter() - started)}")
             rows[0].pop("mteb")

@@ -26,7 +26,10 @@ task built from CORPUS itself (a document's first sentence finds the rest of it,
 title its text; for sts, the first three fifths of a sentence find the last three fifths), and
 the baseline (the identity; PCA at --dims) is kept unless a candidate beats it by more than the
 joint 95% bootstrap interval of their difference (joint: holding for all the candidates at
-once). The table is printed, and the head saved with it in its config."""
+once). For retrieval, pseudo-relevance feedback on the baseline (k 1, 3, 5, 10 documents, β
+0.25, 0.5, 1) is a candidate too, each proxy query's own item left out of the documents it
+feeds back; a head chosen with it records it, and `index` and `eval retrieval` apply it. The
+table is printed, and the head saved with it in its config."""
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -123,9 +126,9 @@ def run(args: argparse.Namespace) -> None:
     if fitted is None:  # another process of a torchrun job
         return
     if args.choose_for is not None:
-        choice = fitted.head.training_info["choice"]
-        print(format_choice(choice["candidates"]))
-        print(f"wrote {args.out}: {choice['chosen']}, chosen on {proxy_text(choice['proxy'])}")
+        choice = fitted.choice
+        print(format_choice(choice.rows))
+        print(f"wrote {args.out}: {choice.reason()}, on {proxy_text(choice.proxy)}")
         return
     if args.method != "flow":
         print(f"wrote {args.out}: {summary(fitted.head)}")

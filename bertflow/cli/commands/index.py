@@ -44,7 +44,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ef-search", type=positive, default=None, metavar="N",
                    help=f"candidates kept while searching, saved with the index (default: "
                    f"{HNSW_DEFAULTS['ef_search']})")
-    feedback_options(p)  # recorded: every search of the index repeats it
+    feedback_options(p, recorded="the head")  # the index records it: its searches repeat it
     p.add_argument("--cache", type=Path, default=None, help=CACHE_HELP)
     quiet(p)
 
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> None:
     from ...search.index import Index
     from ...storage.artifacts import INDEX_FOLDER
     from ...storage.corpus import Corpus
+    from ...training.choice import recorded_feedback
 
     INDEX_FOLDER.check_destination(args.out)
     check_paths(args)
@@ -71,7 +72,8 @@ def run(args: argparse.Namespace) -> None:
     index = Index.build(corpus, encoder, head=head, pooling=args.pooling,
                         max_length=args.max_length, cache=EmbeddingCache(args.cache),
                         kind=args.kind, dims=args.dims, hnsw=hnsw or None,
-                        feedback=feedback_of(args),
+                        feedback=feedback_of(args, recorded_feedback(head),
+                                             source=args.head and "the head"),
                         batch_size=args.encode_batch_size, progress=args.progress)
     if index is None:  # another process of a torchrun job builds it
         return

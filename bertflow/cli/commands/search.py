@@ -30,7 +30,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
                    help="inverted lists visited per query, IVF kinds (default: the index's)")
     p.add_argument("--ef-search", type=positive, default=None, metavar="N",
                    help="candidates kept while searching an HNSW graph (default: the index's)")
-    feedback_options(p, recorded=True)
+    feedback_options(p, recorded="the index")
     p.add_argument("--k", action=Refused, nargs="?", help=argparse.SUPPRESS,
                    const="hits per query are --top")
     p.add_argument("--encoder", default=None, help="encoder (default: the index's)")
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> None:
         index.nprobe = args.nprobe
     if args.ef_search is not None:
         index.ef_search = args.ef_search
-    feedback = feedback_of(args, index.feedback)
+    feedback = feedback_of(args, index.feedback, source="this index")
     if feedback != index.feedback:
         index.feedback = feedback
     hits_per_query = index.search(list(queries.values()), load_encoder_of(args, index), args.top,
