@@ -11,7 +11,6 @@ from bertflow import BertflowError
 from bertflow.cli.main import main
 from bertflow.cli.parser import upgrade
 from bertflow.embeddings.cache import EmbeddingCache
-from bertflow.evaluation import retrieval
 from bertflow.evaluation.retrieval import (
     MEASURES,
     MTEB_K,

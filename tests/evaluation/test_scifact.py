@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bertflow import FlowHead, default_encoder_path, load_encoder
-from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.cosine import top_hits
+from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.evaluation.retrieval import MEASURES, evaluate_retrieval, ranking
 
 from ..conftest import data_dir
