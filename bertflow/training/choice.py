@@ -116,7 +116,8 @@ class Choice:
 
     def evidence(self) -> dict[str, Any]:
         """What a head's config records of how it was chosen."""
-        return {"chosen": self.label, "rule": "the baseline unless a candidate's joint 95% "
+        return {"chosen": self.label, "reason": self.reason(),
+                "rule": "the baseline unless a candidate's joint 95% "
                 "bootstrap interval of its proxy nDCG@10 difference lies above 0",
                 "proxy": self.proxy,
                 **({"feedback": "each proxy query's own item left out of the documents it "

@@ -364,6 +364,7 @@ def test_feedback_that_beats_the_plain_search_beyond_its_interval_is_chosen_and_
     assert choice.reason().startswith("chose feedback k=1 β=0.25: proxy nDCG@10 +5.26 over "
                                       "identity (raw), joint 95% interval [+")
     assert "own item left out" in choice.evidence()["feedback"]
+    assert choice.evidence()["reason"] == choice.reason()  # the one line, in the head's config
 
 
 def test_feedback_on_isotropic_pairs_is_not_chosen():
