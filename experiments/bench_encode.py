@@ -250,12 +250,13 @@ def peers(args: Any, folder: str, sentences: list[str], max_length: int,
     from bertflow.data.sts import read_stsb
 
     stsb = read_stsb(args.data / "STSBenchmark", "test")
+    n = len(stsb.first)
+    if any(not s.strip() or "\n" in s for s in [*sentences, *stsb.first, *stsb.second]):
+        raise SystemExit("--peers passes sentences a line each: one is empty or has a newline")
     work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
     (work / "sentences.txt").write_text("".join(f"{s}\n" for s in sentences), encoding="utf-8")
     (work / "stsb.txt").write_text("".join(f"{s}\n" for s in [*stsb.first, *stsb.second]),
                                    encoding="utf-8")
-    if any(not s.strip() or "\n" in s for s in [*sentences, *stsb.first, *stsb.second]):
-        raise SystemExit("--peers passes sentences a line each: one is empty or has a newline")
     subprocess.run([str(args.peers), str(Path(__file__).with_name("bench_peers.py")),
                     "--encoder", folder, "--sentences", str(work / "sentences.txt"),
                     "--quality", str(work / "stsb.txt"), "--max-length", str(max_length),
@@ -269,7 +270,6 @@ def peers(args: Any, folder: str, sentences: list[str], max_length: int,
     for name, speed in found["sentences_per_s"].items():
         x = unit(np.load(work / found["files"][name]["sentences"]))
         pairs = unit(np.load(work / found["files"][name]["quality"]))
-        n = len(stsb.first)
         rows[name] = {"sentences_per_s": speed,
                       "over_st_torch": speed / bridge if bridge else None,
                       "min_cos_st_fp32": float((x * reference).sum(1).min()),

@@ -140,10 +140,9 @@ def _own_kept(choice: Any, corpus: Path, encoder: Any, max_length: int,
         Corpus.from_sentences(texts, "a proxy"), encoder, "mean", max_length,
         progress=False)["mean"].load())
     for row in choice.rows:
-        feedback = recorded_feedback(choice.heads[row["candidate"]])
-        if feedback is None:
+        head = choice.heads.get(row["candidate"])
+        if (feedback := recorded_feedback(head)) is None:
             continue
-        head = choice.heads[row["candidate"]]
         z_items = head.transform(items)
         moved = proxy_feedback(feedback, head.transform(queries), z_items, own_kept=True)
         row["proxy_own_kept"] = round(100 * float(proxy_ndcg(moved, z_items).mean()), 4)

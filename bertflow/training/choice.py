@@ -155,12 +155,15 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
     total = len(specs) + (after is not None) + len(feedback)
     say = say or (lambda line: None)
 
-    def score(label: str, method: str, make: Callable[[], Head]) -> None:
+    def score(label: str, method: str, make: Callable[[], Head],
+              setting: Feedback | None = None, vectors: tuple | None = None) -> None:
         try:
             head = make()
-            z_queries, z_items = head.transform(queries), head.transform(items)  # finite
-            if (moves := recorded_feedback(head)) is not None:
-                z_queries = proxy_feedback(moves, z_queries, z_items)
+            z_queries, z_items = vectors or (head.transform(queries),
+                                             head.transform(items))  # finite
+            if setting is not None:
+                z_queries, head = (proxy_feedback(setting, z_queries, z_items),
+                                   _searched_with(head, setting))
         except BertflowError as e:  # too few rows for it: a row saying so, never chosen
             if not scores:
                 raise
@@ -169,7 +172,7 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
             return
         heads[label], scores[label] = head, proxy_ndcg(z_queries, z_items)
         rows.append({"candidate": label, "method": method, "out_dim": head.out_dim,
-                     **({"feedback": moves.to_dict()} if moves else {}),
+                     **({"feedback": setting.to_dict()} if setting else {}),
                      "proxy_ndcg_at_10": round(100 * float(scores[label].mean()), 4)})
         say(f"candidate {len(rows)}/{total}: {label}, proxy nDCG@10 "
             f"{rows[-1]['proxy_ndcg_at_10']:.2f}")
@@ -182,8 +185,9 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
         best = max(maps, key=lambda r: r["proxy_ndcg_at_10"])["candidate"]
         score(f"flow after {best}", "flow", functools.partial(after, heads[best]))
     baseline = heads[rows[0]["candidate"]]
-    for label, setting in feedback:
-        score(label, rows[0]["method"], functools.partial(_searched_with, baseline, setting))
+    vectors = (baseline.transform(queries), baseline.transform(items)) if feedback else None
+    for label, setting in feedback:  # the baseline searched with feedback
+        score(label, rows[0]["method"], lambda: baseline, setting, vectors)
     base = next(iter(scores.values()))
     differences = {label: score - base for label, score in scores.items()}
     boots = {label: d[picks].mean(1) for label, d in differences.items()}
