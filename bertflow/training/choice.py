@@ -2,6 +2,9 @@
 scored on a proxy task built from the corpus itself (`bertflow.training.proxy`), and the
 baseline (the identity; PCA at reduced dimensions) kept unless a candidate beats it by more than
 the joint 95% bootstrap interval of their paired difference (joint: for all candidates at once).
+For sentence similarity a candidate must also beat it so on how alike it ranks the other
+sentences from either crop (`proxy_agreement`): finding a crop's twin is not what a head for
+sentence similarity is scored on.
 For retrieval, vector pseudo-relevance feedback settings are candidates too, on the baseline's
 vectors: a proxy query feeds back its first hits less its own item, so that finding its own
 text first cannot make feedback look good (`feedback_candidates`)."""
@@ -24,7 +27,7 @@ from ..heads.head import Head
 from ..heads.linear import LinearMap
 from ..storage.corpus import Corpus
 from .feedback import Feedback
-from .proxy import Proxy, proxy_ndcg
+from .proxy import Proxy, proxy_agreement, proxy_ndcg
 from .recipes import Recipe
 from .spec import MethodSpec
 from .trainer import fit_head
@@ -118,7 +121,9 @@ class Choice:
         """What a head's config records of how it was chosen."""
         return {"chosen": self.label, "reason": self.reason(),
                 "rule": "the baseline unless a candidate's joint 95% "
-                "bootstrap interval of its proxy nDCG@10 difference lies above 0",
+                "bootstrap interval of its proxy nDCG@10 difference lies above 0"
+                + (", and so does that of its neighbour agreement's"
+                   if "agreement" in self.rows[0] else ""),
                 "proxy": self.proxy,
                 **({"feedback": "each proxy query's own item left out of the documents it "
                     "feeds back"} if any("feedback" in r for r in self.rows) else {}),
@@ -128,7 +133,16 @@ class Choice:
         """Why the chosen candidate was chosen, in one line."""
         row = next(r for r in self.rows if r["chosen"])
         if row is self.rows[0]:
-            return f"kept {self.label}: no candidate beat it beyond its joint 95% interval"
+            beaten = [r for r in self.rows[1:] if r.get("interval", (0,))[0] > 0]
+            if not beaten:
+                return f"kept {self.label}: no candidate beat it beyond its joint 95% interval"
+            best = max(beaten, key=lambda r: r["proxy_ndcg_at_10"])
+            low, high = best["agreement_interval"]
+            return (f"kept {self.label}: {best['candidate']} beat it on the proxy "
+                    f"({best['difference']:+.2f}) but did not rank the other sentences more "
+                    f"alike from either crop (neighbour agreement "
+                    f"{best['agreement_difference']:+.2f}, joint 95% interval "
+                    f"[{low:+.2f}, {high:+.2f}])")
         low, high = row["interval"]
         return (f"chose {self.label}: proxy nDCG@10 {row['difference']:+.2f} over "
                 f"{self.rows[0]['candidate']}, joint 95% interval [{low:+.2f}, {high:+.2f}]")
@@ -143,15 +157,16 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
     bijective linear map best on the proxy (`after(that head)`); each of `feedback` (label,
     setting) is a candidate too, the baseline's head searched with it (`proxy_feedback`; a
     copy of the head that records it). Score each on `proxy` (its texts embedded by `embed`)
-    and choose: of the candidates whose interval lies above 0, the
-    best on the proxy; else the baseline. The intervals hold jointly, at 95% for all the
+    and choose: of the candidates whose interval lies above 0 (on an sts proxy, also the
+    interval of their neighbour agreement's difference, `proxy_agreement`), the best on the
+    proxy; else the baseline. The intervals hold jointly, at 95% for all the
     candidates at once (a bootstrap of the largest standardised deviation among them), so that
     trying more candidates does not make a chance winner likelier. A candidate that cannot be
     fit (full whitening on fewer rows than dimensions) or gives non-finite vectors gets a row
     saying why, and is not chosen."""
     queries, items = proxy.embed(embed)
     picks = np.random.default_rng(seed).integers(0, len(queries), (RESAMPLES, len(queries)))
-    heads, rows, scores = {}, [], {}
+    heads, rows, scores, agreements = {}, [], {}, {}
     total = len(specs) + (after is not None) + len(feedback)
     say = say or (lambda line: None)
 
@@ -174,6 +189,9 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
         rows.append({"candidate": label, "method": method, "out_dim": head.out_dim,
                      **({"feedback": setting.to_dict()} if setting else {}),
                      "proxy_ndcg_at_10": round(100 * float(scores[label].mean()), 4)})
+        if proxy.kind == "sts":
+            agreements[label] = proxy_agreement(z_queries, z_items, seed=seed)
+            rows[-1]["agreement"] = round(100 * float(agreements[label].mean()), 4)
         say(f"candidate {len(rows)}/{total}: {label}, proxy nDCG@10 "
             f"{rows[-1]['proxy_ndcg_at_10']:.2f}")
 
@@ -188,24 +206,38 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
     vectors = (baseline.transform(queries), baseline.transform(items)) if feedback else None
     for label, setting in feedback:  # the baseline searched with feedback
         score(label, rows[0]["method"], lambda: baseline, setting, vectors)
-    base = next(iter(scores.values()))
-    differences = {label: score - base for label, score in scores.items()}
+    for key, values in (("", scores), ("agreement_", agreements)):
+        for label, (difference, interval) in _joint_intervals(values, picks).items():
+            row = next(r for r in rows if r["candidate"] == label)
+            row[f"{key}difference"], row[f"{key}interval"] = difference, interval
+    beaten = [r for r in rows[1:] if "interval" in r and r["interval"][0] > 0
+              and r.get("agreement_interval", [1])[0] > 0]
+    chosen = max(beaten, key=lambda r: r["proxy_ndcg_at_10"]) if beaten else rows[0]
+    for row in rows:
+        row["chosen"] = row is chosen
+    return Choice(heads, chosen["candidate"], rows, proxy.describe())
+
+
+def _joint_intervals(per_query: dict[str, np.ndarray],
+                     picks: np.ndarray) -> dict[str, tuple[float, list[float]]]:
+    """Each label's mean paired difference from the first label's `per_query` values, × 100,
+    with its 95% bootstrap interval over the queries resampled by `picks`, joint for all the
+    labels at once: the 95th percentile of the largest standardised deviation among them."""
+    if not per_query:
+        return {}
+    base = next(iter(per_query.values()))
+    differences = {label: values - base for label, values in per_query.items()}
     boots = {label: d[picks].mean(1) for label, d in differences.items()}
     spread = {label: float(b.std()) for label, b in boots.items()}
     deviations = [np.abs(boots[label] - d.mean()) / spread[label]
                   for label, d in differences.items() if spread[label] > 0]
     reach = float(np.percentile(np.max(deviations, axis=0), 95)) if deviations else 0.0
-    for row in rows:
-        if row["candidate"] in differences:
-            mean = float(differences[row["candidate"]].mean())
-            half = reach * spread[row["candidate"]]
-            row["difference"] = round(100 * mean, 4)
-            row["interval"] = [round(100 * (mean - half), 4), round(100 * (mean + half), 4)]
-    beaten = [r for r in rows[1:] if "interval" in r and r["interval"][0] > 0]
-    chosen = max(beaten, key=lambda r: r["proxy_ndcg_at_10"]) if beaten else rows[0]
-    for row in rows:
-        row["chosen"] = row is chosen
-    return Choice(heads, chosen["candidate"], rows, proxy.describe())
+    found = {}
+    for label, d in differences.items():
+        mean, half = float(d.mean()), reach * spread[label]
+        found[label] = (round(100 * mean, 4),
+                        [round(100 * (mean - half), 4), round(100 * (mean + half), 4)])
+    return found
 
 
 def _searched_with(head: Head, feedback: Feedback) -> Head:
@@ -216,18 +248,26 @@ def _searched_with(head: Head, feedback: Feedback) -> Head:
 
 
 def format_choice(rows: list[dict[str, Any]]) -> str:
-    """The candidates' rows as a markdown table (a `*` marks the chosen one)."""
-    lines = ["| candidate | dims | proxy nDCG@10 | vs baseline | joint 95% interval |",
-             "|---|---:|---:|---:|---|"]
+    """The candidates' rows as a markdown table (a `*` marks the chosen one); on an sts proxy,
+    with each one's neighbour agreement (`proxy_agreement`, × 100), its difference from the
+    baseline's and that difference's joint 95% interval."""
+    agree = "agreement" in rows[0]
+    lines = ["| candidate | dims | proxy nDCG@10 | vs baseline | joint 95% interval |"
+             + (" neighbour agreement |" if agree else ""),
+             "|---|---:|---:|---:|---|" + ("---:|" if agree else "")]
     for row in rows:
         if "not_fit" in row:
-            lines.append(f"| {row['candidate']} | | | | not fit: {row['not_fit']} |")
+            lines.append(f"| {row['candidate']} | | | | not fit: {row['not_fit']} |"
+                         + (" |" if agree else ""))
             continue
         low, high = row["interval"]
         mark = " *" if row.get("chosen") else ""
         lines.append(f"| {row['candidate']}{mark} | {row['out_dim']} | "
                      f"{row['proxy_ndcg_at_10']:.2f} | {row['difference']:+.2f} | "
-                     f"[{low:+.2f}, {high:+.2f}] |")
+                     f"[{low:+.2f}, {high:+.2f}] |"
+                     + (f" {row['agreement']:.2f} ({row['agreement_difference']:+.2f} "
+                        f"[{row['agreement_interval'][0]:+.2f}, "
+                        f"{row['agreement_interval'][1]:+.2f}]) |" if agree else ""))
     return "\n".join(lines)
 
 

@@ -1,7 +1,10 @@
 """A task built from a corpus alone, no labels: each query's one relevant item is the other half
 of the same text. For retrieval, a document's first sentence finds the rest of it (its title
 finds its text where it has one sentence); for sentence similarity, the first three fifths of a
-sentence's words find the last three fifths. Scored per query by nDCG@10."""
+sentence's words find the last three fifths. Scored per query by nDCG@10, and for sentence
+similarity also by how alike the two halves rank other sentences (`proxy_agreement`): finding a
+sentence's own crop says nothing of how similar it is to the rest, which is what it is scored
+on."""
 
 from __future__ import annotations
 
@@ -11,16 +14,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import rankdata
 
 from ..constants import PROXY_KINDS
 from ..cosine import unit_rows
 from ..errors import BertflowError
 
-__all__ = ["MIN_PAIRS", "Proxy", "build_proxy", "proxy_ndcg", "proxy_text"]
+__all__ = ["MIN_PAIRS", "PARTNERS", "Proxy", "build_proxy", "proxy_agreement", "proxy_ndcg",
+           "proxy_text"]
 
 MIN_PAIRS = 100  # fewer pairs than this give no interval worth the name
 MIN_PART = 20  # characters in each half of a split document
 MIN_WORDS = 6  # words in a sentence cropped in two
+PARTNERS = 100  # other texts each query's neighbours are ranked over (`proxy_agreement`)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -119,6 +125,31 @@ def proxy_ndcg(queries: np.ndarray, items: np.ndarray, block: int = 1024) -> np.
         own = s[np.arange(len(s)), np.arange(start, start + len(s))]
         ranks[start:start + block] = (s >= own[:, None]).sum(1)  # ties and itself
     return np.where(ranks <= 10, 1 / np.log2(1 + ranks), 0.0)
+
+
+def proxy_agreement(queries: np.ndarray, items: np.ndarray, partners: int = PARTNERS,
+                    seed: int = 0, block: int = 256) -> np.ndarray:
+    """Per query, how alike its two halves rank other texts: the Spearman correlation, over
+    `partners` other pairs drawn at random (seeded), of query i's cosines to their queries with
+    item i's cosines to their items (0 where either side ties them all). A map that finds each
+    crop's twin by what is particular to the sentence ranks the others by noise; one that keeps
+    what sentences share ranks them alike from either half."""
+    if queries.shape != items.shape or queries.ndim != 2 or len(queries) <= partners:
+        raise BertflowError(f"proxy queries {queries.shape} and items {items.shape} give no "
+                            f"{partners} partners a query")
+    q, d, n = unit_rows(queries), unit_rows(items), len(queries)
+    others = np.random.default_rng(seed).integers(0, n - 1, (n, partners))
+    others += others >= np.arange(n)[:, None]  # never the query itself
+    agreement = np.empty(n)
+    for start in range(0, n, block):
+        rows, picked = slice(start, start + block), others[start:start + block]
+        a = rankdata(np.einsum("ij,ikj->ik", q[rows], q[picked]), axis=1)
+        b = rankdata(np.einsum("ij,ikj->ik", d[rows], d[picked]), axis=1)
+        a, b = a - a.mean(1, keepdims=True), b - b.mean(1, keepdims=True)
+        scale = np.sqrt((a * a).sum(1) * (b * b).sum(1))
+        agreement[rows] = np.divide((a * b).sum(1), scale, out=np.zeros(len(a)),
+                                    where=scale > 0)
+    return agreement
 
 
 def proxy_text(described: dict[str, object]) -> str:

@@ -17,7 +17,14 @@ from bertflow.training.choice import (
     recorded_feedback,
 )
 from bertflow.training.feedback import Feedback
-from bertflow.training.proxy import MIN_PAIRS, Proxy, build_proxy, proxy_ndcg, proxy_text
+from bertflow.training.proxy import (
+    MIN_PAIRS,
+    Proxy,
+    build_proxy,
+    proxy_agreement,
+    proxy_ndcg,
+    proxy_text,
+)
 
 from ..cli.test_cli import assert_refused, run
 from ..conftest import WORDS
@@ -157,6 +164,72 @@ def test_the_identity_is_kept_unless_beaten_beyond_the_interval():
     assert [r["chosen"] for r in choice.rows] == [True, False, False]
 
 
+def test_proxy_agreement_is_one_for_twins_none_for_strangers_and_zero_when_all_tie():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 8)).astype(np.float32)
+    assert np.allclose(proxy_agreement(x, x.copy()), 1.0)
+    assert proxy_agreement(x, 3 * x).min() > 0.99  # float32 rounding may swap a near tie
+    strangers = proxy_agreement(x, rng.normal(size=x.shape).astype(np.float32))
+    assert abs(strangers.mean()) < 0.03 and strangers.min() < 0 < strangers.max()
+    same = np.ones_like(x)  # every other text ties: the ranking says nothing
+    assert np.array_equal(proxy_agreement(x, same), np.zeros(len(x)))
+    assert np.array_equal(proxy_agreement(x, x, seed=1), proxy_agreement(x, x, seed=1))
+    with pytest.raises(BertflowError, match="give no 100 partners"):
+        proxy_agreement(x[:100], x[:100])
+
+
+def _crops(seed=0, n=400, dim=12):
+    """Two crops of each of `n` sentences: what they share is mostly a topic on two large
+    directions, which ranks the other sentences, plus a little on ten small ones, under as
+    much noise of each crop's own. Whitening finds each crop's twin better by the small
+    directions, and ranks the others by their noise."""
+    rng = np.random.default_rng(seed)
+    scale = np.r_[5.0, 5.0, [0.3] * (dim - 2)]
+    shared = rng.normal(size=(n, dim)) * scale
+
+    def crop():
+        return shared + rng.normal(size=(n, dim)) * np.r_[2.0, 2.0, [0.3] * (dim - 2)]
+
+    return crop().astype(np.float32), crop().astype(np.float32)
+
+
+def _choose_sts(queries, items, specs):
+    proxy = build_proxy("sts", [("", f"first{i} two three four five last{i}")
+                                for i in range(len(queries))])
+    [(first, last)] = proxy.groups.values()
+    vectors = dict(zip(first, queries, strict=True)) | dict(zip(last, items, strict=True))
+    corpus = np.concatenate([items, queries])
+    return choose_head(specs, lambda spec: Head.fit_linear(corpus, spec.name, d=spec.d),
+                       proxy, lambda texts: np.stack([vectors[t] for t in texts]))
+
+
+def test_on_an_sts_proxy_a_candidate_that_ranks_the_others_less_alike_is_not_chosen():
+    queries, items = _crops()
+    specs = [("identity (raw)", MethodSpec("identity")), ("whitening", MethodSpec("whitening"))]
+    choice = _choose_sts(queries, items, specs)
+    base, whitening = choice.rows
+    assert whitening["interval"][0] > 0  # it finds the twins better beyond its interval
+    assert whitening["agreement"] < base["agreement"]
+    assert whitening["agreement_interval"][1] < 0  # and ranks the others less alike
+    assert choice.label == "identity (raw)"
+    low, high = whitening["agreement_interval"]
+    assert choice.reason() == (
+        f"kept identity (raw): whitening beat it on the proxy ({whitening['difference']:+.2f})"
+        " but did not rank the other sentences more alike from either crop (neighbour "
+        f"agreement {whitening['agreement_difference']:+.2f}, joint 95% interval "
+        f"[{low:+.2f}, {high:+.2f}])")
+    assert "so does that of its neighbour agreement's" in choice.evidence()["rule"]
+    assert f"| {base['agreement']:.2f} (+0.00 [+0.00, +0.00]) |" in format_choice(choice.rows)
+
+
+def test_on_an_sts_proxy_a_candidate_that_keeps_the_ranking_is_chosen():
+    queries, items = _anisotropic()  # the cone's length, each view's own, ranks the others
+    specs = [("identity (raw)", MethodSpec("identity")), ("abtt d=1", MethodSpec("abtt", d=1))]
+    choice = _choose_sts(queries, items, specs)
+    assert choice.rows[1]["agreement_interval"][0] > 0 < choice.rows[1]["interval"][0]
+    assert choice.label == "abtt d=1" and choice.reason().startswith("chose abtt d=1: proxy")
+
+
 def test_the_candidates_at_fewer_dimensions_put_pca_first():
     assert candidates(384)[0][1].name == "identity" and candidates(384)[-1][1].name == "flow"
     assert [s.k for _, s in candidates(384, 128)] == [128] * 5
@@ -220,6 +293,27 @@ def test_fit_for_retrieval_writes_the_chosen_head_with_its_evidence(
                          "--out", reduced, *common, "--quiet")
     assert code == 0, err
     assert "| pca k=4" in out and Head.load(reduced).out_dim == 4
+
+
+def test_fit_for_sts_scores_and_records_each_candidates_neighbour_agreement(
+        tmp_path, capsys, tiny_encoder_dir):
+    rng = np.random.default_rng(0)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(" ".join(rng.choice(WORDS, size=rng.integers(6, 12))) + "\n"
+                             for _ in range(160)), encoding="utf-8")
+    head = tmp_path / "head"
+    code, out, err = run(capsys, "fit", lines, "--for", "sts", "--out", head, "--encoder",
+                         tiny_encoder_dir, "--pooling", "mean", "--cache", tmp_path / "c", *FAST)
+    assert code == 0, err
+    table = out.strip().splitlines()
+    assert table[0].endswith("| joint 95% interval | neighbour agreement |")
+    assert len(table) == 2 + len(candidates(16)) + 1 + 1  # no feedback rows for sts
+    assert table[-1].startswith(f"wrote {head}: ") and "two crops" in table[-1]
+    choice = json.loads((head / "config.json").read_text())["training"]["choice"]
+    assert "neighbour agreement's" in choice["rule"]
+    fitted = [r for r in choice["candidates"] if "not_fit" not in r]
+    assert all(len(r["agreement_interval"]) == 2 for r in fitted)
+    assert fitted[0]["agreement_difference"] == 0
 
 
 def test_fit_for_refuses_what_cannot_apply(tmp_path, capsys, documents, tiny_encoder_dir):

@@ -26,8 +26,10 @@ task built from CORPUS itself (a document's first sentence finds the rest of it,
 title its text; for sts, the first three fifths of a sentence find the last three fifths), and
 the baseline (the identity; PCA at --dims) is kept unless a candidate beats it by more than the
 joint 95% bootstrap interval of their difference (joint: holding for all the candidates at
-once). For retrieval, pseudo-relevance feedback on the baseline (k 1, 3, 5, 10 documents, β
-0.25, 0.5, 1) is a candidate too, each proxy query's own item left out of the documents it
+once) and, for sts, also beats it so on how alike it ranks the other sentences from either
+crop (neighbour agreement: finding a crop's twin is not what a head for sentence similarity is
+scored on). For retrieval, pseudo-relevance feedback on the baseline (k 1, 3, 5, 10 documents,
+β 0.25, 0.5, 1) is a candidate too, each proxy query's own item left out of the documents it
 feeds back; a head chosen with it records it, and `index` and `eval retrieval` apply it. The
 table is printed, and the head saved with it in its config."""
 
