@@ -4,7 +4,7 @@ their defaults, in a module that imports nothing heavy, so that `bertflow --help
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_ENCODER_NAME", "DEFAULT_MAX_LENGTH", "DEFAULT_POOLING",
            "DTYPES", "FEEDBACK_BETA", "LINEAR_METHODS", "LINEAR_OPTIONS", "METHODS", "POOLINGS",
            "PROGRESS_FROM", "PROXY_KINDS",
-           "SHRINKAGE_ESTIMATORS", "TASKS"]
+           "SHRINKAGE_ESTIMATORS", "TASKS", "GAMMA_ESTIMATORS"]
 
 POOLINGS = ("cls", "mean", "first_last", "last2", "static")
 DEFAULT_POOLING = "first_last"
@@ -25,6 +25,7 @@ LINEAR_OPTIONS = {"k": ("whitening", "whitening-k", "fractional", "pca"), "d": (
                   "shrinkage": ("whitening", "whitening-k", "fractional"),
                   "gamma": ("fractional",)}
 SHRINKAGE_ESTIMATORS = ("ledoit-wolf", "oas", "likelihood")
+GAMMA_ESTIMATORS = ("spectrum",)  # fractional whitening's γ chosen from the eigenspectrum
 TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")
 # how far pseudo-relevance feedback moves a query towards its first hits (its β)
 FEEDBACK_BETA = 0.5

@@ -4,12 +4,13 @@ Each candidate is a head of the one format fit on the task's documents alone (ne
 or qrels): the identity (raw), the mean removed, the mean's direction projected out,
 all-but-the-top (d = 1, 2, 3), whitening (plain, and its covariance shrunk by the α that
 Ledoit-Wolf, OAS or the held-out likelihood choose), fractional whitening Σ^(−γ/2) (γ 0.1, 0.25,
-0.5, 0.75; and γ 0.25 after Ledoit-Wolf's shrinkage), and at a third of the dimensions PCA,
-whitening-k and fractional whitening (γ 0.25), and the pooling's recipe flow (seed 0). Every row
-is scored on the split's qrels, so this table shows what a label-free choice could reach at
-best; it chooses nothing. The α each shrinkage estimator chose on the documents is written
-below the table. Mean pooling, MTEB's max length per encoder (256 for
-all-MiniLM-L6-v2, 384 for all-mpnet-base-v2).
+0.5, 0.75, γ from the eigenspectrum, and γ 0.25 after Ledoit-Wolf's shrinkage), and at a third
+of the dimensions PCA, whitening-k and fractional whitening (γ 0.25 and from the eigenspectrum),
+and the pooling's recipe flow (seed 0). Every row is scored on the split's qrels, so this table
+shows what a label-free choice could reach at best; it chooses nothing. The α each shrinkage
+estimator chose on the documents, and the γ the eigenspectrum gave, are written below the
+table. Mean pooling, MTEB's max length per encoder (256 for all-MiniLM-L6-v2, 384 for
+all-mpnet-base-v2).
 
 Writes experiments/results/candidates.{json,md}.
 
@@ -29,7 +30,7 @@ from bertflow.constants import SHRINKAGE_ESTIMATORS
 from bertflow.data.beir import load_task
 from bertflow.embeddings.cache import EmbeddingCache
 from bertflow.evaluation.retrieval import evaluate_retrieval
-from bertflow.heads.linear import estimate_shrinkage
+from bertflow.heads.linear import estimate_shrinkage, spectral_gamma
 from bertflow.storage.files import write_json
 
 
@@ -45,12 +46,13 @@ def candidates(dim: int) -> list[tuple[str, MethodSpec]]:
         *((f"whitening, α by {e}", MethodSpec("whitening", shrinkage=e))
           for e in ("ledoit-wolf", "oas", "likelihood")),
         *((f"fractional γ={g}", MethodSpec("fractional", gamma=g))
-          for g in (0.1, 0.25, 0.5, 0.75)),
+          for g in (0.1, 0.25, 0.5, 0.75, "spectrum")),
         ("fractional γ=0.25, α by ledoit-wolf",
          MethodSpec("fractional", gamma=0.25, shrinkage="ledoit-wolf")),
         (f"pca k={third}", MethodSpec("pca", k=third)),
         (f"whitening-k k={third}", MethodSpec("whitening-k", k=third)),
-        (f"fractional γ=0.25 k={third}", MethodSpec("fractional", k=third, gamma=0.25)),
+        *((f"fractional γ={g} k={third}", MethodSpec("fractional", k=third, gamma=g))
+          for g in (0.25, "spectrum")),
         ("flow (the mean recipe, seed 0)", MethodSpec("flow")),
     ]
 
@@ -61,7 +63,7 @@ def main() -> None:
     encoders = args.encoder or [None]
     lengths = args.max_length or [256] * len(encoders)
     task, cache = load_task(args.beir, args.split), EmbeddingCache(args.cache)
-    rows, alphas = [], {}
+    rows, alphas, gammas = [], {}, {}
     lines = [f"## {task.name} ({args.split}: {len(task.queries)} queries), nDCG@10 × 100, every "
              "candidate fit on the documents, scored with the qrels (oracle)", "",
              "| encoder | candidate | nDCG@10 | vs raw | dims |", "|---|---|---:|---:|---:|"]
@@ -82,11 +84,17 @@ def main() -> None:
         documents = cache.files(task.corpus, encoder, "mean", max_length)["mean"].load()
         alphas[encoder.id.name] = {e: estimate_shrinkage(documents, e)
                                    for e in SHRINKAGE_ESTIMATORS}
+        gammas[encoder.id.name] = {k or "all": spectral_gamma(documents, k)
+                                   for k in (None, encoder.width("mean") // 3)}
     lines += ["", "The α each estimator chose on the documents: " + "; ".join(
         f"{name}: " + ", ".join(f"{e} {a:.4g}" for e, a in chosen.items())
-        for name, chosen in alphas.items()) + "."]
+        for name, chosen in alphas.items()) + ".", "",
+        "The γ the eigenspectrum gave (`spectral_gamma`), keeping all components and a third: "
+        + "; ".join(f"{name}: " + ", ".join(f"k {k} γ {g}" for k, g in chosen.items())
+                    for name, chosen in gammas.items()) + "."]
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "candidates.json", {"rows": rows, "shrinkage": alphas})
+    write_json(args.out / "candidates.json", {"rows": rows, "shrinkage": alphas,
+                                              "gamma": gammas})
     command = command_line("candidates.py")
     (args.out / "candidates.md").write_text("\n".join([*lines, "", f"`{command}`", ""]),
                                             encoding="utf-8")

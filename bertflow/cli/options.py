@@ -17,6 +17,7 @@ from ..constants import (
     DEFAULT_POOLING,
     DTYPES,
     FEEDBACK_BETA,
+    GAMMA_ESTIMATORS,
     POOLINGS,
     SHRINKAGE_ESTIMATORS,
 )
@@ -71,9 +72,10 @@ def baseline_options(p: argparse.ArgumentParser) -> None:
                         "a multiple of the identity, (1−α)Σ + α·tr Σ/n·I: α in [0, 1], or "
                         f"{', '.join(SHRINKAGE_ESTIMATORS)} to let that estimator choose α "
                         "from the embeddings (default: 0)")
-    p.add_argument("--gamma", type=typed(float, "in [0, 2]", lambda v: 0 <= v <= 2), default=None,
+    p.add_argument("--gamma", type=gamma_type, default=None,
                    help="fractional's power: the covariance to −γ/2, γ in [0, 2], 1 being "
-                        "whitening (default: 0.5)")
+                        "whitening, or spectrum to choose γ from the eigenspectrum: the share "
+                        "of the kept components' variance above the noise (default: 0.5)")
 
 
 def feedback_options(p: argparse.ArgumentParser, recorded: str | None = None) -> None:
@@ -194,6 +196,18 @@ def ceiling(name: str) -> Callable[[str], int]:
 
 positive, natural = integer(1), integer(0)
 fraction = typed(float, "in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def gamma_type(text: str) -> float | str:
+    """γ in [0, 2], or the name of an estimator that chooses it."""
+    if text in GAMMA_ESTIMATORS:
+        return text
+    try:
+        float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected γ in [0, 2] or one of "
+                                         f"{', '.join(GAMMA_ESTIMATORS)}, got {text!r}") from None
+    return typed(float, "in [0, 2]", lambda v: 0 <= v <= 2)(text)
 
 
 def shrinkage_type(text: str) -> float | str:

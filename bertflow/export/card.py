@@ -40,7 +40,8 @@ def _summary(record: dict[str, Any]) -> str:
     dim, out_dim = record["dim"], (record["linear"] or {}).get("out_dim", record["dim"])
     if c is None:
         options = ", ".join(f"{key} {training[key]}" for key in (
-            "k", "d", "shrinkage", "shrinkage_estimator", "gamma") if key in training)
+            "k", "d", "shrinkage", "shrinkage_estimator", "gamma", "gamma_estimator")
+            if key in training)
         return (f"{record['method']}{f' ({options})' if options else ''}, a linear map {dim} → "
                 f"{out_dim}")
     before = f"{_mapped(record)}, then a " if record["linear"] else ""

@@ -22,7 +22,7 @@ from ..errors import BertflowError
 from ..storage.files import check_finite
 from ..storage.rows import Moments, Rows, as_rows, moments
 from .flow import Glow, StandardScaler, log_likelihood
-from .linear import LinearMap, estimate_shrinkage, fit_map, linear_options
+from .linear import LinearMap, estimate_shrinkage, fit_map, linear_options, spectral_gamma
 
 __all__ = ["FlowHead", "Head", "training_rows"]
 
@@ -202,10 +202,10 @@ class Head(nn.Module):
     @classmethod
     def fit_linear(cls, x: np.ndarray | Tensor | Rows, method: str = "whitening", *,
                    k: int | None = None, d: int | None = None,
-                   shrinkage: float | str | None = None, gamma: float | None = None,
+                   shrinkage: float | str | None = None, gamma: float | str | None = None,
                    corpus: dict[str, Any] | None = None, **origin: Any) -> Head:
         """A closed-form linear map as a head (`bertflow.heads.linear.fit_map`: its `method`,
-        `k`, `d`, `shrinkage` and `gamma`), which its `training_info` records: the α an
+        `k`, `d`, `shrinkage` and `gamma`), which its `training_info` records: the α or γ an
         estimator chose beside the estimator's name."""
         data, _, record = training_rows(x, corpus)
         options = linear_options(method, data.shape[1], k, d, shrinkage, gamma)
@@ -213,6 +213,9 @@ class Head(nn.Module):
         if isinstance(shrinkage, str):  # the estimator's α, fit and recorded as given
             chosen = {"shrinkage_estimator": shrinkage}
             options["shrinkage"] = estimate_shrinkage(data, shrinkage)
+        if isinstance(gamma, str):  # γ from the eigenspectrum, recorded as given
+            chosen["gamma_estimator"] = gamma
+            options["gamma"] = spectral_gamma(data, options.get("k"))
         linear = fit_map(data, method, **options, what="the training embeddings")
         training = {"corpus": record, "method": linear.method, "out_dim": linear.out_features,
                     **options, **chosen}

@@ -13,14 +13,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..constants import LINEAR_METHODS, LINEAR_OPTIONS, SHRINKAGE_ESTIMATORS
+from ..constants import GAMMA_ESTIMATORS, LINEAR_METHODS, LINEAR_OPTIONS, SHRINKAGE_ESTIMATORS
 from ..errors import BertflowError
 from ..storage.files import check_finite
 from ..storage.rows import Rows, as_rows
 
 __all__ = ["LINEAR_METHODS", "NO_VARIANCE", "LinearMap", "covariance",
            "default_d", "default_k", "estimate_shrinkage", "fit_map", "linear_method",
-           "linear_options", "principal_directions", "whitening_weight"]
+           "linear_options", "principal_directions", "spectral_gamma", "whitening_weight"]
 
 _BLOCK = 8192
 NO_VARIANCE = 1e-7  # a principal direction whose variance is below this share of the largest's
@@ -174,10 +174,10 @@ def default_d(dim: int) -> int:
 
 
 def linear_method(method: str, k: int | None = None, d: int | None = None,
-                  shrinkage: float | str | None = None, gamma: float | None = None) -> str:
+                  shrinkage: float | str | None = None, gamma: float | str | None = None) -> str:
     """`method` given its options (whitening with `k` is whitening-k); an option of another
-    method, a `shrinkage` neither in [0, 1] nor an estimator's name, and a `gamma` outside
-    [0, 2] are refused."""
+    method, a `shrinkage` neither in [0, 1] nor an estimator's name, and a `gamma` neither in
+    [0, 2] nor ``spectrum`` are refused."""
     for option, value in (("k", k), ("d", d), ("shrinkage", shrinkage), ("gamma", gamma)):
         if value is not None and method not in LINEAR_OPTIONS[option]:
             raise BertflowError(f"{_NAMES[option]} applies to {_listed(LINEAR_OPTIONS[option])}, "
@@ -187,7 +187,10 @@ def linear_method(method: str, k: int | None = None, d: int | None = None,
                             f"{', '.join(SHRINKAGE_ESTIMATORS)}, got {shrinkage!r}")
     if shrinkage is not None and not isinstance(shrinkage, str) and not 0 <= shrinkage <= 1:
         raise BertflowError(f"shrinkage must be in [0, 1], got {shrinkage}")
-    if gamma is not None and not 0 <= gamma <= 2:
+    if isinstance(gamma, str) and gamma not in GAMMA_ESTIMATORS:
+        raise BertflowError(f"gamma must be in [0, 2] or one of {', '.join(GAMMA_ESTIMATORS)}, "
+                            f"got {gamma!r}")
+    if gamma is not None and not isinstance(gamma, str) and not 0 <= gamma <= 2:
         raise BertflowError(f"gamma must be in [0, 2], got {gamma}")
     return "whitening-k" if method == "whitening" and k is not None else method
 
@@ -198,7 +201,7 @@ def _listed(names: tuple[str, ...]) -> str:
 
 def linear_options(method: str, dim: int, k: int | None = None, d: int | None = None,
                    shrinkage: float | str | None = None,
-                   gamma: float | None = None) -> dict[str, Any]:
+                   gamma: float | str | None = None) -> dict[str, Any]:
     """The options of `method` on `dim`-d embeddings, defaults filled in: the `k` of
     whitening-k and PCA (a third), the `d` of abtt, fractional whitening's `gamma` (0.5), and
     those given (`shrinkage`, a fractional whitening's `k`)."""
@@ -229,13 +232,33 @@ def estimate_shrinkage(x: np.ndarray | Rows, estimator: str) -> float:
     return float(search.fit(data).best_params_["shrinkage"])
 
 
+def spectral_gamma(x: np.ndarray | Rows, k: int | None = None) -> float:
+    r"""Fractional whitening's γ for the top `k` components of `x` (default: all), from the
+    eigenspectrum alone: the mean over those components of the share of each one's variance
+    that lies above the noise. The noise variance σ² is the median eigenvalue; a component is
+    signal only above Marchenko and Pastur's edge for such noise in n rows of d dimensions,
+    $\sigma^2 (1 + \sqrt{d/n})^2$, and its share is then $1 - \sigma^2 / \lambda$, else 0.
+    Every kept component far above the noise gives γ near 1 (whitening), none gives 0 (a
+    rotation: the raw cosines). Spectral tempering's idea, γ from the signal-to-noise ratio of
+    the kept components (Li, Eustratiadis and Kanoulas, arXiv 2603.19339), in a rule of our
+    own: not their published one."""
+    _, cov = covariance(x)
+    n, dim = as_rows(x).shape
+    values = principal_directions(cov)[0]
+    noise = float(np.median(values))
+    edge = noise * (1 + np.sqrt(dim / n)) ** 2
+    share = np.where(values > edge, 1 - noise / np.maximum(values, np.finfo(float).tiny), 0.0)
+    return round(float(share[:dim if k is None else k].mean()), 4)
+
+
 def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = None,
             d: int | None = None, shrinkage: float | str | None = None,
-            gamma: float | None = None, what: str = "the embeddings") -> LinearMap:
+            gamma: float | str | None = None, what: str = "the embeddings") -> LinearMap:
     """A `LinearMap` of `method` fit on embeddings `x` (`linear_options`): the identity, the
     mean removed (``center``), the mean's direction projected out (``no-mean-direction``),
     whitening, whitening-k and fractional whitening of the covariance shrunk by `shrinkage`
-    (default 0: none; an estimator's name: the α it chooses), PCA to `k`, or abtt."""
+    (default 0: none; an estimator's name: the α it chooses) to the power `gamma` (``spectrum``:
+    `spectral_gamma`'s), PCA to `k`, or abtt."""
     method = linear_method(method, k, d, shrinkage, gamma)
     if method not in LINEAR_METHODS:
         raise BertflowError(f"unknown linear method {method!r}; choose one of "
@@ -264,6 +287,7 @@ def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = 
     elif method != "center":
         alpha = options.get("shrinkage", 0.0)
         alpha = estimate_shrinkage(x, alpha) if isinstance(alpha, str) else alpha
-        weight = whitening_weight(cov, options.get("k"), rows, what, alpha,
-                                  options.get("gamma", 1.0))
+        gamma = options.get("gamma", 1.0)
+        gamma = spectral_gamma(x, options.get("k")) if isinstance(gamma, str) else gamma
+        weight = whitening_weight(cov, options.get("k"), rows, what, alpha, gamma)
     return LinearMap(torch.from_numpy(mean), torch.from_numpy(weight), method)

@@ -43,8 +43,9 @@ FEEDBACK_K, FEEDBACK_BETAS = (1, 3, 5, 10), (0.25, 0.5, 1.0)  # feedback's candi
 def candidates(dim: int, dims: int | None = None) -> list[tuple[str, MethodSpec]]:
     """(label, method) of each candidate on `dim`-d embeddings, the baseline first: at full
     width the identity, the mean removed or its direction projected out, all-but-the-top,
-    whitening (plain and Ledoit-Wolf-shrunk), fractional whitening and the pooling's flow; at
-    `dims` components PCA, whitening-k and fractional whitening."""
+    whitening (plain and Ledoit-Wolf-shrunk), fractional whitening (γ fixed, and γ from the
+    eigenspectrum: `bertflow.heads.linear.spectral_gamma`) and the pooling's flow; at `dims`
+    components PCA, whitening-k and fractional whitening."""
     if dims is not None:
         if not 0 < dims < dim:
             raise BertflowError(f"--dims {dims} is not between 1 and {dim - 1}, the "
@@ -52,13 +53,14 @@ def candidates(dim: int, dims: int | None = None) -> list[tuple[str, MethodSpec]
         return [(f"pca k={dims}", MethodSpec("pca", k=dims)),
                 (f"whitening-k k={dims}", MethodSpec("whitening-k", k=dims)),
                 *((f"fractional γ={g} k={dims}", MethodSpec("fractional", k=dims, gamma=g))
-                  for g in (0.1, 0.25, 0.5))]
+                  for g in (0.1, 0.25, 0.5, "spectrum"))]
     return [("identity (raw)", MethodSpec("identity")), ("center", MethodSpec("center")),
             ("no-mean-direction", MethodSpec("no-mean-direction")),
             *((f"abtt d={d}", MethodSpec("abtt", d=d)) for d in (1, 2, 3)),
             ("whitening", MethodSpec("whitening")),
             ("whitening, α by ledoit-wolf", MethodSpec("whitening", shrinkage="ledoit-wolf")),
-            *((f"fractional γ={g}", MethodSpec("fractional", gamma=g)) for g in (0.1, 0.25, 0.5)),
+            *((f"fractional γ={g}", MethodSpec("fractional", gamma=g))
+              for g in (0.1, 0.25, 0.5, "spectrum")),
             ("flow (the pooling's recipe)", MethodSpec("flow"))]
 
 

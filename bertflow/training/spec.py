@@ -20,7 +20,8 @@ class MethodSpec:
     `k` components kept (whitening-k, PCA, fractional whitening), `d` directions removed by
     all-but-the-top, whitening's covariance `shrinkage` (α, or the estimator choosing it), the
     flow's `recipe` (a whole `Recipe`, or its changes to the pooling's recommended one,
-    `bertflow.training.recipes.choose`) and fractional whitening's power `gamma`. Whitening with
+    `bertflow.training.recipes.choose`) and fractional whitening's power `gamma` (or
+    ``spectrum``: chosen from the eigenspectrum). Whitening with
     `k` is whitening-k; an option of another method is refused."""
 
     name: str = "flow"
@@ -28,7 +29,7 @@ class MethodSpec:
     d: int | None = None
     shrinkage: float | str | None = None
     recipe: Recipe | dict[str, Any] | None = None
-    gamma: float | None = None
+    gamma: float | str | None = None
 
     def __post_init__(self) -> None:
         if self.name not in METHODS:

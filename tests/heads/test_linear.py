@@ -547,3 +547,41 @@ def test_fit_makes_every_candidate_from_the_command_line(tmp_path, capsys, corpu
     err = capsys.readouterr().err
     assert "expected α in [0, 1] or one of ledoit-wolf, oas, likelihood, got 'lw'" in err
     assert not (tmp_path / "x").exists()
+    spectrum = tmp_path / "spectrum"
+    assert main([*base, "--out", str(spectrum), "--method", "fractional", "--gamma",
+                 "spectrum"]) == 0
+    info = FlowHead.load(spectrum).training_info
+    assert info["gamma_estimator"] == "spectrum" and 0 <= info["gamma"] <= 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main([*base, "--out", str(tmp_path / "x"), "--method", "fractional", "--gamma", "knee"])
+    assert "expected γ in [0, 2] or one of spectrum, got 'knee'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_gamma_from_the_spectrum_is_the_kept_components_share_of_signal(tmp_path):
+    """Five directions of variance 100 over fifteen of noise (variance 1): γ is near 5 × 0.99 / 20
+    over all twenty, near 0.99 over the top five, near 0 for noise alone, and the head records
+    it beside the estimator's name."""
+    from bertflow import FlowHead
+    from bertflow.export.card import summary
+    from bertflow.heads.linear import spectral_gamma
+
+    rng = np.random.default_rng(0)
+    scale = np.r_[[10.0] * 5, [1.0] * 15]
+    x = (rng.normal(size=(20_000, 20)) * scale).astype(np.float32)
+    assert spectral_gamma(x) == pytest.approx(5 * 0.99 / 20, abs=0.01)
+    assert spectral_gamma(x, 5) == pytest.approx(0.99, abs=0.005)
+    assert spectral_gamma(rng.normal(size=(20_000, 20))) < 0.01
+    values = np.sort(np.linalg.eigvalsh(np.cov(x.T.astype(np.float64))))[::-1]  # by hand
+    noise = np.median(values)
+    share = np.where(values > noise * (1 + np.sqrt(20 / 20_000)) ** 2, 1 - noise / values, 0)
+    assert spectral_gamma(x) == pytest.approx(share.mean(), abs=1e-4)
+    head = FlowHead.fit_linear(x, "fractional", gamma="spectrum")
+    assert head.training_info["gamma"] == spectral_gamma(x)
+    assert head.training_info["gamma_estimator"] == "spectrum"
+    assert torch.equal(head.linear.weight, fit_map(x, "fractional", gamma=spectral_gamma(x)).weight)
+    assert torch.equal(fit_map(x, "fractional", gamma="spectrum").weight, head.linear.weight)
+    assert "gamma_estimator spectrum" in summary(FlowHead.load(head.save(tmp_path / "h")))
+    with pytest.raises(BertflowError, match="gamma must be in .* or one of spectrum, got 'knee'"):
+        fit_map(x, "fractional", gamma="knee")

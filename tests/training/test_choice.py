@@ -232,7 +232,8 @@ def test_on_an_sts_proxy_a_candidate_that_keeps_the_ranking_is_chosen():
 
 def test_the_candidates_at_fewer_dimensions_put_pca_first():
     assert candidates(384)[0][1].name == "identity" and candidates(384)[-1][1].name == "flow"
-    assert [s.k for _, s in candidates(384, 128)] == [128] * 5
+    assert [s.k for _, s in candidates(384, 128)] == [128] * 6
+    assert candidates(384)[-2][0] == "fractional γ=spectrum"
     assert candidates(384, 128)[0][0] == "pca k=128"
     with pytest.raises(BertflowError, match="--dims 384 is not between 1 and 383"):
         candidates(384, 384)
