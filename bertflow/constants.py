@@ -2,9 +2,8 @@
 their defaults, in a module that imports nothing heavy, so that `bertflow --help` is instant."""
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_ENCODER_NAME", "DEFAULT_MAX_LENGTH", "DEFAULT_POOLING",
-           "DTYPES", "FEEDBACK_BETA", "LINEAR_METHODS", "LINEAR_OPTIONS", "METHODS", "POOLINGS",
-           "PROGRESS_FROM", "PROXY_KINDS",
-           "SHRINKAGE_ESTIMATORS", "TASKS", "GAMMA_ESTIMATORS"]
+           "DTYPES", "FEEDBACK_BETA", "GAMMA_ESTIMATORS", "LINEAR_METHODS", "LINEAR_OPTIONS",
+           "METHODS", "POOLINGS", "PROGRESS_FROM", "PROXY_KINDS", "SHRINKAGE_ESTIMATORS", "TASKS"]
 
 POOLINGS = ("cls", "mean", "first_last", "last2", "static")
 DEFAULT_POOLING = "first_last"

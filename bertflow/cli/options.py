@@ -67,12 +67,13 @@ def baseline_options(p: argparse.ArgumentParser) -> None:
                         "--dims K is whitening-k keeping K")
     p.add_argument("--d", type=natural, default=None,
                    help="directions removed by abtt (default: a hundredth of the dimension)")
-    p.add_argument("--shrinkage", type=shrinkage_type, default=None, metavar="ALPHA",
+    p.add_argument("--shrinkage", type=value_or_estimator("α", 1, SHRINKAGE_ESTIMATORS),
+                   default=None, metavar="ALPHA",
                    help="shrink the covariance of whitening, whitening-k and fractional towards "
                         "a multiple of the identity, (1−α)Σ + α·tr Σ/n·I: α in [0, 1], or "
                         f"{', '.join(SHRINKAGE_ESTIMATORS)} to let that estimator choose α "
                         "from the embeddings (default: 0)")
-    p.add_argument("--gamma", type=gamma_type, default=None,
+    p.add_argument("--gamma", type=value_or_estimator("γ", 2, GAMMA_ESTIMATORS), default=None,
                    help="fractional's power: the covariance to −γ/2, γ in [0, 2], 1 being "
                         "whitening, or spectrum to choose γ from the eigenspectrum: the share "
                         "of the kept components' variance above the noise (default: 0.5)")
@@ -198,26 +199,21 @@ positive, natural = integer(1), integer(0)
 fraction = typed(float, "in [0, 1)", lambda v: 0 <= v < 1)
 
 
-def gamma_type(text: str) -> float | str:
-    """γ in [0, 2], or the name of an estimator that chooses it."""
-    if text in GAMMA_ESTIMATORS:
-        return text
-    try:
-        float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected γ in [0, 2] or one of "
-                                         f"{', '.join(GAMMA_ESTIMATORS)}, got {text!r}") from None
-    return typed(float, "in [0, 2]", lambda v: 0 <= v <= 2)(text)
+def value_or_estimator(symbol: str, high: float,
+                       estimators: tuple[str, ...]) -> Callable[[str], float | str]:
+    """The type of an option taking a value in [0, `high`] or the name of one of `estimators`,
+    which chooses the value (`symbol` names it in the error)."""
+    in_range = typed(float, f"in [0, {high:g}]", lambda v: 0 <= v <= high)
 
+    def parse(text: str) -> float | str:
+        if text in estimators:
+            return text
+        try:
+            float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {symbol} in [0, {high:g}] or one of {', '.join(estimators)}, got "
+                f"{text!r}") from None
+        return in_range(text)
 
-def shrinkage_type(text: str) -> float | str:
-    """α in [0, 1], or the name of an estimator that chooses it."""
-    if text in SHRINKAGE_ESTIMATORS:
-        return text
-    try:
-        float(text)
-    except ValueError:
-        names = ", ".join(SHRINKAGE_ESTIMATORS)
-        raise argparse.ArgumentTypeError(f"expected α in [0, 1] or one of {names}, got "
-                                         f"{text!r}") from None
-    return typed(float, "in [0, 1]", lambda v: 0 <= v <= 1)(text)
+    return parse

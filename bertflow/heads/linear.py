@@ -242,11 +242,14 @@ def spectral_gamma(x: np.ndarray | Rows, k: int | None = None) -> float:
     rotation: the raw cosines). Spectral tempering's idea, γ from the signal-to-noise ratio of
     the kept components (Li, Eustratiadis and Kanoulas, arXiv 2603.19339), in a rule of our
     own: not their published one."""
-    _, cov = covariance(x)
-    n, dim = as_rows(x).shape
-    values = principal_directions(cov)[0]
+    return _spectral_gamma(covariance(x)[1], as_rows(x).shape[0], k)
+
+
+def _spectral_gamma(cov: np.ndarray, rows: int, k: int | None) -> float:
+    """`spectral_gamma` from the covariance of `rows` rows."""
+    values, dim = principal_directions(cov)[0], cov.shape[0]
     noise = float(np.median(values))
-    edge = noise * (1 + np.sqrt(dim / n)) ** 2
+    edge = noise * (1 + np.sqrt(dim / rows)) ** 2
     share = np.where(values > edge, 1 - noise / np.maximum(values, np.finfo(float).tiny), 0.0)
     return round(float(share[:dim if k is None else k].mean()), 4)
 
@@ -288,6 +291,6 @@ def fit_map(x: np.ndarray | Rows, method: str = "whitening", *, k: int | None = 
         alpha = options.get("shrinkage", 0.0)
         alpha = estimate_shrinkage(x, alpha) if isinstance(alpha, str) else alpha
         gamma = options.get("gamma", 1.0)
-        gamma = spectral_gamma(x, options.get("k")) if isinstance(gamma, str) else gamma
+        gamma = _spectral_gamma(cov, rows, options.get("k")) if isinstance(gamma, str) else gamma
         weight = whitening_weight(cov, options.get("k"), rows, what, alpha, gamma)
     return LinearMap(torch.from_numpy(mean), torch.from_numpy(weight), method)

@@ -208,10 +208,11 @@ def choose_head(specs: list[tuple[str, MethodSpec]], fit: Callable[[MethodSpec],
     vectors = (baseline.transform(queries), baseline.transform(items)) if feedback else None
     for label, setting in feedback:  # the baseline searched with feedback
         score(label, rows[0]["method"], lambda: baseline, setting, vectors)
+    by_label = {row["candidate"]: row for row in rows}
     for key, values in (("", scores), ("agreement_", agreements)):
         for label, (difference, interval) in _joint_intervals(values, picks).items():
-            row = next(r for r in rows if r["candidate"] == label)
-            row[f"{key}difference"], row[f"{key}interval"] = difference, interval
+            by_label[label][f"{key}difference"], by_label[label][f"{key}interval"] = \
+                difference, interval
     beaten = [r for r in rows[1:] if "interval" in r and r["interval"][0] > 0
               and r.get("agreement_interval", [1])[0] > 0]
     chosen = max(beaten, key=lambda r: r["proxy_ndcg_at_10"]) if beaten else rows[0]
