@@ -1,4 +1,4 @@
-"""Encoding speed: bertflow in float32 and bfloat16 (and float16 on a GPU) against
+"""Encoding speed: bertflow in float32, bfloat16 and int8 (float16 on a GPU) against
 `SentenceTransformer.encode` in float32, on the same model folder and the same sentences.
 
 One process, interleaved rounds (each runner once per round, best round kept), mean pooling,
@@ -13,11 +13,15 @@ times the whole pipeline as one ONNX graph (`bertflow export --format onnx-pipel
 identity head) run by onnxruntime and tokenized by `tokenizers`, in float32 and with its
 weights dynamically quantised to int8, per channel (onnxruntime.quantization). Writes
 experiments/results/bench_encode-<device>[-<encoder>].md (the encoder's name where one is
-given) and, with --json, the numbers.
+given) and, with --json, the numbers. With --retrieval FILE (`onnx_quality.py`'s JSON for
+the encoder, whose float32 row is the reference), every runner whose min cosine is below
+0.9999, bertflow's and the peers', also embeds BEIR SciFact test's queries and documents, and
+the report gives its nDCG@10 and STS-B test Spearman and their change from float32's (quality
+is measured, not assumed).
 
     python experiments/bench_encode.py [--data data] [--encoder DIR]
         [--sentences 2000] [--rounds 5] [--device auto] [--batch-size 32] [--json FILE]
-        [--profile] [--compile] [--onnx]
+        [--profile] [--compile] [--onnx] [--peers PYTHON] [--retrieval FILE]
 """
 
 from __future__ import annotations
@@ -63,16 +67,23 @@ def main() -> None:
                               "backends (float32, int8) with this interpreter (make peers: "
                               ".venv-peers/bin/python), in its own process after the rounds "
                               "here, on the same sentences, and their STS-B test Spearman")
+    options.add_argument("--retrieval", type=Path, default=None, metavar="QUALITY_JSON",
+                         help="STS-B and SciFact test quality of every runner below min cosine "
+                              "--floor, against the float32 row of this onnx_quality.py JSON")
+    options.add_argument("--floor", type=float, default=0.9999,
+                         help="the min cosine below which --retrieval measures quality")
     args = options.parse_args()
 
     device = resolve_device(args.device)
     sentences = read_sentences(args.data / "unlabeled" / "wiki-sample.txt")[: args.sentences]
-    dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else [])
+    dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else ["int8"])
     encoders = {dtype: load_encoder(args.encoder, device, dtype) for dtype in dtypes}
     st = SentenceTransformer(str(args.encoder or default_encoder_path()), device=str(device))
     max_length = st.max_seq_length
     tokens = [len(ids) for ids in encoders["float32"].tokenize(sentences, max_length)["input_ids"]]
     flops = encoder_flops(encoders["float32"], tokens)
+    name = encoders["float32"].id.name
+    task = Quality(args.data, args.retrieval, name) if args.retrieval else None
 
     runners: dict[str, Callable[[], np.ndarray]] = {
         "sentence-transformers float32": lambda: st.encode(
@@ -81,8 +92,8 @@ def main() -> None:
     for dtype, encoder in encoders.items():
         runners[f"bertflow {dtype}"] = lambda e=encoder: e.encode(
             sentences, "mean", max_length, args.batch_size, progress=False)
-    if args.compile:
-        for dtype in dtypes:
+    if args.compile:  # int8's layers are compiled already
+        for dtype in (d for d in dtypes if d != "int8"):
             runners[f"bertflow {dtype} compiled"] = compiled(
                 load_encoder(args.encoder, device, dtype), sentences, max_length, args.batch_size)
     if args.onnx:
@@ -117,7 +128,7 @@ def main() -> None:
         "sentences_per_s": {name: len(sentences) / t for name, t in best.items()},
         "max_abs_diff_fp32": float(np.abs(exact - outputs["sentence-transformers float32"]).max()),
     }
-    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
     for dtype in dtypes:
         achieved = flops / best[f"bertflow {dtype}"] / 1e9
         results[f"ratio_{short[dtype]}"] = base / best[f"bertflow {dtype}"]
@@ -132,6 +143,10 @@ def main() -> None:
         if dtype != "float32":
             cos = (outputs[f"bertflow {dtype}"] * exact).sum(1)
             results[f"min_cos_{short[dtype]}"] = float(cos.min())
+            if task is not None and cos.min() < args.floor:
+                results.setdefault("quality", {})[f"bertflow {dtype}"] = task.of(
+                    lambda texts, e=encoders[dtype]: e.encode(
+                        texts, "mean", max_length, args.batch_size, progress=False))
     results["onnx"] = {name: {"ratio": base / best[name],
                               "min_cos_fp32": float((outputs[name] * exact).sum(1).min())}
                        for name in runners if "onnx" in name}
@@ -139,7 +154,9 @@ def main() -> None:
     results["profile"] = profiles
     if args.peers is not None:
         results["peers"] = peers(args, str(args.encoder or default_encoder_path()), sentences,
-                                 max_length, outputs["sentence-transformers float32"])
+                                 max_length, outputs["sentence-transformers float32"], task)
+    if task is not None:
+        results["quality_float32"], results["floor"] = task.reference, args.floor
 
     text = report(results, dtypes, short)
     print(text)
@@ -148,6 +165,42 @@ def main() -> None:
     (args.out / f"bench_encode-{device.type}{named}.md").write_text(text)
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+class Quality:
+    """STS-B test and BEIR SciFact test from the data folder, and float32's Spearman and
+    nDCG@10 (× 100) from `reference` (`onnx_quality.py`'s JSON for this encoder)."""
+
+    def __init__(self, data: Path, reference: Path, encoder: str):
+        from bertflow.data.beir import load_task
+        from bertflow.data.sts import read_stsb
+
+        self.stsb = read_stsb(data / "STSBenchmark", "test")
+        self.task = load_task(data / "beir" / "scifact", "test")
+        rows = json.loads(reference.read_text(encoding="utf-8"))
+        found = [r for r in rows if r.get("encoder") == encoder and r["precision"] == "float32"]
+        if not found:
+            raise SystemExit(f"{reference} has no float32 row for {encoder}")
+        self.reference = {"stsb": found[0]["stsb_test_spearman"],
+                          "ndcg": found[0][f"{self.task.name}_ndcg_at_10"]}
+        self.queries = list(self.task.queries.values())
+        self.texts = [*self.queries, *self.task.corpus]
+
+    def of(self, embed: Callable[[list[str]], np.ndarray]) -> dict[str, float]:
+        """STS-B test Spearman and SciFact nDCG@10 (× 100) of `embed`'s vectors."""
+        from scipy.stats import spearmanr
+
+        a, b = unit(embed(self.stsb.first)), unit(embed(self.stsb.second))
+        return {"stsb": 100 * float(spearmanr((a * b).sum(1), self.stsb.gold).statistic),
+                "ndcg": self.score(embed(self.texts))}
+
+    def score(self, vectors: np.ndarray) -> float:
+        """nDCG@10 × 100 of the queries' and documents' `vectors`, exact cosine."""
+        from bertflow.evaluation.retrieval import ranking, score_run
+
+        n = len(self.queries)
+        run = ranking(vectors[:n], vectors[n:], list(self.task.queries), self.task.corpus.ids)
+        return 100 * score_run(self.task.qrels, run)["ndcg_at_10"]
 
 
 def padding_share(tokens: list[int], batch_size: int) -> float:
@@ -170,15 +223,17 @@ def encoder_flops(encoder: Encoder, tokens: list[int]) -> float:
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int = 10) -> float:
-    """GFLOP/s of the best of `repeats` square matmuls at `dtype` on `device`."""
+    """GFLOP/s of the best of `repeats` square matmuls at `dtype` on `device` (int8: int32
+    sums, `torch._int_mm`)."""
     n = 8192 if device.type == "cuda" else 2048
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    a = torch.randn(n, n, device=device).mul(30).to(dtype)
+    b = torch.randn(n, n, device=device).mul(30).to(dtype)
+    multiply = torch._int_mm if dtype == torch.int8 else torch.matmul
     best = float("inf")
     for _ in range(repeats + 1):
         _sync(device)
         began = time.perf_counter()
-        a @ b
+        multiply(a, b)
         _sync(device)
         best = min(best, time.perf_counter() - began)
     return 2 * n**3 / best / 1e9
@@ -187,7 +242,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int = 10) -> 
 # the operators that multiply matrices (the projections, and attention's products where they
 # are not fused); the fused attention kernels are counted apart
 MATMULS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn_linear",
-           "mkldnn::_linear_pointwise", "aten::mkldnn_linear")
+           "mkldnn::_linear_pointwise", "aten::mkldnn_linear", "aten::_int_mm")
 
 
 def profile(run: Callable[[], object], device: torch.device, rows: int = 10) -> dict:
@@ -235,13 +290,13 @@ def onnx_runners(encoder: Encoder, sentences: list[str], max_length: int,
 
 
 def peers(args: Any, folder: str, sentences: list[str], max_length: int,
-          reference: np.ndarray) -> dict[str, Any]:
+          reference: np.ndarray, task: Quality | None = None) -> dict[str, Any]:
     """sentence-transformers' backends timed by `experiments/bench_peers.py` under
     `args.peers` (their own process and virtualenv) on `sentences`: each runner's sentences/s,
     its speed over that process's sentence-transformers torch float32 (the bridge to the
     ratios here), its agreement with `reference` (this process's sentence-transformers float32
-    unit vectors) and its STS-B test Spearman × 100, as the peers ran it; why any could not
-    run."""
+    unit vectors) and its STS-B test Spearman × 100, as the peers ran it, and, below
+    `args.floor`, its `task` nDCG@10 × 100; why any could not run."""
     import subprocess
     import tempfile
 
@@ -257,7 +312,11 @@ def peers(args: Any, folder: str, sentences: list[str], max_length: int,
     (work / "sentences.txt").write_text("".join(f"{s}\n" for s in sentences), encoding="utf-8")
     (work / "stsb.txt").write_text("".join(f"{s}\n" for s in [*stsb.first, *stsb.second]),
                                    encoding="utf-8")
-    subprocess.run([str(args.peers), str(Path(__file__).with_name("bench_peers.py")),
+    extra = []
+    if task is not None:
+        (work / "retrieval.json").write_text(json.dumps(task.texts), encoding="utf-8")
+        extra = ["--retrieval", str(work / "retrieval.json"), "--below", str(args.floor)]
+    subprocess.run([str(args.peers), str(Path(__file__).with_name("bench_peers.py")), *extra,
                     "--encoder", folder, "--sentences", str(work / "sentences.txt"),
                     "--quality", str(work / "stsb.txt"), "--max-length", str(max_length),
                     "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
@@ -276,6 +335,8 @@ def peers(args: Any, folder: str, sentences: list[str], max_length: int,
                       "max_abs_diff_st_fp32": float(np.abs(x - reference).max()),
                       "stsb_spearman": 100 * float(spearmanr(
                           (pairs[:n] * pairs[n:]).sum(1), stsb.gold).statistic)}
+        if task is not None and "retrieval" in found["files"][name]:
+            rows[name]["ndcg"] = task.score(np.load(work / found["files"][name]["retrieval"]))
     return {"versions": found["versions"], "runners": rows, "failed": found["failed"]}
 
 
@@ -314,6 +375,10 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
         agreement = (f"max abs diff {results['max_abs_diff_fp32']:.1e} (unit vectors)"
                      if dtype == "float32" else
                      f"min cosine {results[f'min_cos_{s}']:.6f} to float32")
+        if f"bertflow {dtype}" in results.get("quality", {}):
+            found = results["quality"][f"bertflow {dtype}"]
+            agreement += (f"; STS-B {_change(results, found['stsb'], 'stsb')}, SciFact "
+                          f"{_change(results, found['ndcg'], 'ndcg')}")
         lines.append(
             f"| bertflow {dtype} | {speed[f'bertflow {dtype}']:.0f} | {results[f'ratio_{s}']:.2f}"
             f" | {results[f'gflops_{s}']:.0f} | {results[f'peak_fraction_{s}']:.2f} of "
@@ -329,6 +394,12 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
                      f"{found['min_cos_fp32']:.6f} to bertflow float32 |")
     if "peers" in results:
         lines += _peer_lines(results)
+    if "quality_float32" in results:
+        reference = results["quality_float32"]
+        lines.append(f"\nBelow min cosine {results['floor']}, quality is measured: STS-B test "
+                     "Spearman × 100 and BEIR SciFact test nDCG@10 × 100 (exact cosine over every "
+                     f"document), each with its change from float32's, {reference['stsb']:.2f} and "
+                     f"{reference['ndcg']:.2f} (`onnx_quality.py`'s float32 graph).")
     lines.append(f"\nSorted by length in batches of {results['batch_size']}, each padded to its "
                  f"longest, {results['padding_share']:.0%} of these sentences' token positions "
                  "are padding: sentence-transformers' projections compute them, bertflow's "
@@ -356,16 +427,19 @@ def _peer_lines(results: dict) -> list[str]:
              "agreement with this process's sentence-transformers float32 unit vectors; "
              "STS-B test Spearman × 100 of each runner's cosines.\n",
              "| runner | sentences/s | × sentence-transformers torch | min cosine | "
-             "max abs diff | STS-B test Spearman |", "|---|---:|---:|---:|---:|---:|"]
+             "max abs diff | STS-B test Spearman | SciFact test nDCG@10 |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for name, row in found["runners"].items():
         ratio = f"{row['over_st_torch']:.2f}" if row["over_st_torch"] else ""
+        ndcg = _change(results, row["ndcg"], "ndcg") if "ndcg" in row else ""
         lines.append(f"| {name} | {row['sentences_per_s']:.0f} | {ratio} | "
                      f"{row['min_cos_st_fp32']:.6f} | {row['max_abs_diff_st_fp32']:.1e} | "
-                     f"{row['stsb_spearman']:.2f} |")
+                     f"{row['stsb_spearman']:.2f} | {ndcg} |")
     for name, why in found["failed"].items():
-        lines.append(f"| {name} | could not run: {why} | | | | |")
-    ours = {"bertflow float32": (results["ratio_fp32"], 1.0),
-            "bertflow bfloat16": (results["ratio_bf16"], results["min_cos_bf16"])}
+        lines.append(f"| {name} | could not run: {why} | | | | | |")
+    ours = {"bertflow float32": (results["ratio_fp32"], 1.0)}
+    ours.update({f"bertflow {d}": (results[f"ratio_{d}"], results[f"min_cos_{d}"])
+                 for d in ("bf16", "fp16", "int8") if f"ratio_{d}" in results})
     ours.update({n: (f["ratio"], f["min_cos_fp32"]) for n, f in results.get("onnx", {}).items()})
     lines.append("")
     for floor in (0.9999, 0.99):
@@ -376,7 +450,18 @@ def _peer_lines(results: dict) -> list[str]:
             (a, an), (b, bn) = max(mine), max(theirs)
             lines.append(f"At min cosine ≥ {floor}: {an} is {a / b:.2f}× {bn} (each over its "
                          "own process's sentence-transformers torch float32).")
+    int8 = [(row["over_st_torch"], n) for n, row in found["runners"].items()
+            if row["over_st_torch"] and "int8" in n]
+    mine = [(r, n) for n, (r, c) in ours.items() if c >= 0.99]
+    if int8 and mine:
+        (a, an), (b, bn) = max(mine), max(int8)
+        lines.append(f"Against the fastest int8 peer, whatever its agreement: {an} (min cosine "
+                     f"≥ 0.99) is {a / b:.2f}× {bn}.")
     return lines
+
+
+def _change(results: dict, value: float, measure: str) -> str:
+    return f"{value:.2f} ({value - results['quality_float32'][measure]:+.2f})"
 
 
 def _sync(device: torch.device) -> None:

@@ -16,11 +16,14 @@ quantisation config named by --onnx-int8), its OpenVINO backend in float32 and w
 one sentence a line). Interleaved rounds, each runner once per round, the best kept. A runner
 that cannot be built says why in the JSON, and the others run. Writes --out (JSON: versions,
 sentences/s, each round, why a runner failed) and each runner's embeddings of the sentences
-(and of --quality, where given) as .npy files beside it.
+(and of --quality, where given) as .npy files beside it; with --retrieval (a JSON list of
+texts), each runner whose min cosine to this process's torch float32 on the sentences is below
+--below embeds those texts too.
 
     .venv-peers/bin/python experiments/bench_peers.py --encoder DIR --sentences FILE
         --max-length N --out FILE.json [--batch-size 32] [--rounds 5] [--work DIR]
-        [--quality FILE] [--calibration FILE] [--onnx-int8 avx512_vnni]
+        [--quality FILE] [--retrieval FILE.json --below 0.9999] [--calibration FILE]
+        [--onnx-int8 avx512_vnni]
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ def main() -> None:
                          help="a folder in which a new one takes the exports")
     options.add_argument("--quality", type=Path, default=None,
                          help="sentences each runner also embeds once (one a line)")
+    options.add_argument("--retrieval", type=Path, default=None,
+                         help="a JSON list of texts embedded by the runners below --below")
+    options.add_argument("--below", type=float, default=0.9999,
+                         help="the min cosine under which a runner embeds --retrieval")
     options.add_argument("--calibration", type=Path, default=None,
                          help="OpenVINO int8's calibration sentences (default: --sentences)")
     options.add_argument("--onnx-int8", default="avx512_vnni",
@@ -71,11 +78,16 @@ def main() -> None:
             outputs[name] = run(sentences)
             seconds[name].append(time.perf_counter() - began)
     quality = _lines(args.quality) if args.quality else None
+    retrieval = json.loads(args.retrieval.read_text(encoding="utf-8")) if args.retrieval else None
+    reference = _unit(outputs.get("sentence-transformers torch float32"))
     files = {}
     for number, (name, run) in enumerate(runners.items()):
         files[name] = {"sentences": _save(args.out, f"{number}", outputs[name])}
         if quality is not None:
             files[name]["quality"] = _save(args.out, f"{number}-quality", run(quality))
+        if (retrieval is not None and reference is not None
+                and (_unit(outputs[name]) * reference).sum(1).min() < args.below):
+            files[name]["retrieval"] = _save(args.out, f"{number}-retrieval", run(retrieval))
     results = {"versions": {p: _version(p) for p in PACKAGES},
                "sentences": len(sentences), "batch_size": args.batch_size,
                "max_length": args.max_length, "rounds": args.rounds,
@@ -160,6 +172,13 @@ def _copy(folder: Path, to: Path) -> Path:
     if not to.exists():
         shutil.copytree(folder, to)
     return to
+
+
+def _unit(x: np.ndarray | None) -> np.ndarray | None:
+    if x is None:
+        return None
+    x = np.asarray(x, np.float64)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
 def _lines(path: Path) -> list[str]:

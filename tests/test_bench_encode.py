@@ -50,3 +50,30 @@ def test_the_peers_run_in_their_own_interpreter_and_say_why_one_cannot(tmp_path,
     report = (tmp_path / f"bench_encode-cpu-{tiny_encoder_dir.name}.md").read_text()
     assert "| sentence-transformers onnx float32 | could not run: " in report
     assert "At min cosine ≥ 0.9999: bertflow " in report
+
+
+def test_rows_below_the_floor_have_their_quality_measured(tmp_path, tiny_encoder_dir):
+    """Every runner below --floor (here above 1: bfloat16 and int8) has its STS-B and SciFact
+    quality measured and set against the float32 row of the reference file; float32 not."""
+    if not (data_dir() / "beir" / "scifact" / "corpus.jsonl").exists():
+        pytest.skip(f"no BEIR SciFact in {data_dir()}")
+    reference = tmp_path / "quality.json"
+    reference.write_text(json.dumps([{"encoder": tiny_encoder_dir.name, "precision": "float32",
+                                      "stsb_test_spearman": 2.5, "scifact_ndcg_at_10": 1.25}]))
+    done = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "bench_encode.py"), "--device", "cpu",
+         "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()), "--sentences", "32",
+         "--rounds", "1", "--retrieval", str(reference), "--floor", "1.01", "--out", str(tmp_path),
+         "--json", str(tmp_path / "r.json")],
+        capture_output=True, text=True, cwd=REPO / "experiments")
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "r.json").read_text())
+    assert results["quality_float32"] == {"stsb": 2.5, "ndcg": 1.25}
+    assert list(results["quality"]) == ["bertflow bfloat16", "bertflow int8"]
+    found = results["quality"]["bertflow int8"]
+    assert 0 <= found["ndcg"] <= 100 and -100 <= found["stsb"] <= 100
+    report = (tmp_path / f"bench_encode-cpu-{tiny_encoder_dir.name}.md").read_text()
+    assert (f"; STS-B {found['stsb']:.2f} ({found['stsb'] - 2.5:+.2f}), SciFact "
+            f"{found['ndcg']:.2f} ({found['ndcg'] - 1.25:+.2f}) |") in report
+    assert "Below min cosine 1.01, quality is measured" in report
+    assert "change from float32's, 2.50 and 1.25" in report

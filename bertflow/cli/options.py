@@ -128,7 +128,8 @@ def device_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
                    help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="precision of the encoder (embeddings and files stay float32)")
+                   help="precision of the encoder (embeddings and files stay float32); int8: "
+                        "its projections, on the CPU (docs/performance.md)")
 
 
 def flow_arguments(p: argparse.ArgumentParser) -> argparse._ArgumentGroup:

@@ -32,6 +32,7 @@ from .batches import (
 from .fused import PROBE_TOLERANCE, fused_encoder, state_gap
 from .identity import EncoderId, fingerprint
 from .pooling import LAYERS, check_pooling, pool
+from .quantized import CALIBRATION
 from .settings import FolderSettings
 
 __all__ = ["CHUNK_SIZE", "CLIP", "Encoder"]
@@ -68,7 +69,18 @@ class Encoder:
         self.tokenizer.padding_side = "right"
         inputs, own = self._probe()
         self.num_layers = len(own) - 1
-        self.fused = fused_encoder(self.model, self.dtype, inputs, own, name)
+        self.fused = fused_encoder(self.model, self.dtype, inputs, own, name, self._calibration)
+        if self.fused is None and self.dtype == torch.int8:
+            raise BertflowError(f"encoder {name} ({getattr(self.model.config, 'model_type', '?')})"
+                                ": dtype int8 runs only in bertflow's fused forward, which this "
+                                "kind has not; use bfloat16 or float32")
+
+    def _calibration(self) -> list[dict[str, torch.Tensor]]:
+        """int8's calibration text (`quantized.CALIBRATION`), a sentence a batch, unpadded."""
+        length = min(128, self.max_tokens or 128)
+        return [{k: v.to(self.device) for k, v in self.tokenize(
+                    [text], length, return_tensors="pt").items() if k in _INPUTS}
+                for text in CALIBRATION]
 
     def _probe(self) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...]]:
         """A padded batch of `_PROBE` and the model's own float32 hidden states for it. A model
@@ -133,7 +145,8 @@ class Encoder:
 
     @property
     def precision(self) -> str:
-        """The transformer's dtype by name: float32, bfloat16 or float16."""
+        """The transformer's dtype by name: float32, bfloat16, float16 or int8 (its projections;
+        `quantized`)."""
         return str(self.dtype).removeprefix("torch.")
 
     @property

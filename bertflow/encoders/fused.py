@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ..errors import BertflowWarning
 from .batches import padded_width
+from .quantized import input_ranges, quantize_layers
 
 __all__ = ["FUSED_KINDS", "FusedEncoder", "PROBE_TOLERANCE", "fused_encoder", "state_gap",
            "supports_fused"]
@@ -72,11 +73,14 @@ def supports_fused(model: nn.Module) -> bool:
 
 
 def fused_encoder(model: nn.Module, dtype: torch.dtype, inputs: dict[str, Tensor],
-                  own: Sequence[Tensor], name: str) -> FusedEncoder | None:
+                  own: Sequence[Tensor], name: str,
+                  calibration: Callable[[], Sequence[dict[str, Tensor]]] | None = None
+                  ) -> FusedEncoder | None:
     """A `FusedEncoder` for `model` in `dtype`, or None: where the kind is not one it computes
     exactly, or where, in float32 on the probe batch `inputs`, its hidden states differ from
     `own` (the model's own, float32) by more than `PROBE_TOLERANCE` at a real token; the
-    latter is said once, in a `BertflowWarning`."""
+    latter is said once, in a `BertflowWarning`. In int8 the projections' input ranges are
+    read off the float32 forward on each batch `calibration` gives (`quantized`)."""
     if not supports_fused(model):
         return None
     fused = FusedEncoder(model)
@@ -88,6 +92,14 @@ def fused_encoder(model: nn.Module, dtype: torch.dtype, inputs: dict[str, Tensor
                       f"from the model's own on a probe batch ({worst:.1e} of the hidden states' "
                       "scale); using the model's own forward", BertflowWarning, stacklevel=3)
         return None
+    if dtype == torch.int8:
+        if calibration is None:
+            raise ValueError("int8 needs calibration batches")
+        batches = calibration()
+        with torch.inference_mode():
+            ranges = input_ranges(fused.layers, lambda: [fused(**b) for b in batches])
+        quantize_layers(fused.layers, ranges)
+        return fused
     return fused if dtype == torch.float32 else FusedEncoder(model, dtype)
 
 
@@ -103,7 +115,8 @@ class FusedEncoder(nn.Module):
     """A BERT-style encoder's forward pass with one query-key-value projection per layer and
     fused attention; MPNet's relative position bias joins the attention mask. In bfloat16 or
     float16 only the projections run in that precision: the residual stream, LayerNorms,
-    embeddings and (on the CPU) attention stay float32."""
+    embeddings and (on the CPU) attention stay float32. int8 is built here in float32, its
+    projections replaced by `fused_encoder` once their input ranges are known."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -170,10 +183,12 @@ class _FusedLayer(nn.Module):
     def __init__(self, parts: tuple[nn.Module, ...], heads: int, activation: Any,
                  dtype: torch.dtype):
         super().__init__()
-        self.heads, self.activation, self.dtype = heads, activation, dtype
+        # int8 projections take and give float32 (`quantized.Int8Linear`)
+        self.heads, self.activation = heads, activation
+        self.dtype = torch.float32 if dtype == torch.int8 else dtype
         query, key, value, out, self.norm1, up, down, self.norm2 = parts
-        self.qkv = _linear(dtype, query, key, value)
-        self.out, self.up, self.down = (_linear(dtype, part) for part in (out, up, down))
+        self.qkv = _linear(self.dtype, query, key, value)
+        self.out, self.up, self.down = (_linear(self.dtype, part) for part in (out, up, down))
 
     def forward(self, x: Tensor, mask: Tensor, tokens: _Tokens) -> Tensor:
         """One layer on the packed rows `x` of `tokens`; `mask` is boolean (True: attend) or a
@@ -191,10 +206,27 @@ class _FusedLayer(nn.Module):
         return self.norm2(x + y.float())
 
 
+# oneDNN's linear, what inductor calls on the CPU, where this torch has it
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class _Linear(nn.Linear):
+    """A linear layer whose product on the CPU is oneDNN's rather than the BLAS that
+    `F.linear` calls in float32 (MKL, which on AMD CPUs runs at half oneDNN's speed: float32
+    GEMMs of the projections' shapes at 200 against 400-440 GFLOP/s on 2 cores of an EPYC;
+    the same sums in another order, within float32 rounding). bfloat16 already runs in
+    oneDNN either way."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if _ONEDNN and x.device.type == "cpu" and x.dim() == 2:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return super().forward(x)
+
+
 def _linear(dtype: torch.dtype, *parts: nn.Linear) -> nn.Linear:
     """One frozen linear layer in `dtype` whose output is those of `parts`, concatenated."""
     weight = torch.cat([part.weight for part in parts])
-    linear = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=dtype)
+    linear = _Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=dtype)
     with torch.no_grad():
         linear.weight.copy_(weight)
         linear.bias.copy_(torch.cat([part.bias for part in parts]))

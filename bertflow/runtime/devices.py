@@ -38,6 +38,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         raise BertflowError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
     if device.type == "cpu" and name == "float16":
         raise BertflowError("dtype float16 is not supported on the CPU; use bfloat16 or float32")
+    if device.type == "cuda" and name == "int8":
+        raise BertflowError(f"dtype int8 runs on the CPU only, not on {device}; use float16")
     if device.type == "cuda" and name == "bfloat16" and not torch.cuda.is_bf16_supported():
         raise BertflowError(f"dtype bfloat16 is not supported on {device}; use float16")
     return getattr(torch, name)

@@ -337,6 +337,21 @@ def test_every_encoding_command_takes_device_and_dtype(command):
     assert {"--device", "--dtype", "--cache", "--quiet"} <= options
 
 
+def test_int8_embeddings_are_recorded_and_cached_apart(tmp_path, capsys, corpus_file,
+                                                       tiny_encoder_dir):
+    cache = tmp_path / "cache"
+    common = ["--encoder", tiny_encoder_dir, "--pooling", "mean", "--cache", cache]
+    for dtype, out in (("int8", "low.npy"), ("float32", "exact.npy"), ("int8", "again.npy")):
+        code, printed, err = run(capsys, "encode", corpus_file, "--out", tmp_path / out,
+                                 *common, "--dtype", dtype)
+        assert code == 0, err
+    assert "from the cache" in printed
+    assert json.loads((tmp_path / "low.meta.json").read_text())["precision"] == "int8"
+    low, exact = np.load(tmp_path / "low.npy"), np.load(tmp_path / "exact.npy")
+    assert np.array_equal(low, np.load(tmp_path / "again.npy")) and not np.array_equal(low, exact)
+    assert len(list(cache.glob("mean-*.npy"))) == 2
+
+
 def test_encode_fills_the_cache_that_fit_and_index_read(tmp_path, capsys, corpus_file,
                                                         tiny_encoder_dir, monkeypatch):
     from bertflow.encoders.encoder import Encoder
