@@ -25,14 +25,9 @@ SHIPPED_ON = "AMD EPYC"  # the CPU the head was fit on: its command rebuilds it 
 # sha256 of the float32 bytes of each output, by CPU (its "model name") and torch version
 PINNED = {
     ("AMD EPYC", "2.13.0+cpu"): {
-        "transform": "266665459da6d9f26de0a85d9375d8679bf6d07a05ede9e082cfc505bd49e55d",
-        "log_prob": "9cddc222707ed029d941efa5da6e5b96d91b7847bf37829dc435fd14f342909a",
-        "inverse": "d2e7180cb43be1a43fa5ebfbe5b726a5564d5f83ca99c141c872e198e175ef14",
-    },
-    ("Intel(R) Xeon(R) Processor", "2.13.0+cpu"): {
-        "transform": "6bbae8e4303ac1eb09f989dfa2acc71d71dc3f6e8edd976716ad45766fb8c627",
-        "log_prob": "3916a303d5fb397571c06ce133b2c4def463bb805199c5e4447fc501df4b299d",
-        "inverse": "ed871366f616ca6c18c7df6e6c6bcd9f7a6baaa4cd12e0be633da5a6e833aed4",
+        "transform": "e04438176b7d16c9502f3ab3ef9c849ca31cf1e7e3743e32117af699f41a92cd",
+        "log_prob": "21a1c77edfc999f257f80b974b04f503b3c9f000fc5e98a9ef9494049ac12a75",
+        "inverse": "e59d31a907b4b66a2579f323c98158a903c27691e46b53d33a55b811decbeb2d",
     },
 }
 
