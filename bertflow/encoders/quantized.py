@@ -65,7 +65,8 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, ranges: Tensor, alpha: float = ALPHA):
         super().__init__()
-        weight = linear.weight.detach().float()
+        weight = linear.weight.detach()  # unpacked from oneDNN's layout (`fused._Linear`)
+        weight = (weight.to_dense() if weight.is_mkldnn else weight).float()
         smooth = (ranges.float().clamp(min=1e-5) ** alpha
                   / weight.abs().amax(0).clamp(min=1e-5) ** (1 - alpha))
         weight = weight * smooth

@@ -54,6 +54,43 @@ def test_float32_forward_is_the_models_own(model):
         assert a.dtype == torch.float32
 
 
+@pytest.mark.parametrize("act", [*forward.POST_OPS, "silu"])
+def test_each_activation_fused_into_its_projection_or_not_is_the_models_own(act):
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(**SIZES, hidden_act=act)).eval()
+    ids, mask = padded_batch(3)
+    fused = FusedEncoder(model)
+    assert fused.layers[0].up.activates == (forward._ONEDNN and act != "silu")
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        got = fused(ids, mask)
+    real = mask.bool()
+    for a, b in zip(got, expected.hidden_states, strict=True):
+        torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not forward._ONEDNN, reason="this torch has no oneDNN linear")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_projection_gives_the_bits_of_an_unpacked_one_and_survives_a_cast(dtype):
+    torch.manual_seed(0)
+    parts = [torch.nn.Linear(32, 48) for _ in range(2)]
+    linear = forward._linear(dtype, *parts, post=forward.POST_OPS["gelu"])
+    assert linear.weight.is_mkldnn and linear.activates
+    x = torch.randn(13, 32).to(dtype)
+    plain = torch.cat([part.weight for part in parts]).to(dtype)
+    bias = torch.cat([part.bias for part in parts]).to(dtype)
+    with torch.no_grad():
+        expected = torch.ops.mkldnn._linear_pointwise(x, plain, bias, "gelu", [], "none")
+        assert torch.equal(linear(x), expected)
+        linear.double()  # unpacked to be cast; float64 is not packed: torch's own product
+        assert not linear.weight.is_mkldnn and not linear.activates
+        assert torch.equal(linear.weight, plain.double())
+        torch.testing.assert_close(linear(x.double()), x.double() @ plain.double().T
+                                   + bias.double())
+        linear.to(dtype)  # and packed again
+        assert linear.weight.is_mkldnn and torch.equal(linear(x), expected)
+
+
 def test_keep_returns_only_the_layers_asked_for():
     model = models()[0]
     ids, mask = padded_batch()
