@@ -188,10 +188,8 @@ class Quality:
 
     def of(self, embed: Callable[[list[str]], np.ndarray]) -> dict[str, float]:
         """STS-B test Spearman and SciFact nDCG@10 (× 100) of `embed`'s vectors."""
-        from scipy.stats import spearmanr
-
-        a, b = unit(embed(self.stsb.first)), unit(embed(self.stsb.second))
-        return {"stsb": 100 * float(spearmanr((a * b).sum(1), self.stsb.gold).statistic),
+        return {"stsb": stsb_spearman(embed(self.stsb.first), embed(self.stsb.second),
+                                      self.stsb.gold),
                 "ndcg": self.score(embed(self.texts))}
 
     def score(self, vectors: np.ndarray) -> float:
@@ -300,11 +298,9 @@ def peers(args: Any, folder: str, sentences: list[str], max_length: int,
     import subprocess
     import tempfile
 
-    from scipy.stats import spearmanr
-
     from bertflow.data.sts import read_stsb
 
-    stsb = read_stsb(args.data / "STSBenchmark", "test")
+    stsb = task.stsb if task is not None else read_stsb(args.data / "STSBenchmark", "test")
     n = len(stsb.first)
     if any(not s.strip() or "\n" in s for s in [*sentences, *stsb.first, *stsb.second]):
         raise SystemExit("--peers passes sentences a line each: one is empty or has a newline")
@@ -333,11 +329,17 @@ def peers(args: Any, folder: str, sentences: list[str], max_length: int,
                       "over_st_torch": speed / bridge if bridge else None,
                       "min_cos_st_fp32": float((x * reference).sum(1).min()),
                       "max_abs_diff_st_fp32": float(np.abs(x - reference).max()),
-                      "stsb_spearman": 100 * float(spearmanr(
-                          (pairs[:n] * pairs[n:]).sum(1), stsb.gold).statistic)}
+                      "stsb_spearman": stsb_spearman(pairs[:n], pairs[n:], stsb.gold)}
         if task is not None and "retrieval" in found["files"][name]:
             rows[name]["ndcg"] = task.score(np.load(work / found["files"][name]["retrieval"]))
     return {"versions": found["versions"], "runners": rows, "failed": found["failed"]}
+
+
+def stsb_spearman(first: np.ndarray, second: np.ndarray, gold: Any) -> float:
+    """Spearman × 100 of the pairs' cosines (rows of `first` and `second`) against `gold`."""
+    from scipy.stats import spearmanr
+
+    return 100 * float(spearmanr((unit(first) * unit(second)).sum(1), gold).statistic)
 
 
 def unit(x: np.ndarray) -> np.ndarray:
