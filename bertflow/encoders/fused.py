@@ -3,6 +3,7 @@ precision, for the kinds it is verified to compute exactly."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from operator import attrgetter
@@ -224,8 +225,9 @@ class _Linear(nn.Linear):
     blocked layout (packed once, not reordered on every call), rather than the BLAS that
     `F.linear` calls in float32 (MKL, which on AMD CPUs runs at half oneDNN's speed: float32
     GEMMs of the projections' shapes at 200 against 400-440 GFLOP/s on 2 cores of an EPYC;
-    the same sums in another order, within float32 rounding). Packing makes the products of
-    the projections' shapes 5-40% faster in float32 and bfloat16, with the same bits out.
+    the same sums in another order, within float32 rounding). Packed, a product of the
+    projections' shapes timed alone is 5-40% faster, with the same bits out (within a whole
+    encode the profiled products moved by 1-5%).
     Moved or cast, the weight is unpacked first and packed again where it lands on the CPU.
     A packed layer with a `post` op applies the activation itself (`activates`)."""
 
@@ -251,13 +253,29 @@ class _Linear(nn.Linear):
         return self
 
     def pack(self) -> None:
-        """Keep the weight in oneDNN's layout, where this torch has oneDNN's linear and the
-        weight is on the CPU in float32 or bfloat16."""
+        """Keep the weight in oneDNN's layout, where it is on the CPU in a dtype whose packed
+        product runs here (`_packs`)."""
         weight = self.weight
-        if (_ONEDNN and weight.device.type == "cpu" and not weight.is_mkldnn
-                and weight.dtype in (torch.float32, torch.bfloat16)):
+        if weight.device.type == "cpu" and not weight.is_mkldnn and _packs(weight.dtype):
             self.weight = nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(weight.detach()),
                                        requires_grad=False)
+
+
+@functools.cache
+def _packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's linear runs on a packed weight in `dtype` on this CPU (float32 or
+    bfloat16, tried once on a tiny product): a CPU without bfloat16 instructions, or another
+    build of oneDNN, may refuse it, and then the weight stays as it is."""
+    if not _ONEDNN or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    name, algorithm = POST_OPS["gelu"]
+    try:
+        weight = torch.ops.mkldnn._reorder_linear_weight(torch.ones(16, 16, dtype=dtype))
+        torch.ops.mkldnn._linear_pointwise(torch.ones(2, 16, dtype=dtype), weight, None, name,
+                                           [], algorithm)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _linear(dtype: torch.dtype, *parts: nn.Linear, post: tuple[str, str] | None = None

@@ -91,6 +91,21 @@ def test_a_packed_projection_gives_the_bits_of_an_unpacked_one_and_survives_a_ca
         assert linear.weight.is_mkldnn and torch.equal(linear(x), expected)
 
 
+def test_where_oneDNN_refuses_a_packed_weight_the_layer_applies_its_own_activation(monkeypatch):
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(**SIZES, hidden_act="gelu")).eval()
+    ids, mask = padded_batch(4)
+    with torch.no_grad():
+        packed = FusedEncoder(model)(ids, mask)
+        monkeypatch.setattr(forward, "_packs", lambda dtype: False)
+        fused = FusedEncoder(model)
+        plain = fused(ids, mask)
+    assert not fused.layers[0].up.weight.is_mkldnn and not fused.layers[0].up.activates
+    real = mask.bool()
+    for a, b in zip(plain, packed, strict=True):
+        torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=1e-5)
+
+
 def test_keep_returns_only_the_layers_asked_for():
     model = models()[0]
     ids, mask = padded_batch()
