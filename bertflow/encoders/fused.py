@@ -185,12 +185,12 @@ class _FusedLayer(nn.Module):
                  post: tuple[str, str] | None, dtype: torch.dtype):
         super().__init__()
         # int8 projections take and give float32 (`quantized.Int8Linear`)
-        self.heads, self.activation = heads, activation
+        self.heads = heads
         self.dtype = torch.float32 if dtype == torch.int8 else dtype
         query, key, value, out, self.norm1, up, down, self.norm2 = parts
         self.qkv = _linear(self.dtype, query, key, value)
         self.out, self.down = _linear(self.dtype, out), _linear(self.dtype, down)
-        self.up = _linear(self.dtype, up, post=post)
+        self.up = _linear(self.dtype, up, activation=activation, post=post)
 
     def forward(self, x: Tensor, mask: Tensor, tokens: _Tokens) -> Tensor:
         """One layer on the packed rows `x` of `tokens`; `mask` is boolean (True: attend) or a
@@ -204,10 +204,7 @@ class _FusedLayer(nn.Module):
                                            else mask.to(q.dtype))
         a = tokens.pack(a.transpose(1, 2)).to(self.dtype)
         x = self.norm1(x + self.out(a).float())
-        y = self.up(x.to(self.dtype))
-        if not (isinstance(self.up, _Linear) and self.up.activates):
-            y = self.activation(y)
-        y = self.down(y)
+        y = self.down(self.up(x.to(self.dtype)))
         return self.norm2(x + y.float())
 
 
@@ -221,33 +218,36 @@ POST_OPS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"),
 
 
 class _Linear(nn.Linear):
-    """A linear layer whose product on the CPU is oneDNN's, its weight kept in oneDNN's own
-    blocked layout (packed once, not reordered on every call), rather than the BLAS that
-    `F.linear` calls in float32 (MKL, which on AMD CPUs runs at half oneDNN's speed: float32
-    GEMMs of the projections' shapes at 200 against 400-440 GFLOP/s on 2 cores of an EPYC;
-    the same sums in another order, within float32 rounding). Packed, a product of the
-    projections' shapes timed alone is 5-40% faster, with the same bits out (within a whole
-    encode the profiled products moved by 1-5%).
-    Moved or cast, the weight is unpacked first and packed again where it lands on the CPU.
-    A packed layer with a `post` op applies the activation itself (`activates`)."""
+    """A linear layer, then its `activation` if it has one. On the CPU its weight is kept in
+    oneDNN's own blocked layout where oneDNN runs that (`_packs`: packed once, not reordered on
+    every call), and the product is oneDNN's rather than the BLAS that `F.linear` calls in
+    float32 (MKL, which on AMD CPUs runs at half oneDNN's speed: float32 GEMMs of the
+    projections' shapes at 200 against 400-440 GFLOP/s on 2 cores of an EPYC; the same sums in
+    another order, within float32 rounding). Packed, a product of the projections' shapes
+    timed alone is 5-40% faster, with the same bits out (within a whole encode the profiled
+    products moved by 1-5%), and the activation is oneDNN's `post` op where it has one
+    (`POST_OPS`). Moved or cast, the weight is unpacked first and packed again where it lands
+    on the CPU."""
 
-    post: tuple[str, str] | None = None
-
-    @property
-    def activates(self) -> bool:
-        """Whether the output has the activation applied (oneDNN's `post` op)."""
-        return self.weight.is_mkldnn and self.post is not None
+    def __init__(self, inputs: int, outputs: int, dtype: torch.dtype,
+                 device: torch.device | None = None, activation: Any = None,
+                 post: tuple[str, str] | None = None):
+        super().__init__(inputs, outputs, device=device, dtype=dtype)
+        self.activation, self.post = activation, post
 
     def forward(self, x: Tensor) -> Tensor:
         if self.weight.is_mkldnn:
             name, algorithm = self.post or ("none", "")
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, name, [],
-                                                      algorithm)
-        return super().forward(x)
+            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, name, [],
+                                                   algorithm)
+            if self.post is not None:
+                return y
+        else:
+            y = super().forward(x)
+        return y if self.activation is None else self.activation(y)
 
     def _apply(self, fn: Callable, recurse: bool = True) -> _Linear:
-        if self.weight.is_mkldnn:
-            self.weight = nn.Parameter(self.weight.to_dense(), requires_grad=False)
+        self.weight = nn.Parameter(self.weight.to_dense(), requires_grad=False)
         super()._apply(fn, recurse)
         self.pack()
         return self
@@ -278,15 +278,14 @@ def _packs(dtype: torch.dtype) -> bool:
     return True
 
 
-def _linear(dtype: torch.dtype, *parts: nn.Linear, post: tuple[str, str] | None = None
-            ) -> _Linear:
-    """One frozen linear layer in `dtype` whose output is those of `parts`, concatenated,
-    followed where it is packed by the oneDNN `post` op."""
+def _linear(dtype: torch.dtype, *parts: nn.Linear, activation: Any = None,
+            post: tuple[str, str] | None = None) -> _Linear:
+    """One frozen linear layer in `dtype` whose output is those of `parts`, concatenated, then
+    `activation` (oneDNN's `post` op for it, where packed)."""
     weight = torch.cat([part.weight for part in parts])
-    linear = _Linear(weight.shape[1], weight.shape[0], device=weight.device, dtype=dtype)
+    linear = _Linear(weight.shape[1], weight.shape[0], dtype, weight.device, activation, post)
     with torch.no_grad():
         linear.weight.copy_(weight)
         linear.bias.copy_(torch.cat([part.bias for part in parts]))
-    linear.post = post
     linear.requires_grad_(False).pack()
     return linear

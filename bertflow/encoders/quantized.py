@@ -61,12 +61,14 @@ CALIBRATION = (
 
 class Int8Linear(nn.Module):
     """`linear` in int8, its input channels rescaled by the calibration's `ranges` (each
-    channel's largest magnitude): y ≈ bias + q(x/s) @ q(W·s)ᵀ. Takes and returns float32."""
+    channel's largest magnitude): y ≈ bias + q(x/s) @ q(W·s)ᵀ, then `linear`'s `activation`
+    where it has one (`fused._Linear`). Takes and returns float32."""
 
     def __init__(self, linear: nn.Linear, ranges: Tensor, alpha: float = ALPHA):
         super().__init__()
-        weight = linear.weight.detach()  # unpacked from oneDNN's layout (`fused._Linear`)
-        weight = (weight.to_dense() if weight.is_mkldnn else weight).float()
+        self.activation = getattr(linear, "activation", None)
+        # unpacked where it is in oneDNN's layout (`fused._Linear`)
+        weight = linear.weight.detach().to_dense().float()
         smooth = (ranges.float().clamp(min=1e-5) ** alpha
                   / weight.abs().amax(0).clamp(min=1e-5) ** (1 - alpha))
         weight = weight * smooth
@@ -80,8 +82,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("bias", bias.detach().float().clone())
 
     def forward(self, x: Tensor) -> Tensor:
-        return _int8_linear(x.float(), self.inverse, self.weight, self.sums, self.step,
-                            self.bias)
+        y = _int8_linear(x.float(), self.inverse, self.weight, self.sums, self.step, self.bias)
+        return y if self.activation is None else self.activation(y)
 
 
 def _int8_linear(x: Tensor, inverse: Tensor, weight: Tensor, sums: Tensor, step: Tensor,

@@ -60,7 +60,8 @@ def test_each_activation_fused_into_its_projection_or_not_is_the_models_own(act)
     model = BertModel(BertConfig(**SIZES, hidden_act=act)).eval()
     ids, mask = padded_batch(3)
     fused = FusedEncoder(model)
-    assert fused.layers[0].up.activates == (forward._ONEDNN and act != "silu")
+    up = fused.layers[0].up
+    assert (up.weight.is_mkldnn and up.post is not None) == (forward._ONEDNN and act != "silu")
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         got = fused(ids, mask)
@@ -74,8 +75,9 @@ def test_each_activation_fused_into_its_projection_or_not_is_the_models_own(act)
 def test_a_packed_projection_gives_the_bits_of_an_unpacked_one_and_survives_a_cast(dtype):
     torch.manual_seed(0)
     parts = [torch.nn.Linear(32, 48) for _ in range(2)]
-    linear = forward._linear(dtype, *parts, post=forward.POST_OPS["gelu"])
-    assert linear.weight.is_mkldnn and linear.activates
+    linear = forward._linear(dtype, *parts, activation=torch.nn.GELU(),
+                             post=forward.POST_OPS["gelu"])
+    assert linear.weight.is_mkldnn and linear.post is not None
     x = torch.randn(13, 32).to(dtype)
     plain = torch.cat([part.weight for part in parts]).to(dtype)
     bias = torch.cat([part.bias for part in parts]).to(dtype)
@@ -83,10 +85,10 @@ def test_a_packed_projection_gives_the_bits_of_an_unpacked_one_and_survives_a_ca
         expected = torch.ops.mkldnn._linear_pointwise(x, plain, bias, "gelu", [], "none")
         assert torch.equal(linear(x), expected)
         linear.double()  # unpacked to be cast; float64 is not packed: torch's own product
-        assert not linear.weight.is_mkldnn and not linear.activates
+        assert not linear.weight.is_mkldnn  # so not oneDNN's post op, torch's GELU
         assert torch.equal(linear.weight, plain.double())
-        torch.testing.assert_close(linear(x.double()), x.double() @ plain.double().T
-                                   + bias.double())
+        torch.testing.assert_close(linear(x.double()), torch.nn.functional.gelu(
+            x.double() @ plain.double().T + bias.double()))
         linear.to(dtype)  # and packed again
         assert linear.weight.is_mkldnn and torch.equal(linear(x), expected)
 
@@ -100,7 +102,7 @@ def test_where_oneDNN_refuses_a_packed_weight_the_layer_applies_its_own_activati
         monkeypatch.setattr(forward, "_packs", lambda dtype: False)
         fused = FusedEncoder(model)
         plain = fused(ids, mask)
-    assert not fused.layers[0].up.weight.is_mkldnn and not fused.layers[0].up.activates
+    assert not fused.layers[0].up.weight.is_mkldnn  # so not oneDNN's post op
     real = mask.bool()
     for a, b in zip(plain, packed, strict=True):
         torch.testing.assert_close(a[real], b[real], atol=1e-5, rtol=1e-5)
