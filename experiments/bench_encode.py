@@ -324,7 +324,7 @@ def peers(args: Any, folder: str, sentences: list[str], max_length: int,
     rows = {}
     for name, speed in found["sentences_per_s"].items():
         x = unit(np.load(work / found["files"][name]["sentences"]))
-        pairs = unit(np.load(work / found["files"][name]["quality"]))
+        pairs = np.load(work / found["files"][name]["quality"])
         rows[name] = {"sentences_per_s": speed,
                       "over_st_torch": speed / bridge if bridge else None,
                       "min_cos_st_fp32": float((x * reference).sum(1).min()),
