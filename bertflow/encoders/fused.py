@@ -146,11 +146,13 @@ class FusedEncoder(nn.Module):
         h = self.embeddings(input_ids=input_ids, **inputs).float()
         count = len(self.layers) + 1
         keep = range(count) if keep is None else {k % count for k in keep}
-        mask = attention_mask.bool()[:, None, None, :]
+        tokens = _Tokens(attention_mask)
+        keys = F.pad(attention_mask, (0, tokens.keys - attention_mask.shape[1]))
+        mask = keys.bool()[:, None, None, :]
         if self.position_bias is not None:
             blocked = torch.zeros(mask.shape, device=h.device).masked_fill_(~mask, -torch.inf)
-            mask = self.position_bias(h[:1]).float() + blocked
-        tokens = _Tokens(attention_mask)
+            bias = self.position_bias(h[:1]).float()
+            mask = F.pad(bias, (0, tokens.keys - bias.shape[-1])) + blocked
         states: list[Tensor | None] = [h if 0 in keep else None]
         x = tokens.pack(h)
         for index, layer in enumerate(self.layers, start=1):
@@ -161,23 +163,39 @@ class FusedEncoder(nn.Module):
 
 class _Tokens:
     """Where a padded batch's real tokens are: `pack` keeps their rows, `unpack` puts rows back
-    in the padded shape, zero where no row was kept. The rows kept are the real tokens and, to
-    round their count up as `padded_width` does, the first padded positions: a few dozen row
-    counts instead of one per batch keep the CPU allocator from fragmenting."""
+    in the padded shape (or `keys` positions wide), zero where no row was kept. The rows kept are
+    the real tokens and, to round their count up as `padded_width` does, the first padded
+    positions: a few dozen row counts instead of one per batch keep the CPU allocator from
+    fragmenting. On the CPU, the attention's keys are `key_width` positions."""
 
     def __init__(self, attention_mask: Tensor):
         self.shape = attention_mask.shape
+        width = self.shape[1]
+        self.keys = key_width(width) if attention_mask.device.type == "cpu" else width
         real = attention_mask.flatten().bool()
         count = int(real.sum())
         extra = min(padded_width(count, 16), real.numel()) - count
         self.index = torch.cat([real.nonzero(), (~real).nonzero()[:extra]]).squeeze(1)
+        self.wide = self.index + self.index.div(width, rounding_mode="floor") * (self.keys - width)
 
     def pack(self, padded: Tensor) -> Tensor:
         return padded.reshape(self.shape.numel(), -1).index_select(0, self.index)
 
-    def unpack(self, rows: Tensor) -> Tensor:
-        padded = rows.new_zeros(self.shape.numel(), rows.shape[-1])
-        return padded.index_copy_(0, self.index, rows).view(*self.shape, rows.shape[-1])
+    def unpack(self, rows: Tensor, keys: bool = False) -> Tensor:
+        """`rows` in the padded shape, or `keys` positions wide."""
+        width, index = (self.keys, self.wide) if keys else (self.shape[1], self.index)
+        padded = rows.new_zeros(self.shape[0] * width, rows.shape[-1])
+        return padded.index_copy_(0, index, rows).view(self.shape[0], width, rows.shape[-1])
+
+
+def key_width(length: int) -> int:
+    """How many key positions the attention runs over on the CPU for a batch `length` wide:
+    rounded up to a multiple of 16, the rest masked, except up to 4 past one. torch's CPU flash
+    attention runs a part-block of keys far slower per key than a whole block (on an EPYC, 15
+    keys took longer than 16, 25 longer than 32), and a few keys past a block cost less than the
+    padding would. `FusedEncoder` computes the same (within float32 rounding) either way."""
+    over = length % 16
+    return length if over <= 4 else length + 16 - over
 
 
 class _FusedLayer(nn.Module):
@@ -196,8 +214,9 @@ class _FusedLayer(nn.Module):
         """One layer on the packed rows `x` of `tokens`; `mask` is boolean (True: attend) or a
         float bias added to the scores."""
         dim = x.shape[-1]
-        qkv = tokens.unpack(self.qkv(x.to(self.dtype)))
-        q, k, v = qkv.view(*tokens.shape, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        qkv = tokens.unpack(self.qkv(x.to(self.dtype)), keys=True)
+        q, k, v = qkv.view(*qkv.shape[:2], 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        q = q[:, :, : tokens.shape[1]]
         if x.device.type == "cpu":
             q, k, v = q.float(), k.float(), v.float()
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask if mask.dtype == torch.bool

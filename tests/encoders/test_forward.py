@@ -54,6 +54,28 @@ def test_float32_forward_is_the_models_own(model):
         assert a.dtype == torch.float32
 
 
+@pytest.mark.parametrize("width", [5, 16, 18, 21, 33])
+def test_the_attention_runs_over_whole_blocks_of_keys_and_gives_the_models_own(width,
+                                                                              monkeypatch):
+    """On the CPU the keys are padded (masked) to a multiple of 16, except just past one."""
+    keys = forward.key_width(width)
+    assert keys == (width if width % 16 <= 4 else -(-width // 16) * 16)
+    g = torch.Generator().manual_seed(width)
+    ids = torch.randint(5, 40, (4, width), generator=g)
+    mask = (torch.arange(width) < torch.tensor([width, width - 1, width // 2, 1])[:, None]).long()
+    attention, seen = forward.F.scaled_dot_product_attention, []
+    for model in models()[::2]:  # BERT's boolean mask, MPNet's bias
+        with torch.no_grad():
+            expected = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            with monkeypatch.context() as m:
+                m.setattr(forward.F, "scaled_dot_product_attention",
+                          lambda q, k, v, **kw: seen.append(k.shape[2]) or attention(q, k, v, **kw))
+                got = FusedEncoder(model)(ids, mask)
+        for a, b in zip(got, expected.hidden_states, strict=True):
+            torch.testing.assert_close(a[mask.bool()], b[mask.bool()], atol=1e-5, rtol=1e-5)
+    assert seen == [keys] * 2 * SIZES["num_hidden_layers"]
+
+
 @pytest.mark.parametrize("act", [*forward.POST_OPS, "silu"])
 def test_each_activation_fused_into_its_projection_or_not_is_the_models_own(act):
     torch.manual_seed(0)
