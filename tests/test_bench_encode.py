@@ -30,8 +30,9 @@ def test_the_onnx_rows_are_timed_and_compared(tmp_path, tiny_encoder_dir):
 
 def test_the_peers_run_in_their_own_interpreter_and_say_why_one_cannot(tmp_path,
                                                                        tiny_encoder_dir):
-    """`--peers` with this interpreter: sentence-transformers' torch backend runs there, the
-    ONNX and OpenVINO ones need optimum (`make peers`), which this one lacks: each says why."""
+    """`--peers` with this interpreter: sentence-transformers' torch backend and bertflow's
+    paths run there side by side, the ONNX and OpenVINO ones need optimum (`make peers`), which
+    this one lacks: each says why."""
     pytest.importorskip("sentence_transformers")
     if not (data_dir() / "STSBenchmark" / "sts-test.csv").exists():
         pytest.skip(f"no STS-B in {data_dir()}")
@@ -47,9 +48,14 @@ def test_the_peers_run_in_their_own_interpreter_and_say_why_one_cannot(tmp_path,
     assert torch_row["over_st_torch"] == 1 and torch_row["min_cos_st_fp32"] > 0.9999
     assert -100 <= torch_row["stsb_spearman"] <= 100
     assert "sentence-transformers onnx float32" in found["failed"]
+    ours = {n: found["runners"][n] for n in found["runners"] if n.startswith("bertflow")}
+    assert sorted(ours) == ["bertflow bfloat16", "bertflow float32", "bertflow int8"]
+    assert ours["bertflow float32"]["min_cos_st_fp32"] > 0.9999
+    assert all(row["sentences_per_s"] > 0 for row in ours.values())
     report = (tmp_path / f"bench_encode-cpu-{tiny_encoder_dir.name}.md").read_text()
     assert "| sentence-transformers onnx float32 | could not run: " in report
     assert "At min cosine ≥ 0.9999: bertflow " in report
+    assert "× sentence-transformers torch float32." in report
 
 
 def test_rows_below_the_floor_have_their_quality_measured(tmp_path, tiny_encoder_dir):
