@@ -100,6 +100,7 @@ def fused_encoder(model: nn.Module, dtype: torch.dtype, inputs: dict[str, Tensor
         with torch.inference_mode():
             ranges = input_ranges(fused.layers, lambda: [fused(**b) for b in batches])
         quantize_layers(fused.layers, ranges)
+        fused.dtype = torch.int8
         return fused
     return fused if dtype == torch.float32 else FusedEncoder(model, dtype)
 
@@ -117,7 +118,9 @@ class FusedEncoder(nn.Module):
     fused attention; MPNet's relative position bias joins the attention mask. In bfloat16 or
     float16 only the projections run in that precision: the residual stream, LayerNorms,
     embeddings and (on the CPU) attention stay float32. int8 is built here in float32, its
-    projections replaced by `fused_encoder` once their input ranges are known."""
+    projections replaced by `fused_encoder` once their input ranges are known. Below float32,
+    on the CPU, the attention runs over whole blocks of keys (`key_width`); float32's keys are
+    as wide as the batch, so its vectors stay bit for bit those the ready heads were fit on."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -146,7 +149,7 @@ class FusedEncoder(nn.Module):
         h = self.embeddings(input_ids=input_ids, **inputs).float()
         count = len(self.layers) + 1
         keep = range(count) if keep is None else {k % count for k in keep}
-        tokens = _Tokens(attention_mask)
+        tokens = _Tokens(attention_mask, whole_blocks=self.dtype != torch.float32)
         keys = F.pad(attention_mask, (0, tokens.keys - attention_mask.shape[1]))
         mask = keys.bool()[:, None, None, :]
         if self.position_bias is not None:
@@ -166,12 +169,14 @@ class _Tokens:
     in the padded shape (or `keys` positions wide), zero where no row was kept. The rows kept are
     the real tokens and, to round their count up as `padded_width` does, the first padded
     positions: a few dozen row counts instead of one per batch keep the CPU allocator from
-    fragmenting. On the CPU, the attention's keys are `key_width` positions."""
+    fragmenting. With `whole_blocks`, on the CPU, the attention's keys are `key_width`
+    positions."""
 
-    def __init__(self, attention_mask: Tensor):
+    def __init__(self, attention_mask: Tensor, whole_blocks: bool = False):
         self.shape = attention_mask.shape
         width = self.shape[1]
-        self.keys = key_width(width) if attention_mask.device.type == "cpu" else width
+        cpu = attention_mask.device.type == "cpu"
+        self.keys = key_width(width) if whole_blocks and cpu else width
         real = attention_mask.flatten().bool()
         count = int(real.sum())
         extra = min(padded_width(count, 16), real.numel()) - count

@@ -57,7 +57,8 @@ def test_float32_forward_is_the_models_own(model):
 @pytest.mark.parametrize("width", [5, 16, 18, 21, 33])
 def test_the_attention_runs_over_whole_blocks_of_keys_and_gives_the_models_own(width,
                                                                               monkeypatch):
-    """On the CPU the keys are padded (masked) to a multiple of 16, except just past one."""
+    """Below float32, on the CPU, the keys are padded (masked) to a multiple of 16, except just
+    past one, with the same result; float32's are as wide as the batch (its bits unchanged)."""
     keys = forward.key_width(width)
     assert keys == (width if width % 16 <= 4 else -(-width // 16) * 16)
     g = torch.Generator().manual_seed(width)
@@ -70,10 +71,14 @@ def test_the_attention_runs_over_whole_blocks_of_keys_and_gives_the_models_own(w
             with monkeypatch.context() as m:
                 m.setattr(forward.F, "scaled_dot_product_attention",
                           lambda q, k, v, **kw: seen.append(k.shape[2]) or attention(q, k, v, **kw))
-                got = FusedEncoder(model)(ids, mask)
+                fused = FusedEncoder(model)
+                fused(ids, mask)
+                fused.dtype = torch.bfloat16  # its projections stay float32: compared exactly
+                got = fused(ids, mask)
         for a, b in zip(got, expected.hidden_states, strict=True):
             torch.testing.assert_close(a[mask.bool()], b[mask.bool()], atol=1e-5, rtol=1e-5)
-    assert seen == [keys] * 2 * SIZES["num_hidden_layers"]
+    layers = SIZES["num_hidden_layers"]
+    assert seen == ([width] * layers + [keys] * layers) * 2
 
 
 @pytest.mark.parametrize("act", [*forward.POST_OPS, "silu"])
