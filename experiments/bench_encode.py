@@ -17,7 +17,10 @@ given) and, with --json, the numbers. With --retrieval FILE (`onnx_quality.py`'s
 the encoder, whose float32 row is the reference), every runner whose min cosine is below
 0.9999, bertflow's and the peers', also embeds BEIR SciFact test's queries and documents, and
 the report gives its nDCG@10 and STS-B test Spearman and their change from float32's (quality
-is measured, not assumed).
+is measured, not assumed). With --peers PYTHON (`make peers`: .venv-peers/bin/python),
+`bench_peers.py` times sentence-transformers' torch, ONNX and OpenVINO backends and bertflow's
+paths side by side in that interpreter's one process, and the report says how bertflow's fastest
+path at each agreement compares with the fastest peer there.
 
     python experiments/bench_encode.py [--data data] [--encoder DIR]
         [--sentences 2000] [--rounds 5] [--device auto] [--batch-size 32] [--json FILE]
@@ -29,7 +32,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -45,6 +50,9 @@ from bertflow.encoders.encoder import Encoder
 from bertflow.encoders.identity import default_encoder_path
 from bertflow.runtime.devices import resolve_device
 from bertflow.storage.files import read_sentences
+
+# each dtype's short name in the JSON's keys
+SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
 
 
 def main() -> None:
@@ -64,7 +72,8 @@ def main() -> None:
                               "float32 and int8")
     options.add_argument("--peers", type=Path, default=None, metavar="PYTHON",
                          help="also time sentence-transformers' torch, ONNX and OpenVINO "
-                              "backends (float32, int8) with this interpreter (make peers: "
+                              "backends (float32, int8) and, on the CPU, bertflow's paths side "
+                              "by side with them, with this interpreter (make peers: "
                               ".venv-peers/bin/python), in its own process after the rounds "
                               "here, on the same sentences, and their STS-B test Spearman")
     options.add_argument("--retrieval", type=Path, default=None, metavar="QUALITY_JSON",
@@ -74,6 +83,24 @@ def main() -> None:
                          help="the min cosine below which --retrieval measures quality")
     args = options.parse_args()
 
+    scratch = Path(tempfile.mkdtemp(prefix="bench-encode-"))  # graphs, the peers' exports
+    try:
+        results, dtypes, device = measure(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    text = report(results, dtypes)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    named = f"-{results['encoder']}" if args.encoder else ""
+    (args.out / f"bench_encode-{device.type}{named}.md").write_text(text)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def measure(args: Any, scratch: Path) -> tuple[dict, list[str], torch.device]:
+    """Every runner timed and compared (`scratch`: a folder for the graphs and the peers'
+    exports): the results, bertflow's dtypes, the device."""
     device = resolve_device(args.device)
     sentences = read_sentences(args.data / "unlabeled" / "wiki-sample.txt")[: args.sentences]
     dtypes = ["float32", "bfloat16"] + (["float16"] if device.type == "cuda" else ["int8"])
@@ -97,7 +124,8 @@ def main() -> None:
             runners[f"bertflow {dtype} compiled"] = compiled(
                 load_encoder(args.encoder, device, dtype), sentences, max_length, args.batch_size)
     if args.onnx:
-        runners.update(onnx_runners(encoders["float32"], sentences, max_length, args.batch_size))
+        runners.update(onnx_runners(encoders["float32"], sentences, max_length, args.batch_size,
+                                    scratch))
     profiles = {dtype: profile(runners[f"bertflow {dtype}"], device)
                 for dtype in dtypes} if args.profile else {}
     outputs = {name: unit(run()) for name, run in runners.items()}  # warm-up
@@ -128,21 +156,20 @@ def main() -> None:
         "sentences_per_s": {name: len(sentences) / t for name, t in best.items()},
         "max_abs_diff_fp32": float(np.abs(exact - outputs["sentence-transformers float32"]).max()),
     }
-    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
     for dtype in dtypes:
         achieved = flops / best[f"bertflow {dtype}"] / 1e9
-        results[f"ratio_{short[dtype]}"] = base / best[f"bertflow {dtype}"]
-        results[f"gflops_{short[dtype]}"] = achieved
-        results[f"peak_gflops_{short[dtype]}"] = peaks[dtype]
-        results[f"peak_fraction_{short[dtype]}"] = achieved / peaks[dtype]
-        results[f"fp32_peak_fraction_{short[dtype]}"] = achieved / peaks["float32"]
+        results[f"ratio_{SHORT[dtype]}"] = base / best[f"bertflow {dtype}"]
+        results[f"gflops_{SHORT[dtype]}"] = achieved
+        results[f"peak_gflops_{SHORT[dtype]}"] = peaks[dtype]
+        results[f"peak_fraction_{SHORT[dtype]}"] = achieved / peaks[dtype]
+        results[f"fp32_peak_fraction_{SHORT[dtype]}"] = achieved / peaks["float32"]
         if f"bertflow {dtype} compiled" in best:
-            results[f"ratio_{short[dtype]}_compiled"] = base / best[f"bertflow {dtype} compiled"]
-            results[f"gflops_{short[dtype]}_compiled"] = (
+            results[f"ratio_{SHORT[dtype]}_compiled"] = base / best[f"bertflow {dtype} compiled"]
+            results[f"gflops_{SHORT[dtype]}_compiled"] = (
                 flops / best[f"bertflow {dtype} compiled"] / 1e9)
         if dtype != "float32":
             cos = (outputs[f"bertflow {dtype}"] * exact).sum(1)
-            results[f"min_cos_{short[dtype]}"] = float(cos.min())
+            results[f"min_cos_{SHORT[dtype]}"] = float(cos.min())
             if task is not None and cos.min() < args.floor:
                 results.setdefault("quality", {})[f"bertflow {dtype}"] = task.of(
                     lambda texts, e=encoders[dtype]: e.encode(
@@ -150,22 +177,15 @@ def main() -> None:
     results["onnx"] = {name: {"ratio": base / best[name],
                               "min_cos_fp32": float((outputs[name] * exact).sum(1).min())}
                        for name in runners if "onnx" in name}
-    results["peak_fraction"] = min(results[f"peak_fraction_{short[d]}"] for d in dtypes)
+    results["peak_fraction"] = min(results[f"peak_fraction_{SHORT[d]}"] for d in dtypes)
     results["profile"] = profiles
     if args.peers is not None:
         results["peers"] = peers(args, str(args.encoder or default_encoder_path()), sentences,
-                                 max_length, outputs["sentence-transformers float32"], task,
-                                 dtypes if device.type == "cpu" else [])
+                                 max_length, outputs["sentence-transformers float32"], scratch,
+                                 task, dtypes if device.type == "cpu" else [])
     if task is not None:
         results["quality_float32"], results["floor"] = task.reference, args.floor
-
-    text = report(results, dtypes, short)
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    named = f"-{results['encoder']}" if args.encoder else ""
-    (args.out / f"bench_encode-{device.type}{named}.md").write_text(text)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return results, dtypes, device
 
 
 class Quality:
@@ -274,14 +294,13 @@ def compiled(encoder: Encoder, sentences: list[str], max_length: int,
     return lambda: encoder.encode(sentences, "mean", max_length, batch_size, progress=False)
 
 
-def onnx_runners(encoder: Encoder, sentences: list[str], max_length: int,
-                 batch_size: int) -> dict[str, Callable[[], np.ndarray]]:
-    """Runners of the pipeline as one ONNX graph, float32 and int8 (`common.onnx_graphs`)."""
-    import tempfile
-
+def onnx_runners(encoder: Encoder, sentences: list[str], max_length: int, batch_size: int,
+                 scratch: Path) -> dict[str, Callable[[], np.ndarray]]:
+    """Runners of the pipeline as one ONNX graph, float32 and int8 (`common.onnx_graphs`),
+    written in `scratch`."""
     if encoder.device.type != "cpu":
         raise SystemExit("--onnx times onnxruntime on the CPU")
-    tokenizer, models = onnx_graphs(encoder, max_length, Path(tempfile.mkdtemp()))
+    tokenizer, models = onnx_graphs(encoder, max_length, scratch)
     names = {"float32": "bertflow onnx-pipeline float32 (onnxruntime)",
              "int8": "bertflow onnx-pipeline int8 (onnxruntime dynamic)"}
     return {names[p]: lambda s=onnx_session(m, torch.get_num_threads()): onnx_embed(
@@ -289,16 +308,16 @@ def onnx_runners(encoder: Encoder, sentences: list[str], max_length: int,
 
 
 def peers(args: Any, folder: str, sentences: list[str], max_length: int,
-          reference: np.ndarray, task: Quality | None = None,
+          reference: np.ndarray, scratch: Path, task: Quality | None = None,
           dtypes: Sequence[str] = ()) -> dict[str, Any]:
     """sentence-transformers' backends and bertflow's encoder in `dtypes`, timed side by side
     by `experiments/bench_peers.py` under `args.peers` (their own process and virtualenv) on
     `sentences`: each runner's sentences/s, its speed over that process's sentence-transformers
     torch float32, its agreement with `reference` (this process's sentence-transformers float32
     unit vectors) and its STS-B test Spearman × 100, as that process ran it, and, below
-    `args.floor`, its `task` nDCG@10 × 100; why any could not run."""
+    `args.floor`, its `task` nDCG@10 × 100; why any could not run. The exports go in
+    `scratch`."""
     import subprocess
-    import tempfile
 
     from bertflow.data.sts import read_stsb
 
@@ -306,7 +325,8 @@ def peers(args: Any, folder: str, sentences: list[str], max_length: int,
     n = len(stsb.first)
     if any(not s.strip() or "\n" in s for s in [*sentences, *stsb.first, *stsb.second]):
         raise SystemExit("--peers passes sentences a line each: one is empty or has a newline")
-    work = Path(tempfile.mkdtemp(prefix="bench-peers-"))
+    work = scratch / "peers"
+    work.mkdir()
     (work / "sentences.txt").write_text("".join(f"{s}\n" for s in sentences), encoding="utf-8")
     (work / "stsb.txt").write_text("".join(f"{s}\n" for s in [*stsb.first, *stsb.second]),
                                    encoding="utf-8")
@@ -359,7 +379,7 @@ def describe(device: torch.device) -> str:
     return f"{model}, {torch.get_num_threads()} threads"
 
 
-def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
+def report(results: dict, dtypes: list[str]) -> str:
     lo, mean, hi = results["tokens_per_sentence"]
     lines = [
         f"# Encoding speed on {results['device']}\n",
@@ -376,7 +396,7 @@ def report(results: dict, dtypes: list[str], short: dict[str, str]) -> str:
     lines.append(f"| sentence-transformers float32 | {speed['sentence-transformers float32']:.0f}"
                  " | 1.00 | | | | |")
     for dtype in dtypes:
-        s = short[dtype]
+        s = SHORT[dtype]
         agreement = (f"max abs diff {results['max_abs_diff_fp32']:.1e} (unit vectors)"
                      if dtype == "float32" else
                      f"min cosine {results[f'min_cos_{s}']:.6f} to float32")

@@ -9,7 +9,8 @@ experiments/peers-requirements.txt, then bertflow itself, which that transformer
 and `bench_encode.py --peers .venv-peers/bin/python` runs this script there on the same
 sentences, batch size and max length. Without --bertflow it imports nothing of bertflow.
 
-Runners, each peer on a copy of the encoder folder in --work (the folder given is only read):
+Runners, each peer on a copy of the encoder folder in a new folder in --work, removed at the end
+(the folder given is only read):
 sentence-transformers' torch backend in float32, its ONNX backend in float32 and with
 `export_dynamic_quantized_onnx_model`'s int8 (the quantisation config named by --onnx-int8),
 its OpenVINO backend in float32 and with `export_static_quantized_openvino_model`'s int8,
@@ -54,7 +55,8 @@ def main() -> None:
     options.add_argument("--batch-size", type=int, default=32)
     options.add_argument("--rounds", type=int, default=5)
     options.add_argument("--work", type=Path, default=None,
-                         help="a folder in which a new one takes the exports")
+                         help="a folder in which a new one takes the exports (removed at "
+                              "the end)")
     options.add_argument("--quality", type=Path, default=None,
                          help="sentences each runner also embeds once (one a line)")
     options.add_argument("--retrieval", type=Path, default=None,
@@ -68,7 +70,15 @@ def main() -> None:
     options.add_argument("--bertflow", nargs="*", default=[], metavar="DTYPE",
                          help="also time bertflow's encoder in these dtypes, in this process")
     args = options.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="peers-", dir=args.work))
+    work = Path(tempfile.mkdtemp(prefix="peers-", dir=args.work))  # the exports, removed
+    try:
+        measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, work: Path) -> None:
+    """Every runner built in `work`, timed, and its embeddings and the JSON written."""
     sentences = _lines(args.sentences)
     runners, failed = build(args, work)
     for run in runners.values():  # warm-up

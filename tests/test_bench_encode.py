@@ -2,6 +2,7 @@
 timed beside the other runners, in float32 (the same vectors as bertflow's) and in int8."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,14 +11,27 @@ import pytest
 from .conftest import REPO, data_dir
 
 
+def run_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
+    """bench_encode.py with `options`, its temporary files in a folder of the test's own, which
+    it must leave without its graphs, exports and embeddings."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    done = subprocess.run([sys.executable, str(REPO / "experiments" / "bench_encode.py"),
+                           *options], capture_output=True, text=True, cwd=REPO / "experiments",
+                          env={**os.environ, "TMPDIR": str(scratch)})
+    left = [p for p in scratch.rglob("*") if p.suffix in (".onnx", ".xml", ".npy", ".txt")
+            or p.name.startswith(("bench-", "peers-"))]
+    assert left == [], left
+    return done
+
+
 def test_the_onnx_rows_are_timed_and_compared(tmp_path, tiny_encoder_dir):
     if not (data_dir() / "unlabeled" / "wiki-sample.txt").exists():
         pytest.skip(f"no Wikipedia sample in {data_dir()}")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / "bench_encode.py"), "--device", "cpu",
-         "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()), "--sentences", "32",
-         "--rounds", "1", "--onnx", "--out", str(tmp_path), "--json", str(tmp_path / "r.json")],
-        capture_output=True, text=True, cwd=REPO / "experiments")
+    done = run_bench(
+        tmp_path, "--device", "cpu", "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()),
+        "--sentences", "32", "--rounds", "1", "--onnx", "--out", str(tmp_path),
+        "--json", str(tmp_path / "r.json"))
     assert done.returncode == 0, done.stderr[-3000:]
     onnx = json.loads((tmp_path / "r.json").read_text())["onnx"]
     assert sorted(onnx) == ["bertflow onnx-pipeline float32 (onnxruntime)",
@@ -36,12 +50,10 @@ def test_the_peers_run_in_their_own_interpreter_and_say_why_one_cannot(tmp_path,
     pytest.importorskip("sentence_transformers")
     if not (data_dir() / "STSBenchmark" / "sts-test.csv").exists():
         pytest.skip(f"no STS-B in {data_dir()}")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / "bench_encode.py"), "--device", "cpu",
-         "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()), "--sentences", "32",
-         "--rounds", "1", "--peers", sys.executable, "--out", str(tmp_path),
-         "--json", str(tmp_path / "r.json")],
-        capture_output=True, text=True, cwd=REPO / "experiments")
+    done = run_bench(
+        tmp_path, "--device", "cpu", "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()),
+        "--sentences", "32", "--rounds", "1", "--peers", sys.executable, "--out", str(tmp_path),
+        "--json", str(tmp_path / "r.json"))
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads((tmp_path / "r.json").read_text())["peers"]
     torch_row = found["runners"]["sentence-transformers torch float32"]
