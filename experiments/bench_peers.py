@@ -9,18 +9,17 @@ experiments/peers-requirements.txt, then bertflow itself, which that transformer
 and `bench_encode.py --peers .venv-peers/bin/python` runs this script there on the same
 sentences, batch size and max length. Without --bertflow it imports nothing of bertflow.
 
-Runners, each peer on a copy of the encoder folder in a new folder in --work, removed at the end
-(the folder given is only read):
-sentence-transformers' torch backend in float32, its ONNX backend in float32 and with
-`export_dynamic_quantized_onnx_model`'s int8 (the quantisation config named by --onnx-int8),
-its OpenVINO backend in float32 and with `export_static_quantized_openvino_model`'s int8,
-calibrated on --calibration (a text file, one sentence a line), and bertflow's `Encoder.encode`
-(mean pooling) in each --bertflow dtype. Interleaved rounds, each runner once per round, the
-best kept. A runner that cannot be built says why in the JSON, and the others run. Writes --out
-(JSON: versions, sentences/s, each round, why a runner failed) and each runner's embeddings of
-the sentences (and of --quality, where given) as .npy files beside it; with --retrieval (a JSON
-list of texts), each runner whose min cosine to this process's torch float32 on the sentences is
-below --below embeds those texts too.
+Runners: sentence-transformers' torch backend in float32, its ONNX backend in float32 and with
+`export_dynamic_quantized_onnx_model`'s int8 (the quantisation config named by --onnx-int8), its
+OpenVINO backend in float32 and with `export_static_quantized_openvino_model`'s int8, calibrated
+on --calibration (a text file, one sentence a line), each on a copy of the encoder folder (the
+folder given is only read) in a new folder in --work, removed at the end; and bertflow's
+`Encoder.encode` (mean pooling) in each --bertflow dtype. Interleaved rounds, each runner once
+per round, the best kept. A runner that cannot be built says why in the JSON, and the others
+run. Writes --out (JSON: versions, sentences/s, each round, why a runner failed) and each
+runner's embeddings of the sentences (and of --quality, where given) as .npy files beside it;
+with --retrieval (a JSON list of texts), each runner whose min cosine to this process's torch
+float32 on the sentences is below --below embeds those texts too.
 
     .venv-peers/bin/python experiments/bench_peers.py --encoder DIR --sentences FILE
         --max-length N --out FILE.json [--batch-size 32] [--rounds 5] [--work DIR]
