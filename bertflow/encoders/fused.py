@@ -181,7 +181,8 @@ class _Tokens:
         count = int(real.sum())
         extra = min(padded_width(count, 16), real.numel()) - count
         self.index = torch.cat([real.nonzero(), (~real).nonzero()[:extra]]).squeeze(1)
-        self.wide = self.index + self.index.div(width, rounding_mode="floor") * (self.keys - width)
+        self.wide = self.index if self.keys == width else (
+            self.index + self.index.div(width, rounding_mode="floor") * (self.keys - width))
 
     def pack(self, padded: Tensor) -> Tensor:
         return padded.reshape(self.shape.numel(), -1).index_select(0, self.index)
