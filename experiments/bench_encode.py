@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -83,11 +82,8 @@ def main() -> None:
                          help="the min cosine below which --retrieval measures quality")
     args = options.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(prefix="bench-encode-"))  # graphs, the peers' exports
-    try:
-        results, dtypes, device = measure(args, scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="bench-encode-") as scratch:  # graphs, exports
+        results, dtypes, device = measure(args, Path(scratch))
 
     text = report(results, dtypes)
     print(text)
@@ -472,8 +468,9 @@ def _peer_lines(results: dict) -> list[str]:
 
     def compare(floor: float, against: list[str], lower: float) -> str | None:
         a, b = fastest(mine, floor), fastest(against, lower)
-        speed = {n: rows[n]["sentences_per_s"] for n in (a, b) if n}
-        return f"{a} is {speed[a] / speed[b]:.2f}× {b}" if a and b else None
+        if a is None or b is None:
+            return None
+        return f"{a} is {rows[a]['sentences_per_s'] / rows[b]['sentences_per_s']:.2f}× {b}"
 
     mine = [n for n in rows if n.startswith("bertflow")]
     theirs = [n for n in rows if not n.startswith("bertflow")]

@@ -69,11 +69,8 @@ def main() -> None:
     options.add_argument("--bertflow", nargs="*", default=[], metavar="DTYPE",
                          help="also time bertflow's encoder in these dtypes, in this process")
     args = options.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="peers-", dir=args.work))  # the exports, removed
-    try:
-        measure(args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="peers-", dir=args.work) as work:  # the exports
+        measure(args, Path(work))
 
 
 def measure(args: argparse.Namespace, work: Path) -> None:

@@ -11,28 +11,27 @@ import pytest
 from .conftest import REPO, data_dir
 
 
-def run_bench(tmp_path, *options: str) -> subprocess.CompletedProcess:
-    """bench_encode.py with `options`, its temporary files in a folder of the test's own, which
-    it must leave without its graphs, exports and embeddings."""
+def run_bench(tmp_path, *options: str) -> None:
+    """bench_encode.py with `options` succeeds, its temporary files in a folder of the test's
+    own, which it must leave without its graphs, exports and embeddings."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     done = subprocess.run([sys.executable, str(REPO / "experiments" / "bench_encode.py"),
                            *options], capture_output=True, text=True, cwd=REPO / "experiments",
                           env={**os.environ, "TMPDIR": str(scratch)})
+    assert done.returncode == 0, done.stderr[-3000:]
     left = [p for p in scratch.rglob("*") if p.suffix in (".onnx", ".xml", ".npy", ".txt")
             or p.name.startswith(("bench-", "peers-"))]
     assert left == [], left
-    return done
 
 
 def test_the_onnx_rows_are_timed_and_compared(tmp_path, tiny_encoder_dir):
     if not (data_dir() / "unlabeled" / "wiki-sample.txt").exists():
         pytest.skip(f"no Wikipedia sample in {data_dir()}")
-    done = run_bench(
+    run_bench(
         tmp_path, "--device", "cpu", "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()),
         "--sentences", "32", "--rounds", "1", "--onnx", "--out", str(tmp_path),
         "--json", str(tmp_path / "r.json"))
-    assert done.returncode == 0, done.stderr[-3000:]
     onnx = json.loads((tmp_path / "r.json").read_text())["onnx"]
     assert sorted(onnx) == ["bertflow onnx-pipeline float32 (onnxruntime)",
                             "bertflow onnx-pipeline int8 (onnxruntime dynamic)"]
@@ -50,11 +49,10 @@ def test_the_peers_run_in_their_own_interpreter_and_say_why_one_cannot(tmp_path,
     pytest.importorskip("sentence_transformers")
     if not (data_dir() / "STSBenchmark" / "sts-test.csv").exists():
         pytest.skip(f"no STS-B in {data_dir()}")
-    done = run_bench(
+    run_bench(
         tmp_path, "--device", "cpu", "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()),
         "--sentences", "32", "--rounds", "1", "--peers", sys.executable, "--out", str(tmp_path),
         "--json", str(tmp_path / "r.json"))
-    assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads((tmp_path / "r.json").read_text())["peers"]
     torch_row = found["runners"]["sentence-transformers torch float32"]
     assert torch_row["over_st_torch"] == 1 and torch_row["min_cos_st_fp32"] > 0.9999
@@ -78,13 +76,10 @@ def test_rows_below_the_floor_have_their_quality_measured(tmp_path, tiny_encoder
     reference = tmp_path / "quality.json"
     reference.write_text(json.dumps([{"encoder": tiny_encoder_dir.name, "precision": "float32",
                                       "stsb_test_spearman": 2.5, "scifact_ndcg_at_10": 1.25}]))
-    done = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / "bench_encode.py"), "--device", "cpu",
-         "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()), "--sentences", "32",
-         "--rounds", "1", "--retrieval", str(reference), "--floor", "1.01", "--out", str(tmp_path),
-         "--json", str(tmp_path / "r.json")],
-        capture_output=True, text=True, cwd=REPO / "experiments")
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_bench(
+        tmp_path, "--device", "cpu", "--encoder", str(tiny_encoder_dir), "--data", str(data_dir()),
+        "--sentences", "32", "--rounds", "1", "--retrieval", str(reference), "--floor", "1.01",
+        "--out", str(tmp_path), "--json", str(tmp_path / "r.json"))
     results = json.loads((tmp_path / "r.json").read_text())
     assert results["quality_float32"] == {"stsb": 2.5, "ndcg": 1.25}
     assert list(results["quality"]) == ["bertflow bfloat16", "bertflow int8"]
