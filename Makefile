@@ -58,7 +58,6 @@ peers: .venv-peers/.installed
 .venv-peers/.installed: experiments/peers-requirements.txt setup.cfg pyproject.toml
 	$(PYTHON) -m venv .venv-peers
 	.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check "$(TORCH)"
-	.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check -r $<
 	.venv-peers/bin/python -m pip install --quiet --disable-pip-version-check -e . -r $<
 	touch $@
 
