@@ -81,6 +81,44 @@ def test_the_attention_runs_over_whole_blocks_of_keys_and_gives_the_models_own(w
     assert seen == ([width] * layers + [keys] * layers) * 2
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["boolean", "bias"])
+def test_bfloat16_attention_is_flash_attention_within_bfloat16_rounding(bias):
+    """int8's attention where the CPU has bfloat16 dot products: close to torch's, and what a
+    masked key holds reaches nothing."""
+    g = torch.Generator().manual_seed(0)
+    q = 2 * torch.randn(3, 4, 21, 16, generator=g)  # peaked scores: the mask matters
+    k, v = (torch.randn(3, 4, 32, 16, generator=g) for _ in range(2))
+    lengths = torch.tensor([21, 9, 1])[:, None]
+    mask = (torch.arange(32) < lengths)[:, None, None, :]
+    if bias:
+        mask = torch.randn(1, 4, 21, 32, generator=g).masked_fill(~mask, -torch.inf)
+    got = forward.bfloat16_attention(q, k, v, mask)
+    assert 0 < float((got - forward.flash_attention(q, k, v, mask)).abs().max()) < 0.05
+    masked = (torch.arange(32) >= lengths)[:, None, :, None]
+    k, v = k.masked_fill(masked, 1e4), v.masked_fill(masked, -1e4)
+    assert torch.equal(forward.bfloat16_attention(q, k, v, mask), got)
+
+
+def test_bfloat16_attention_in_the_forward_is_the_models_own_within_its_rounding():
+    """BERT's boolean mask and MPNet's bias, with the keys padded to whole blocks."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 40, (4, 21), generator=g)
+    mask = (torch.arange(21) < torch.tensor([21, 20, 10, 1])[:, None]).long()
+    real = mask.bool()
+    for model in models()[::2]:
+        with torch.no_grad():
+            expected = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            fused = FusedEncoder(model)
+            exact = fused(ids, mask)
+            for layer in fused.layers:
+                layer.attention = forward.bfloat16_attention
+            fused.dtype = torch.bfloat16  # the keys in whole blocks; the projections float32
+            got = fused(ids, mask)
+        for a, b, e in zip(got[1:], expected.hidden_states[1:], exact[1:], strict=True):
+            assert float((a[real] - b[real]).abs().max() / b[real].abs().max()) < 1e-3
+            assert not torch.equal(a[real], e[real])  # not the float32 attention
+
+
 @pytest.mark.parametrize("act", [*forward.POST_OPS, "silu"])
 def test_each_activation_fused_into_its_projection_or_not_is_the_models_own(act):
     torch.manual_seed(0)

@@ -57,6 +57,20 @@ def test_the_compiled_kernel_is_the_same_computation():
     torch.testing.assert_close(fast, eager, atol=1e-4, rtol=1e-4)
 
 
+def test_an_activation_read_by_a_rounding_is_computed_once():
+    """The activation's output feeds both the next input's row range and its rounding:
+    compiled, GELU's erf runs once per value, not once for each."""
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    x = outlier_inputs(rows=8)
+    up = linear(48, 64)
+    up.activation = torch.nn.functional.gelu
+    up, down = Int8Linear(up, x.abs().amax(0)), Int8Linear(linear(64, 40), torch.ones(64))
+    with torch.no_grad(), fresh_cache():
+        _, code = run_and_get_code(quantized.compiled(lambda x: down(up(x))), x)
+    assert "".join(code).count(".erf()") == 1
+
+
 def test_a_compiler_that_fails_is_said_once_and_the_layer_runs_uncompiled(monkeypatch):
     def broken(fn, **kwargs):
         def call(*args):
@@ -141,6 +155,29 @@ def test_int8_is_refused_where_it_cannot_run(tmp_path):
         load_encoder(folder, "cpu", "int8")
     with pytest.raises(BertflowError, match="dtype int8 runs on the CPU only"):
         resolve_dtype("int8", torch.device("cuda"))
+
+
+@pytest.mark.parametrize("bfloat16", [True, False])
+def test_int8_attention_is_bfloat16_where_the_cpu_has_its_dot_products(bfloat16, monkeypatch):
+    from bertflow.encoders import fused
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bfloat16)
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=64)).eval()
+    ids = torch.randint(5, 40, (2, 7))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        own = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    low = fused.fused_encoder(model, torch.int8, inputs, own, "tiny", lambda: [inputs])
+    exact = fused.fused_encoder(model, torch.float32, inputs, own, "tiny")
+    want = fused.bfloat16_attention if bfloat16 else fused.flash_attention
+    assert all(layer.attention is want for layer in low.layers)
+    assert all(layer.attention is fused.flash_attention for layer in exact.layers)
+    with torch.inference_mode():
+        got = low(**inputs)[-1]
+    assert float((got - own[-1]).norm() / own[-1].norm()) < 0.05
 
 
 def test_int8_leaves_the_model_itself_in_float32():
